@@ -1,0 +1,1 @@
+"""The command line: parse options, call one library function, render the result."""

