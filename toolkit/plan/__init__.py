@@ -1,0 +1,24 @@
+"""GPU profiles and the memory / roofline planner.
+
+Public:
+    get_gpu(name) -> GpuProfile; GPU_PROFILES
+    plan_memory(facts, gpu, *, model, dtype, kv_dtype, tp, pp, max_seq_len, max_input_len,
+                max_batch_size, max_num_tokens) -> MemoryPlan   (PlanError if it cannot fit)
+    compute_plan(...) -> MemoryPlan   (same numbers, never refuses; .fits says)
+    load_model_for_plan(spec) -> PlannedModel   (config.json only, no weights)
+"""
+
+from toolkit.plan.gpus import GPU_PROFILES, GpuProfile, get_gpu
+from toolkit.plan.memory import MemoryPlan, compute_plan, plan_memory
+from toolkit.plan.source import PlannedModel, load_model_for_plan
+
+__all__ = [
+    "GPU_PROFILES",
+    "GpuProfile",
+    "MemoryPlan",
+    "PlannedModel",
+    "compute_plan",
+    "get_gpu",
+    "load_model_for_plan",
+    "plan_memory",
+]

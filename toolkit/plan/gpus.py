@@ -1,0 +1,75 @@
+"""GPU profiles: memory, bandwidth and dense tensor throughput, from NVIDIA's datasheets.
+
+Throughput is *dense* (NVIDIA's datasheets print the 2:4-sparsity figure with an asterisk;
+dense is half of it). Memory is the datasheet's decimal GB; nvidia-smi reports slightly more,
+so plans err on the safe side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolkit.errors import PlanError
+
+GB = 10**9
+TB = 10**12
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    name: str
+    description: str
+    memory_bytes: int
+    bandwidth_bytes_per_s: float
+    bf16_tflops: float  # dense
+    fp8_tflops: float | None  # dense; None where the chip has no FP8 tensor cores
+    sm: str  # compute capability as nvidia-smi --query-gpu=compute_cap prints it, e.g. "9.0"
+
+    @property
+    def supports_fp8(self) -> bool:
+        return self.fp8_tflops is not None
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "memory_bytes": self.memory_bytes,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "bf16_tflops": self.bf16_tflops,
+            "fp8_tflops": self.fp8_tflops,
+            "sm": self.sm,
+        }
+
+
+GPU_PROFILES: dict[str, GpuProfile] = {
+    profile.name: profile
+    for profile in (
+        # NVIDIA H100 Tensor Core GPU datasheet (2023), "H100 SXM" column: 80 GB HBM3, 3.35 TB/s,
+        # BF16 1,979 TFLOPS* and FP8 3,958 TFLOPS* with sparsity -> 989.5 / 1,979 dense. Hopper: SM 9.0.
+        GpuProfile("h100-sxm", "NVIDIA H100 SXM 80GB", 80 * GB, 3.35 * TB, 989.5, 1979.0, "9.0"),
+        # Same datasheet, "H100 PCIe" column: 80 GB HBM2e, 2 TB/s, BF16 1,513* / FP8 3,026* (sparse).
+        GpuProfile("h100-pcie", "NVIDIA H100 PCIe 80GB", 80 * GB, 2.0 * TB, 756.5, 1513.0, "9.0"),
+        # Same datasheet, "H100 NVL" column: 94 GB HBM3, 3.9 TB/s, BF16 1,671* / FP8 3,341* (sparse).
+        GpuProfile("h100-nvl", "NVIDIA H100 NVL 94GB", 94 * GB, 3.9 * TB, 835.5, 1670.5, "9.0"),
+        # NVIDIA H200 Tensor Core GPU datasheet (2024), "H200 SXM": 141 GB HBM3e, 4.8 TB/s,
+        # BF16 1,979* / FP8 3,958* (sparse), same Hopper compute as H100 SXM.
+        GpuProfile("h200", "NVIDIA H200 SXM 141GB", 141 * GB, 4.8 * TB, 989.5, 1979.0, "9.0"),
+        # NVIDIA A100 Tensor Core GPU datasheet (2021), "A100 80GB SXM": 80 GB HBM2e, 2,039 GB/s,
+        # BF16 312 TFLOPS dense (624 sparse); no FP8. Ampere: SM 8.0.
+        GpuProfile("a100-80gb", "NVIDIA A100 SXM 80GB", 80 * GB, 2.039 * TB, 312.0, None, "8.0"),
+        # NVIDIA L40S datasheet (2023): 48 GB GDDR6, 864 GB/s, BF16 362.05 dense (733 sparse),
+        # FP8 733 dense (1,466 sparse). Ada Lovelace: SM 8.9.
+        GpuProfile("l40s", "NVIDIA L40S 48GB", 48 * GB, 0.864 * TB, 362.05, 733.0, "8.9"),
+    )
+}
+
+
+def get_gpu(name: str) -> GpuProfile:
+    """The profile for a --gpu/--target name; PlanError naming the known ones otherwise."""
+    key = name.strip().lower()
+    if key not in GPU_PROFILES:
+        raise PlanError(
+            f"no GPU profile named {name!r}",
+            hint=f"use one of: {', '.join(GPU_PROFILES)}",
+        )
+    return GPU_PROFILES[key]

@@ -1,0 +1,289 @@
+"""Memory and roofline planner: weights, KV cache pool, batch limits and speed-of-light bounds.
+
+All byte counts are per the whole model unless the name says `_per_gpu`. A GPU holds its
+tensor-parallel shard of every linear layer and of the LM head (TensorRT-LLM splits both),
+a full copy of the embedding table, and its pipeline stage's layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from toolkit.errors import PlanError
+from toolkit.model.facts import ModelFacts
+from toolkit.plan.gpus import GB, GpuProfile
+
+WEIGHT_DTYPES = ("bf16", "fp8", "int4-awq")
+KV_DTYPES = ("bf16", "fp8")
+TP_CHOICES = (1, 2, 4, 8)
+
+# Bytes per weight of a quantized linear layer. int4-awq: 4 bits plus one bf16 scale per
+# group of 128 weights (ModelOpt's default awq_block_size). fp8: one byte plus per-tensor scales.
+_LINEAR_BYTES = {"bf16": 2.0, "fp8": 1.0, "int4-awq": 0.5 + 2 / 128}
+_KV_BYTES = {"bf16": 2, "fp8": 1}
+_UNQUANTIZED_BYTES = 2  # embeddings, LM head and norms stay bf16 under every recipe here
+
+# What the runtime needs besides weights and KV cache: CUDA context, cuBLAS/NCCL workspaces and
+# the activation buffers sized by max_num_tokens. A fixed share of the card keeps it simple and safe.
+ACTIVATION_RESERVE_FRACTION = 0.10
+# The share of the memory left after weights and activations that the runtime gives to the KV
+# pool (the tensorrtllm backend's kv_cache_free_gpu_mem_fraction; its own default is 0.9).
+KV_CACHE_FREE_GPU_MEM_FRACTION = 0.9
+TOKENS_PER_BLOCK = 64  # paged KV block size passed to trtllm-build (--tokens_per_block)
+DEFAULT_MAX_SEQ_LEN = 8192
+DEFAULT_MAX_NUM_TOKENS = 8192  # TensorRT-LLM's BuildConfig default; chunked context splits longer prompts
+MAX_BATCH_SIZE_CAP = 256
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    model: str
+    gpu: str
+    dtype: str
+    kv_dtype: str
+    tp_size: int
+    pp_size: int
+    world_size: int
+    parameter_count: int
+    weights_bytes: int
+    weights_bytes_per_gpu: int
+    kv_bytes_per_token: int
+    kv_bytes_per_token_per_gpu: int
+    gpu_memory_bytes: int
+    activation_reserve_bytes: int
+    kv_pool_bytes: int  # per GPU; negative when the weights alone do not fit
+    kv_cache_tokens: int
+    tokens_per_block: int
+    max_seq_len: int
+    max_input_len: int
+    max_sequences_at_max_seq_len: int
+    max_batch_size: int
+    max_num_tokens: int
+    kv_cache_free_gpu_mem_fraction: float
+    decode_step_ms_lower_bound: float
+    decode_tokens_per_s_per_stream_ceiling: float
+    prefill_tokens_per_s_upper_bound: float
+    prefill_ms_lower_bound: float  # one max_num_tokens chunk
+    fits: bool
+    min_tp_that_fits: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Split:
+    """Parameter counts by how they are stored and sharded."""
+
+    linear: int  # attention and MLP matrices of all layers: quantized, TP-sharded, PP-split
+    layer_norms: int
+    embedding: int
+    lm_head: int  # stored even when tied: TensorRT-LLM keeps its own LM head copy
+    final_norm: int
+
+
+def _split(facts: ModelFacts) -> _Split:
+    h, kv = facts.hidden_size, facts.num_kv_heads * facts.head_dim
+    q = facts.num_attention_heads * facts.head_dim
+    attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if facts.attention_bias else 0)
+    mlp = 3 * h * facts.intermediate_size
+    return _Split(
+        linear=facts.num_layers * (attention + mlp),
+        layer_norms=facts.num_layers * 2 * h,
+        embedding=facts.vocab_size * h,
+        lm_head=facts.vocab_size * h,
+        final_norm=h,
+    )
+
+
+def weights_bytes(facts: ModelFacts, dtype: str) -> int:
+    """Bytes of all weights of the model in `dtype` (the LM head counted once when tied)."""
+    s = _split(facts)
+    lm_head = 0 if facts.tie_word_embeddings else s.lm_head
+    other = s.layer_norms + s.embedding + lm_head + s.final_norm
+    return int(s.linear * _LINEAR_BYTES[dtype] + other * _UNQUANTIZED_BYTES)
+
+
+def weights_bytes_per_gpu(facts: ModelFacts, dtype: str, tp: int, pp: int) -> int:
+    """Bytes on the busiest GPU: its linear shard, its stage's norms, the embedding and its LM-head shard."""
+    s = _split(facts)
+    linear = s.linear * _LINEAR_BYTES[dtype] / (tp * pp)
+    other = s.layer_norms / pp + s.embedding + s.lm_head / tp + s.final_norm
+    return int(linear + other * _UNQUANTIZED_BYTES)
+
+
+def kv_bytes_per_token(facts: ModelFacts, kv_dtype: str) -> int:
+    """K and V of every layer for one token: 2 x layers x KV heads x head_dim x bytes."""
+    return 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * _KV_BYTES[kv_dtype]
+
+
+def kv_heads_per_gpu(facts: ModelFacts, tp: int) -> int:
+    if facts.num_kv_heads % tp == 0:
+        return facts.num_kv_heads // tp
+    return 1  # tp is a multiple of the KV heads (checked in _check_parallelism): heads are replicated
+
+
+def kv_bytes_per_token_per_gpu(facts: ModelFacts, kv_dtype: str, tp: int, pp: int) -> int:
+    layers = -(-facts.num_layers // pp)
+    return 2 * layers * kv_heads_per_gpu(facts, tp) * facts.head_dim * _KV_BYTES[kv_dtype]
+
+
+def compute_plan(
+    facts: ModelFacts,
+    gpu: GpuProfile,
+    *,
+    model: str = "model",
+    dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    tp: int = 1,
+    pp: int = 1,
+    max_seq_len: int | None = None,
+    max_input_len: int | None = None,
+    max_batch_size: int | None = None,
+    max_num_tokens: int | None = None,
+) -> MemoryPlan:
+    """Every number of the plan, whether it fits or not (see plan_memory for the checked version)."""
+    _check_choices(gpu, dtype, kv_dtype)
+    _check_parallelism(facts, tp, pp)
+    seq = _max_seq_len(facts, max_seq_len)
+    num_tokens = max_num_tokens or DEFAULT_MAX_NUM_TOKENS
+    w_gpu = weights_bytes_per_gpu(facts, dtype, tp, pp)
+    reserve = int(gpu.memory_bytes * ACTIVATION_RESERVE_FRACTION)
+    pool = gpu.memory_bytes - w_gpu - reserve
+    kv_gpu = kv_bytes_per_token_per_gpu(facts, kv_dtype, tp, pp)
+    tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+    sequences = tokens // seq
+    batch = max_batch_size or max(1, min(MAX_BATCH_SIZE_CAP, sequences))
+    step_ms = w_gpu / gpu.bandwidth_bytes_per_s * 1e3
+    prefill_tps = _prefill_tokens_per_s(facts, gpu, dtype, tp)
+    return MemoryPlan(
+        model=model,
+        gpu=gpu.name,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        tp_size=tp,
+        pp_size=pp,
+        world_size=tp * pp,
+        parameter_count=facts.parameter_count,
+        weights_bytes=weights_bytes(facts, dtype),
+        weights_bytes_per_gpu=w_gpu,
+        kv_bytes_per_token=kv_bytes_per_token(facts, kv_dtype),
+        kv_bytes_per_token_per_gpu=kv_gpu,
+        gpu_memory_bytes=gpu.memory_bytes,
+        activation_reserve_bytes=reserve,
+        kv_pool_bytes=pool,
+        kv_cache_tokens=tokens,
+        tokens_per_block=TOKENS_PER_BLOCK,
+        max_seq_len=seq,
+        max_input_len=max_input_len or seq - 1,
+        max_sequences_at_max_seq_len=sequences,
+        max_batch_size=batch,
+        max_num_tokens=num_tokens,
+        kv_cache_free_gpu_mem_fraction=KV_CACHE_FREE_GPU_MEM_FRACTION,
+        decode_step_ms_lower_bound=step_ms,
+        decode_tokens_per_s_per_stream_ceiling=1e3 / step_ms,
+        prefill_tokens_per_s_upper_bound=prefill_tps,
+        prefill_ms_lower_bound=num_tokens / prefill_tps * 1e3,
+        fits=sequences >= 1,
+    )
+
+
+def plan_memory(facts: ModelFacts, gpu: GpuProfile, **options) -> MemoryPlan:
+    """The plan for these options, with the smallest fitting TP filled in; PlanError if it cannot fit."""
+    plan = compute_plan(facts, gpu, **options)
+    smallest = _smallest_tp(facts, gpu, options)
+    plan = MemoryPlan(**{**plan.to_dict(), "min_tp_that_fits": smallest})
+    if not plan.fits:
+        raise PlanError(_refusal(plan), hint=_options_hint(facts, gpu, options))
+    return plan
+
+
+def fitting_options(facts: ModelFacts, gpu: GpuProfile, options: dict) -> list[MemoryPlan]:
+    """For each weight dtype this GPU runs, the plan with the smallest TP that fits."""
+    found = []
+    for dtype in WEIGHT_DTYPES:
+        if dtype == "fp8" and not gpu.supports_fp8:
+            continue
+        tp = _smallest_tp(facts, gpu, {**options, "dtype": dtype})
+        if tp is not None:
+            found.append(compute_plan(facts, gpu, **{**options, "dtype": dtype, "tp": tp}))
+    return found
+
+
+def _smallest_tp(facts: ModelFacts, gpu: GpuProfile, options: dict) -> int | None:
+    for tp in TP_CHOICES:
+        try:
+            if compute_plan(facts, gpu, **{**options, "tp": tp}).fits:
+                return tp
+        except PlanError:
+            continue  # this TP does not divide the heads
+    return None
+
+
+def _prefill_tokens_per_s(facts: ModelFacts, gpu: GpuProfile, dtype: str, tp: int) -> float:
+    """Compute bound: 2 FLOPs per matmul weight per token (attention score FLOPs left out)."""
+    s = _split(facts)
+    flops_per_token = 2 * (s.linear + s.lm_head)
+    tflops = gpu.fp8_tflops if dtype == "fp8" and gpu.fp8_tflops else gpu.bf16_tflops
+    return tflops * 1e12 * tp / flops_per_token
+
+
+def _max_seq_len(facts: ModelFacts, requested: int | None) -> int:
+    if requested is None:
+        return min(facts.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
+    if requested < 2 or requested > facts.max_position_embeddings:
+        raise PlanError(
+            f"--max-seq-len {requested} is outside 2..{facts.max_position_embeddings} (the model's max_position_embeddings)",
+            hint=f"pass --max-seq-len between 2 and {facts.max_position_embeddings}",
+        )
+    return requested
+
+
+def _check_choices(gpu: GpuProfile, dtype: str, kv_dtype: str) -> None:
+    if dtype not in WEIGHT_DTYPES:
+        raise PlanError(f"unknown --dtype {dtype!r}", hint=f"use one of: {', '.join(WEIGHT_DTYPES)}")
+    if kv_dtype not in KV_DTYPES:
+        raise PlanError(f"unknown --kv-dtype {kv_dtype!r}", hint=f"use one of: {', '.join(KV_DTYPES)}")
+    if "fp8" in (dtype, kv_dtype) and not gpu.supports_fp8:
+        raise PlanError(
+            f"{gpu.name} (SM {gpu.sm}) has no FP8 tensor cores; fp8 needs SM 8.9 or newer",
+            hint="use --dtype bf16 or int4-awq and --kv-dtype bf16, or a Hopper/Ada GPU",
+        )
+
+
+def _check_parallelism(facts: ModelFacts, tp: int, pp: int) -> None:
+    if tp < 1 or pp < 1:
+        raise PlanError(f"--tp {tp} / --pp {pp}: both must be at least 1", hint="use --tp 1, 2, 4 or 8")
+    kv = facts.num_kv_heads
+    if facts.num_attention_heads % tp or (kv % tp and tp % kv):
+        raise PlanError(
+            f"--tp {tp} does not divide the model's {facts.num_attention_heads} attention heads / {kv} KV heads",
+            hint="pick a TP size that divides the attention heads",
+        )
+    if pp > facts.num_layers:
+        raise PlanError(f"--pp {pp} is more than the model's {facts.num_layers} layers", hint="use a smaller --pp")
+
+
+def _refusal(plan: MemoryPlan) -> str:
+    need = plan.kv_bytes_per_token_per_gpu * plan.max_seq_len
+    return (
+        f"{plan.model} in {plan.dtype} does not fit on {plan.gpu} with TP={plan.tp_size}: "
+        f"{_gb(plan.weights_bytes_per_gpu)} of weights per GPU + {_gb(plan.activation_reserve_bytes)} activation reserve "
+        f"of {_gb(plan.gpu_memory_bytes)} leaves {_gb(plan.kv_pool_bytes)} for the KV cache, "
+        f"and one {plan.max_seq_len}-token sequence needs {_gb(need)} ({plan.kv_bytes_per_token_per_gpu} bytes/token per GPU)"
+    )
+
+
+def _options_hint(facts: ModelFacts, gpu: GpuProfile, options: dict) -> str:
+    found = fitting_options(facts, gpu, options)
+    if not found:
+        return f"nothing up to TP={TP_CHOICES[-1]} fits on {gpu.name}: use a larger GPU (--gpu h200) or a shorter --max-seq-len"
+    parts = [
+        f"--dtype {p.dtype} --tp {p.tp_size} ({_gb(p.weights_bytes_per_gpu)} weights/GPU, {p.kv_cache_tokens} KV tokens)"
+        for p in found
+    ]
+    return "options that fit: " + "; ".join(parts)
+
+
+def _gb(n: int) -> str:
+    return f"{n / GB:.2f} GB"
