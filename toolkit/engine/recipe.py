@@ -1,0 +1,151 @@
+"""Build recipes: YAML files in build/ that fix what to build; what they leave out comes from the planner."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from toolkit.errors import RecipeError
+from toolkit.plan.gpus import GPU_PROFILES
+
+CPU_TARGET = "cpu"
+POLICIES = ("max_utilization", "guaranteed_no_evict")
+
+
+@dataclass(frozen=True)
+class BuildRecipe:
+    name: str
+    path: str
+    model: str
+    target: str
+    dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    tp: int = 1
+    pp: int = 1
+    max_seq_len: int | None = None
+    max_input_len: int | None = None
+    max_batch_size: int | None = None
+    max_num_tokens: int | None = None
+    batch_scheduler_policy: str = "max_utilization"
+    kv_cache_free_gpu_mem_fraction: float | None = None
+    enable_kv_cache_reuse: bool = True
+    enable_chunked_context: bool = True
+    calib_size: int = 512
+    awq_block_size: int = 128
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def build_inputs(self) -> dict:
+        """What decides the engine's bytes (the cache key's recipe part): not the file's name or path."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("name", "path")}
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _fraction(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
+
+
+def _one_of(*allowed: str) -> Callable[[Any], bool]:
+    return lambda value: value in allowed
+
+
+_TARGETS = (*GPU_PROFILES, CPU_TARGET)
+# section.key (or key at the top) -> (BuildRecipe field, validator, what the value must be)
+_SCHEMA: dict[str, tuple[str, Callable[[Any], bool], str]] = {
+    "name": ("name", lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "model": ("model", lambda v: isinstance(v, str) and bool(v), "a model source (hf:ORG/NAME, a folder, or smollm2-135m-instruct)"),
+    "target": ("target", _one_of(*_TARGETS), f"one of {', '.join(_TARGETS)}"),
+    "quantization.dtype": ("dtype", _one_of("bf16", "fp8", "int4-awq", "fp32"), "one of bf16, fp8, int4-awq (fp32 on cpu)"),
+    "quantization.kv_cache_dtype": ("kv_dtype", _one_of("bf16", "fp8", "fp32"), "one of bf16, fp8"),
+    "quantization.calib_size": ("calib_size", _positive_int, "a positive integer"),
+    "quantization.awq_block_size": ("awq_block_size", _one_of(64, 128), "64 or 128"),
+    "parallelism.tp": ("tp", _one_of(1, 2, 4, 8), "1, 2, 4 or 8"),
+    "parallelism.pp": ("pp", _positive_int, "a positive integer"),
+    "limits.max_seq_len": ("max_seq_len", _positive_int, "a positive integer"),
+    "limits.max_input_len": ("max_input_len", _positive_int, "a positive integer"),
+    "batching.max_batch_size": ("max_batch_size", _positive_int, "a positive integer"),
+    "batching.max_num_tokens": ("max_num_tokens", _positive_int, "a positive integer"),
+    "batching.batch_scheduler_policy": ("batch_scheduler_policy", _one_of(*POLICIES), f"one of {', '.join(POLICIES)}"),
+    "kv_cache.free_gpu_mem_fraction": ("kv_cache_free_gpu_mem_fraction", _fraction, "a number in (0, 1]"),
+    "kv_cache.enable_block_reuse": ("enable_kv_cache_reuse", lambda v: isinstance(v, bool), "true or false"),
+    "kv_cache.enable_chunked_context": ("enable_chunked_context", lambda v: isinstance(v, bool), "true or false"),
+}
+_SECTIONS = sorted({key.split(".")[0] for key in _SCHEMA if "." in key})
+
+
+def recipes_dir() -> Path:
+    """build/ of a source checkout, or the copy a wheel carries as toolkit/_recipes."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package.parent / "build", package / "_recipes"):
+        if candidate.is_dir():
+            return candidate
+    return package.parent / "build"
+
+
+def list_recipes() -> list[str]:
+    return sorted(p.stem for p in recipes_dir().glob("*.yaml"))
+
+
+def load_recipe(name_or_path: str | Path) -> BuildRecipe:
+    """Load and validate a recipe by file path or by name (build/NAME.yaml)."""
+    path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        path = recipes_dir() / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise RecipeError(f"no recipe {str(name_or_path)!r}", hint=f"use a path to a YAML file or one of: {', '.join(list_recipes())}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{path} is not valid YAML: {exc}", hint="fix the YAML syntax") from exc
+    return recipe_from_dict(data, path)
+
+
+def recipe_from_dict(data: Any, path: Path) -> BuildRecipe:
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe is a YAML mapping, got {type(data).__name__}", hint="see build/*.yaml for examples")
+    fields = {"name": path.stem, "path": str(path)}
+    for key, value in _flatten(data, path):
+        field, valid, expected = _SCHEMA[key]
+        if not valid(value):
+            raise RecipeError(f"{path}: {key} must be {expected}, got {value!r}", hint=f"fix {key} in {path}")
+        fields[field] = value
+    for required in ("model", "target"):
+        if required not in fields:
+            raise RecipeError(f"{path}: missing required key {required!r}", hint=f"add `{required}:` to {path}")
+    recipe = BuildRecipe(**fields)
+    _check_consistency(recipe, path)
+    return recipe
+
+
+def _flatten(data: dict, path: Path) -> list[tuple[str, Any]]:
+    items = []
+    for key, value in data.items():
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise RecipeError(f"{path}: {key} must be a mapping, got {value!r}", hint=f"write {key}: as a section with keys under it")
+            items += [(f"{key}.{sub}", v) for sub, v in value.items()]
+        else:
+            items.append((str(key), value))
+    for key, _ in items:
+        if key not in _SCHEMA:
+            raise RecipeError(f"{path}: unknown key {key!r}", hint=f"allowed keys: {', '.join(_SCHEMA)}")
+    return items
+
+
+def _check_consistency(recipe: BuildRecipe, path: Path) -> None:
+    gpu = recipe.target != CPU_TARGET
+    if gpu and "fp32" in (recipe.dtype, recipe.kv_dtype):
+        raise RecipeError(f"{path}: fp32 is for the cpu target only", hint="use bf16, fp8 or int4-awq on a GPU target")
+    if not gpu and (recipe.dtype not in ("bf16", "fp32") or recipe.tp * recipe.pp != 1):
+        raise RecipeError(f"{path}: the cpu target takes dtype bf16 or fp32 and no TP/PP", hint="drop quantization and parallelism from the cpu recipe")
+    if gpu and "fp8" in (recipe.dtype, recipe.kv_dtype) and not GPU_PROFILES[recipe.target].supports_fp8:
+        raise RecipeError(f"{path}: {recipe.target} has no FP8 support", hint="use bf16 or int4-awq for this target")
+    if recipe.max_input_len and recipe.max_seq_len and recipe.max_input_len > recipe.max_seq_len:
+        raise RecipeError(f"{path}: limits.max_input_len {recipe.max_input_len} exceeds limits.max_seq_len {recipe.max_seq_len}", hint="lower max_input_len")

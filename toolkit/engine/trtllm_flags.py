@@ -1,0 +1,188 @@
+"""The real command-line flags of the pinned TensorRT-LLM release's tools, as data.
+
+Pinned release: TensorRT-LLM 0.20.0 (tag v0.20.0 of github.com/NVIDIA/TensorRT-LLM), the release
+that NVIDIA's Triton container 25.06 (`nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3`) carries.
+It still has the TensorRT engine flow (checkpoint -> trtllm-build -> engine), as every release
+from 0.17 to 1.2 does. Written by hand from each tool's argparse definition and its docs page;
+only flags are listed, never code. Every argv the toolkit emits is checked against these lists
+(see check_argv), and the fake tools in tests/fakes parse with parsers built from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from toolkit.errors import EngineBuildError
+
+PINNED_TRTLLM_VERSION = "0.20.0"
+TRITON_TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3"
+# Releases whose trtllm-build still writes TensorRT engines the tensorrtllm backend serves.
+SUPPORTED_TRTLLM_RANGE = ((0, 17), (1, 2))  # inclusive, by major.minor
+
+# Paths of the example scripts inside a TensorRT-LLM checkout of the pinned tag (moved under
+# examples/models/core/ in 0.19; 0.17 and 0.18 had examples/llama/convert_checkpoint.py).
+LLAMA_CONVERT_SCRIPT = "models/core/llama/convert_checkpoint.py"
+QUANTIZE_SCRIPT = "quantization/quantize.py"
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # without the leading "--"
+    kind: str  # "str", "int", "float", "choice", "store_true", "nargs+"
+    choices: tuple[str, ...] = ()
+
+
+def _flags(kind: str, *names: str, choices: tuple[str, ...] = ()) -> list[Flag]:
+    return [Flag(name, kind, choices) for name in names]
+
+
+_ENABLE = ("enable", "disable")
+_PLUGIN_DTYPES = ("auto", "float16", "float32", "bfloat16", "int32", "disable")
+_GEMM_DTYPES = ("auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable")
+_WEIGHT_DTYPES = ("auto", "float16", "bfloat16", "float32")
+
+# --- trtllm-build: tensorrt_llm/commands/build.py, parse_arguments() ---------------------------
+# Docs: https://nvidia.github.io/TensorRT-LLM/commands/trtllm-build.html
+_TRTLLM_BUILD_MAIN = [
+    *_flags("str", "checkpoint_dir", "model_config", "build_config", "model_cls_file", "model_cls_name",
+            "output_dir", "input_timing_cache", "output_timing_cache", "visualize_network", "paged_kv_cache"),
+    *_flags("int", "max_batch_size", "max_input_len", "max_seq_len", "max_decoder_seq_len", "max_beam_width",
+            "max_num_tokens", "opt_num_tokens", "max_encoder_input_len", "max_prompt_embedding_table_size",
+            "max_multimodal_len", "workers", "max_lora_rank", "max_draft_len"),
+    Flag("kv_cache_type", "choice", ("continuous", "paged", "disabled")),
+    Flag("profiling_verbosity", "choice", ("layer_names_only", "detailed", "none")),
+    Flag("log_level", "choice", ("internal_error", "error", "warning", "info", "verbose", "debug", "trace")),
+    Flag("logits_dtype", "choice", ("float16", "float32")),
+    Flag("lora_ckpt_source", "choice", ("hf", "nemo")),
+    Flag("speculative_decoding_mode", "choice",
+         ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle")),
+    *_flags("store_true", "strip_plan", "weight_sparsity", "weight_streaming", "fast_build", "enable_debug_output",
+            "dry_run", "monitor_memory", "gather_context_logits", "gather_generation_logits", "gather_all_token_logits"),
+    *_flags("nargs+", "lora_dir", "lora_target_modules"),
+]
+# --- trtllm-build plugin options: tensorrt_llm/plugin/plugin.py, cli_plugin_args + add_plugin_argument()
+# (plugins take a dtype or "disable"; features take enable/disable; tokens_per_block an int).
+_TRTLLM_BUILD_PLUGINS = [
+    Flag("gemm_plugin", "choice", _GEMM_DTYPES),
+    *_flags("choice", "gpt_attention_plugin", "bert_attention_plugin", "nccl_plugin", "lora_plugin", "moe_plugin",
+            "mamba_conv1d_plugin", "gemm_swiglu_plugin", "fp8_rowwise_gemm_plugin", "low_latency_gemm_plugin",
+            "low_latency_gemm_swiglu_plugin", "gemm_allreduce_plugin", choices=_PLUGIN_DTYPES + ("fp8",)),
+    *_flags("choice", "context_fmha", "bert_context_fmha_fp32_acc", "remove_input_padding", "use_paged_context_fmha",
+            "use_fp8_context_fmha", "fuse_fp4_quant", "multiple_profiles", "paged_state", "streamingllm",
+            "norm_quant_fusion", "reduce_fusion", "user_buffer", "use_fused_mlp", "pp_reduce_scatter",
+            "dora_plugin", choices=_ENABLE),
+    Flag("tokens_per_block", "int"),
+]
+TRTLLM_BUILD_FLAGS = {f.name: f for f in _TRTLLM_BUILD_MAIN + _TRTLLM_BUILD_PLUGINS}
+
+# --- examples/models/core/llama/convert_checkpoint.py, parse_arguments() -----------------------
+_CONVERT = [
+    *_flags("str", "model_dir", "meta_ckpt_dir", "calib_dataset", "quant_ckpt_path", "hidden_act", "output_dir",
+            "log_level"),
+    *_flags("int", "tp_size", "pp_size", "moe_tp_size", "cp_size", "moe_ep_size", "vocab_size", "n_positions",
+            "n_layer", "n_head", "n_kv_head", "n_embd", "inter_size", "multiple_of", "calib_size",
+            "calib_max_seq_length", "group_size", "workers", "moe_num_experts", "moe_top_k", "moe_renorm_mode"),
+    *_flags("float", "ffn_dim_multiplier", "rms_norm_eps", "smoothquant", "rotary_base"),
+    Flag("dtype", "choice", _WEIGHT_DTYPES),
+    Flag("weight_only_precision", "choice", ("int8", "int4", "int8_gptq", "int4_gptq", "int4_awq")),
+    Flag("embedding_sharding_dim", "choice", ("0", "1")),
+    *_flags("store_true", "use_weight_only", "disable_weight_only_quant_plugin", "use_qserve", "per_channel",
+            "per_token", "int8_kv_cache", "fp8_kv_cache", "use_fp8", "use_fp8_rowwise", "use_meta_fp8_rowwise_recipe",
+            "per_group", "load_by_shard", "load_model_on_cpu", "use_parallel_embedding", "save_config_only",
+            "remove_duplicated_kv_heads"),
+]
+CONVERT_CHECKPOINT_FLAGS = {f.name: f for f in _CONVERT}
+
+# --- examples/quantization/quantize.py (ModelOpt's quantize-and-export path) -------------------
+_QUANTIZE = [
+    *_flags("str", "model_dir", "nemo_ckpt_path", "calib_dataset", "output_dir", "medusa_hidden_act",
+            "medusa_model_dir", "autoq_format"),
+    *_flags("int", "calib_tp_size", "calib_pp_size", "seed", "tokenizer_max_seq_length", "batch_size", "calib_size",
+            "calib_max_seq_length", "tp_size", "pp_size", "cp_size", "awq_block_size", "num_medusa_heads",
+            "num_medusa_layers", "max_draft_len"),
+    Flag("auto_quantize_bits", "float"),
+    Flag("decoder_type", "choice", ("gptnext", "llama")),
+    Flag("device", "choice", ("cuda", "cpu")),
+    Flag("device_map", "choice", ("auto", "sequential", "cpu", "gpu")),
+    Flag("dtype", "choice", _WEIGHT_DTYPES),
+    Flag("qformat", "choice", ("nvfp4", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo", "full_prec")),
+    Flag("kv_cache_dtype", "choice", ("int8", "fp8")),
+    *_flags("store_true", "quantize_lm_head", "quant_medusa_head"),
+]
+QUANTIZE_FLAGS = {f.name: f for f in _QUANTIZE}
+
+TOOL_FLAGS = {
+    "trtllm-build": TRTLLM_BUILD_FLAGS,
+    "convert_checkpoint.py": CONVERT_CHECKPOINT_FLAGS,
+    "quantize.py": QUANTIZE_FLAGS,
+}
+
+
+def tool_of(argv: list[str]) -> tuple[str, list[str]]:
+    """Which tool an argv runs and its arguments: `trtllm-build ...` or `python3 SCRIPT ...`."""
+    for index, token in enumerate(argv[:2]):
+        for tool in TOOL_FLAGS:
+            if token == tool or token.endswith("/" + tool):
+                return tool, argv[index + 1 :]
+    raise EngineBuildError(f"not a TensorRT-LLM tool command: {argv[:2]}", hint="this is a bug in the toolkit's command builder")
+
+
+def check_argv(argv: list[str]) -> None:
+    """Refuse an argv with a flag or value that the pinned release's tool would reject."""
+    tool, args = tool_of(argv)
+    flags = TOOL_FLAGS[tool]
+    i = 0
+    while i < len(args):
+        token = args[i]
+        flag = flags.get(token[2:]) if token.startswith("--") else None
+        if flag is None:
+            raise EngineBuildError(
+                f"{tool} of TensorRT-LLM {PINNED_TRTLLM_VERSION} has no flag {token!r}",
+                hint="this is a bug in the toolkit's command builder",
+            )
+        i += 1 if flag.kind == "store_true" else _check_value(tool, flag, args[i + 1 : i + 2]) + 1
+        if flag.kind == "nargs+":
+            while i < len(args) and not args[i].startswith("--"):
+                i += 1
+
+
+def _check_value(tool: str, flag: Flag, value: list[str]) -> int:
+    if not value or value[0].startswith("--"):
+        raise EngineBuildError(f"{tool} --{flag.name} needs a value", hint="this is a bug in the toolkit's command builder")
+    text = value[0]
+    ok = {
+        "int": lambda: text.lstrip("-").isdigit(),
+        "float": lambda: _is_float(text),
+        "choice": lambda: text in flag.choices,
+    }.get(flag.kind, lambda: True)()
+    if not ok:
+        raise EngineBuildError(
+            f"{tool} --{flag.name} {text!r} is not accepted by TensorRT-LLM {PINNED_TRTLLM_VERSION}",
+            hint=f"allowed: {', '.join(flag.choices) or flag.kind}",
+        )
+    return 1
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def argparser_for(tool: str) -> argparse.ArgumentParser:
+    """An argparse parser with exactly the tool's flags: what the fake tools in tests parse with."""
+    parser = argparse.ArgumentParser(prog=tool)
+    for flag in TOOL_FLAGS[tool].values():
+        name = "--" + flag.name
+        if flag.kind == "store_true":
+            parser.add_argument(name, action="store_true")
+        elif flag.kind == "nargs+":
+            parser.add_argument(name, nargs="+")
+        elif flag.kind == "choice":
+            parser.add_argument(name, choices=flag.choices)
+        else:
+            parser.add_argument(name, type={"int": int, "float": float}.get(flag.kind, str))
+    return parser
