@@ -1,0 +1,165 @@
+"""execute_engine_build: run the planned TensorRT-LLM steps, with the build cache and an atomic swap-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from toolkit.engine.build_plan import EngineBuildPlan
+from toolkit.engine.cache import RECORD, cache_key, checkpoint_hash, is_cached, read_record
+from toolkit.engine.tools import require_gpu_sm, require_trtllm
+from toolkit.engine.trtllm_flags import PINNED_TRTLLM_VERSION
+from toolkit.errors import EngineBuildError
+from toolkit.fsutil import file_lock, write_text_atomic
+
+Progress = Callable[[str], None]
+_LOG_TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class EngineBuildResult:
+    engine_dir: str
+    cached: bool
+    cache_key: str
+    trtllm_version: str
+    gpu_sm: str
+    world_size: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def execute_engine_build(plan: EngineBuildPlan, *, progress: Progress | None = None) -> EngineBuildResult:
+    """Run quantize/convert and trtllm-build unless an engine with the same cache key is already there."""
+    say = progress or (lambda _message: None)
+    started = time.monotonic()
+    version = require_trtllm()
+    if version != PINNED_TRTLLM_VERSION:
+        say(f"warning: TensorRT-LLM {version} is installed; the toolkit's flags are checked against {PINNED_TRTLLM_VERSION}")
+    sm = require_gpu_sm(plan.gpu_sm, plan.target)
+    model_dir = _checkpoint_with_weights(plan)
+    key = cache_key(checkpoint_hash(model_dir), plan.build_inputs(), version, sm)
+    engine_dir = Path(plan.engine_dir)
+    with file_lock(engine_dir.parent / f".{engine_dir.name}.lock"):
+        if is_cached(engine_dir, key, plan.world_size):
+            say(f"engine unchanged (cache key {key[:12]}): {engine_dir}")
+            return EngineBuildResult(str(engine_dir), True, key, version, sm, plan.world_size, time.monotonic() - started)
+        _run_steps(plan, say)
+        _install(plan, key, version, sm)
+    say(f"engine ready: {engine_dir}")
+    return EngineBuildResult(str(engine_dir), False, key, version, sm, plan.world_size, time.monotonic() - started)
+
+
+def _checkpoint_with_weights(plan: EngineBuildPlan) -> Path:
+    """The checkpoint folder the commands read, downloading the weights of a hub model first."""
+    from toolkit.model.sources import check_weights, resolve_model
+
+    if plan.model_source.startswith("hf:") or not Path(plan.model_source).expanduser().exists():
+        resolved = resolve_model(plan.model_source).path
+        if resolved.resolve() != Path(plan.checkpoint_dir).resolve():
+            raise EngineBuildError(
+                f"the checkpoint moved while planning: {plan.checkpoint_dir} vs {resolved}",
+                hint="plan again (the hub revision changed between plan and build)",
+            )
+        return resolved
+    path = Path(plan.checkpoint_dir)
+    check_weights(path, allow_pickle=False)
+    return path
+
+
+def _run_steps(plan: EngineBuildPlan, say: Progress) -> None:
+    work = Path(plan.work_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "logs").mkdir(parents=True)
+    for name, argv in zip(plan.step_names, plan.commands):
+        say(f"{name}: {' '.join(argv)}")
+        run_logged(list(argv), work / "logs" / f"{name}.log", name)
+
+
+def run_logged(argv: list[str], log_path: Path, name: str) -> None:
+    """Run one tool in its own session, output to a log file; EngineBuildError with the log tail on failure."""
+    with open(log_path, "w") as log:
+        try:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        except FileNotFoundError as exc:
+            from toolkit.engine.tools import container_hint
+
+            raise EngineBuildError(f"{name}: {argv[0]} not found", hint=container_hint()) from exc
+        try:
+            code = process.wait()
+        except BaseException:
+            _stop(process)
+            raise
+    if code != 0:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:])
+        raise EngineBuildError(f"{name} failed with exit code {code} (log: {log_path}):\n{tail}", hint="read the log above; fix the input, then rebuild")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """terminate -> wait -> kill, for the whole session the tool started."""
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=wait_s)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _install(plan: EngineBuildPlan, key: str, version: str, sm: str) -> None:
+    """Check the new engine folder, record what built it, and swap it in for the old one."""
+    work = Path(plan.work_dir)
+    built = work / "engine"
+    check_engine_layout(built, plan.world_size)
+    shutil.move(str(work / "logs"), str(built / "logs"))
+    record = {
+        "cache_key": key,
+        "trtllm_version": version,
+        "gpu_sm": sm,
+        "target": plan.target,
+        "model": plan.model,
+        "model_source": plan.model_source,
+        "recipe": plan.recipe.to_dict(),
+        "memory": plan.memory.to_dict(),
+        "kv_cache_free_gpu_mem_fraction": plan.kv_cache_free_gpu_mem_fraction,
+        "commands": [list(argv) for argv in plan.commands],
+    }
+    write_text_atomic(built / RECORD, json.dumps(record, indent=2) + "\n")
+    engine_dir = Path(plan.engine_dir)
+    if engine_dir.exists():
+        old = engine_dir.with_name(f".{engine_dir.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(engine_dir, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(built, engine_dir)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def check_engine_layout(engine_dir: Path, world_size: int | None = None) -> dict:
+    """config.json with version / pretrained_config.mapping / build_config, and one rankN.engine per rank."""
+    try:
+        config = json.loads((engine_dir / "config.json").read_text())
+        mapping = config["pretrained_config"]["mapping"]
+        config["build_config"]["max_batch_size"]
+        config["version"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise EngineBuildError(f"{engine_dir} is not a TensorRT-LLM engine folder ({exc!r})", hint="rebuild the engine") from exc
+    expected = world_size or mapping.get("world_size", 1)
+    missing = [f"rank{r}.engine" for r in range(expected) if not (engine_dir / f"rank{r}.engine").is_file()]
+    if missing:
+        raise EngineBuildError(f"{engine_dir} lacks {', '.join(missing)}", hint="rebuild the engine; trtllm-build writes one file per rank")
+    return config
+
+
+def engine_record(engine_dir: Path) -> dict | None:
+    return read_record(engine_dir)

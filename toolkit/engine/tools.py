@@ -1,0 +1,114 @@
+"""Where the TensorRT-LLM tools are, which TensorRT-LLM is installed, which GPU is here.
+
+Environment (parsed here only):
+  TOOLKIT_TRTLLM_BIN_DIR       folder holding trtllm-build (default: found on PATH)
+  TOOLKIT_TRTLLM_PYTHON        interpreter that imports tensorrt_llm (default: python3 on PATH)
+  TOOLKIT_TRTLLM_EXAMPLES_DIR  examples/ of a TensorRT-LLM checkout at the pinned tag
+                               (default: $TOOLKIT_HOME/TensorRT-LLM/examples)
+Detection runs the real things: `python3 -c "import tensorrt_llm"` and `nvidia-smi`; tests put
+fakes of both on PATH / PYTHONPATH, the same seam.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.engine.trtllm_flags import (
+    PINNED_TRTLLM_VERSION,
+    SUPPORTED_TRTLLM_RANGE,
+    TRITON_TRTLLM_CONTAINER,
+)
+from toolkit.errors import EngineBuildError
+from toolkit.settings import toolkit_home
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)")
+_DETECT_TIMEOUT_S = 120  # importing tensorrt_llm loads CUDA libraries: seconds, not minutes
+
+
+@dataclass(frozen=True)
+class ToolPaths:
+    trtllm_build: str
+    python: str
+    examples_dir: str
+
+
+def tool_paths() -> ToolPaths:
+    bin_dir = os.environ.get("TOOLKIT_TRTLLM_BIN_DIR")
+    build = str(Path(bin_dir) / "trtllm-build") if bin_dir else "trtllm-build"
+    python = os.environ.get("TOOLKIT_TRTLLM_PYTHON") or "python3"
+    examples = os.environ.get("TOOLKIT_TRTLLM_EXAMPLES_DIR") or str(toolkit_home() / "TensorRT-LLM" / "examples")
+    return ToolPaths(trtllm_build=build, python=python, examples_dir=examples)
+
+
+def container_hint() -> str:
+    return f"run it inside NVIDIA's Triton TRT-LLM container, e.g. docker run --gpus all {TRITON_TRTLLM_CONTAINER} (TensorRT-LLM {PINNED_TRTLLM_VERSION})"
+
+
+def detect_trtllm_version(python: str | None = None) -> str | None:
+    """The installed tensorrt_llm's __version__, or None when the interpreter cannot import it."""
+    python = python or tool_paths().python
+    if shutil.which(python) is None:
+        return None
+    code = "import tensorrt_llm, sys; sys.stdout.write('\\n' + tensorrt_llm.__version__ + '\\n')"
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=_DETECT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    # tensorrt_llm prints a banner on import; the version is the last line we wrote.
+    return lines[-1] if done.returncode == 0 and lines else None
+
+
+def detect_gpu_sm() -> str | None:
+    """Compute capability of GPU 0 as nvidia-smi prints it ("9.0"), or None without a GPU."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.split()
+    return lines[0].strip() if done.returncode == 0 and lines else None
+
+
+def version_tuple(version: str) -> tuple[int, int] | None:
+    match = _VERSION.match(version)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def require_trtllm() -> str:
+    """The installed TensorRT-LLM version, if it has the engine flow; EngineBuildError otherwise."""
+    version = detect_trtllm_version()
+    if version is None:
+        raise EngineBuildError(
+            "TensorRT-LLM is not installed here (python3 cannot import tensorrt_llm)",
+            hint=container_hint(),
+        )
+    parsed = version_tuple(version)
+    low, high = SUPPORTED_TRTLLM_RANGE
+    if parsed is None or not (low <= parsed <= high):
+        raise EngineBuildError(
+            f"TensorRT-LLM {version} is installed; the TensorRT engine flow needs 0.17 to 1.2",
+            hint=container_hint(),
+        )
+    return version
+
+
+def require_gpu_sm(expected: str, target: str) -> str:
+    sm = detect_gpu_sm()
+    if sm is None:
+        raise EngineBuildError(f"no NVIDIA GPU found (nvidia-smi is missing or failed); --target {target} needs one", hint=container_hint())
+    if sm != expected:
+        raise EngineBuildError(
+            f"--target {target} is SM {expected}, but this machine's GPU is SM {sm}; engines only run on the SM they were built on",
+            hint=f"build on a {target}, or pick the --target that matches this GPU",
+        )
+    return sm
