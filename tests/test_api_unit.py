@@ -1,0 +1,299 @@
+"""The OpenAI API without a server: validation, auth, unsupported fields, limits, stop handling, SSE format.
+
+The app points at an unreachable Triton; only requests that pass every check reach it (and get 503).
+The repository here is a minimal one: a preprocessing config with limits and a tiny word-level tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toolkit.api import ApiSettings, create_app, parse_api_keys
+from toolkit.api.generation import Generation, Job, SseFormatter
+from toolkit.api.metrics import ApiMetrics
+from toolkit.api.text import StopScanner, read_repository_facts
+from toolkit.api.triton import Piece, Sampling
+from toolkit.repository import contract as c
+from toolkit.repository.configs import python_model, to_pbtxt
+
+UNREACHABLE = "127.0.0.1:1"
+WORDS = ["hello", "world", "the", "capital", "of", "france", "is", "paris", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "\n"]
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+MAX_INPUT = 24
+
+
+def _write_tiny_repo(root: Path) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok_dir = root / "preprocessing" / "1" / "tokenizer"
+    tok_dir.mkdir(parents=True)
+    tokenizer.save(str(tok_dir / "tokenizer.json"))
+    (tok_dir / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}))
+    params = {"tokenizer_dir": "tokenizer", "max_input_len": MAX_INPUT, "max_output_len": 16, "max_seq_len": 32, "add_special_tokens": False}
+    config = python_model(c.PREPROCESSING, c.PREPROCESSING_INPUTS, c.PREPROCESSING_OUTPUTS, max_batch_size=8, parameters=params)
+    (root / "preprocessing" / "config.pbtxt").write_text(to_pbtxt(config))
+    (root / "manifest.json").write_text(json.dumps({"model": {"name": "HuggingFaceTB/Tiny-Test"}}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_repo(tmp_path_factory) -> Path:
+    return _write_tiny_repo(tmp_path_factory.mktemp("repo"))
+
+
+def _client(repo: Path, **kw) -> TestClient:
+    return TestClient(create_app(ApiSettings(UNREACHABLE, repo, **kw)), raise_server_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def client(tiny_repo):
+    with _client(tiny_repo) as test_client:
+        yield test_client
+
+
+def _chat(**fields) -> dict:
+    return {"model": "Tiny-Test", "messages": [{"role": "user", "content": "hello world"}], **fields}
+
+
+def _assert_openai_error(response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+# --- facts and models --------------------------------------------------------------------------
+def test_repository_facts_come_from_the_preprocessing_config(tiny_repo):
+    facts = read_repository_facts(tiny_repo)
+    assert facts.limits.max_input_len == MAX_INPUT and facts.limits.output_limit(20) == 12
+    assert facts.tokenizer_dir == tiny_repo / "preprocessing" / "1" / "tokenizer"
+
+
+def test_models_lists_the_manifest_model(client):
+    body = client.get("/v1/models").json()
+    assert body["object"] == "list" and [m["id"] for m in body["data"]] == ["Tiny-Test"]
+    assert client.get("/v1/models/Tiny-Test").json()["id"] == "Tiny-Test"
+    _assert_openai_error(client.get("/v1/models/nope"), 404, "model")
+
+
+def test_health_is_503_while_triton_is_unreachable(client):
+    _assert_openai_error(client.get("/health"), 503)
+
+
+def test_metrics_expose_the_promised_series(client):
+    client.get("/v1/models")
+    text = client.get("/metrics").text
+    for name in ("toolkit_api_requests_total", "toolkit_api_prompt_tokens_total", "toolkit_api_completion_tokens_total",
+                 "toolkit_api_time_to_first_token_seconds_bucket", "toolkit_api_inter_token_latency_seconds_bucket", "toolkit_api_requests_in_flight"):
+        assert name in text
+    assert 'toolkit_api_requests_total{endpoint="models",status="200"}' in text
+
+
+# --- validation: 400 in OpenAI's format, never 422 ---------------------------------------------
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"frobnicate": 1}, "frobnicate"),
+        ({"temperature": 3}, "temperature"),
+        ({"top_p": -0.1}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"seed": -1}, "seed"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": ""}, None),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, None),
+        ({"messages": [{"role": "tool", "content": "x"}]}, None),
+        ({"stream_options": {"include_usage": True, "bogus": 1}}, None),
+    ],
+)
+def test_chat_refuses_what_it_cannot_honour_with_400(client, fields, param):
+    _assert_openai_error(client.post("/v1/chat/completions", json=_chat(**fields)), 400, param)
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [({"echo": True}, "echo"), ({"best_of": 3}, "best_of"), ({"suffix": "x"}, "suffix"), ({"prompt": ["a", "b"]}, "prompt"),
+     ({"prompt": [1, 2, 3]}, None), ({"logprobs": 2}, "logprobs"), ({"n": 3}, "n")],
+)
+def test_completions_refuse_what_they_cannot_honour_with_400(client, fields, param):
+    body = {"model": "Tiny-Test", "prompt": "hello", **fields}
+    _assert_openai_error(client.post("/v1/completions", json=body), 400, param)
+
+
+def test_malformed_json_and_missing_fields_are_400(client):
+    _assert_openai_error(client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
+    _assert_openai_error(client.post("/v1/chat/completions", json={}), 400)
+    _assert_openai_error(client.post("/v1/completions", json={"model": "Tiny-Test"}), 400, "prompt")
+
+
+def test_unknown_model_is_404(client):
+    _assert_openai_error(client.post("/v1/chat/completions", json={**_chat(), "model": "gpt-4"}), 404, "model")
+
+
+def test_too_long_prompt_is_400_naming_the_limit(client):
+    error = _assert_openai_error(client.post("/v1/completions", json={"model": "Tiny-Test", "prompt": "hello " * 40}), 400, "prompt")
+    assert error["code"] == "context_length_exceeded" and str(MAX_INPUT) in error["message"]
+
+
+def test_max_tokens_over_the_engine_limit_is_400(client):
+    error = _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_completion_tokens=17)), 400, "max_completion_tokens")
+    assert "16" in error["message"]
+
+
+def test_lone_surrogate_prompt_is_400(client):
+    raw = b'{"model": "Tiny-Test", "prompt": "hello \\ud800"}'
+    _assert_openai_error(client.post("/v1/completions", content=raw, headers={"content-type": "application/json"}), 400, "prompt")
+
+
+def test_a_valid_request_reaches_triton_and_gets_503_when_it_is_down(client):
+    error = _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4)), 503)
+    assert error["code"] == "triton_unavailable"
+    _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4, stream=True)), 503)
+
+
+def test_openapi_schema_documents_the_routes(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} <= set(paths)
+
+
+# --- auth and backpressure ---------------------------------------------------------------------
+def test_api_keys_guard_v1_routes_only(tiny_repo):
+    with _client(tiny_repo, api_keys=("sk-right", "sk-other")) as client:
+        error = _assert_openai_error(client.get("/v1/models"), 401)
+        assert error["code"] == "invalid_api_key" and "sk-right" not in json.dumps(error)
+        _assert_openai_error(client.get("/v1/models", headers={"Authorization": "Bearer sk-wrong"}), 401)
+        _assert_openai_error(client.post("/v1/chat/completions", json=_chat(), headers={"Authorization": "Basic sk-right"}), 401)
+        assert client.get("/v1/models", headers={"Authorization": "Bearer sk-right"}).status_code == 200
+        assert client.get("/v1/models", headers={"Authorization": "bearer sk-other"}).status_code == 200
+        assert client.get("/metrics").status_code == 200
+
+
+def test_in_flight_bound_answers_429_with_retry_after(tiny_repo):
+    app = create_app(ApiSettings(UNREACHABLE, tiny_repo, max_in_flight=1, retry_after_s=2))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        gate = app.middleware_stack  # built on first request
+        while not hasattr(gate, "in_flight"):
+            gate = gate.app
+        gate.in_flight = 1  # as if one generation were running
+        response = client.post("/v1/chat/completions", json=_chat())
+        error = _assert_openai_error(response, 429)
+        assert response.headers["retry-after"] == "2" and error["code"] == "rate_limit_exceeded"
+        assert client.get("/v1/models").status_code == 200  # only generation is bounded
+        gate.in_flight = 0
+        assert client.post("/v1/chat/completions", json=_chat()).status_code == 503
+
+
+def test_parse_api_keys_merges_flags_and_env():
+    assert parse_api_keys(["a", " b ", ""], "c, a,,d") == ("a", "b", "c", "d")
+
+
+# --- stop strings and UTF-8 ----------------------------------------------------------------------
+def _scan(pieces: list[bytes], stops: list[str]) -> tuple[str, bool]:
+    scanner = StopScanner(stops)
+    out = "".join(scanner.feed(p) for p in pieces)
+    return out + scanner.flush(), scanner.stopped
+
+
+def test_stop_string_split_across_pieces_is_cut_and_not_returned():
+    assert _scan([b"Paris is", b" the cap", b"ital. EN", b"D and more"], ["END"]) == ("Paris is the capital. ", True)
+
+
+def test_multibyte_character_split_across_pieces_is_rejoined():
+    data = "café ☕ naïve".encode()
+    assert _scan([data[i:i + 1] for i in range(len(data))], []) == ("café ☕ naïve", False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=0, max_size=40), st.lists(st.text(min_size=1, max_size=4), min_size=0, max_size=3), st.data())
+def test_stop_scanner_equals_cutting_the_whole_text(text, stops, data):
+    raw = text.encode()
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=6)))
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    expected = text[: min(found)] if found else text
+    assert _scan(pieces, stops) == (expected, bool(found))
+
+
+# --- generation bookkeeping and SSE format -------------------------------------------------------
+class _FakeBackend:
+    """Stands in for Triton at the backend seam: yields the given pieces, records whether it was closed early."""
+
+    def __init__(self, pieces: list[Piece]):
+        self.pieces = pieces
+        self.closed_early = False
+
+    async def generate(self, prompt, max_tokens, sampling):
+        finished = False
+        try:
+            for piece in self.pieces:
+                yield piece
+            finished = True
+        finally:
+            self.closed_early = not finished
+
+
+def _job(**kw) -> Job:
+    fields = dict(id="chatcmpl-1", kind="chat", model="m", prompt="p", prompt_tokens=5, max_tokens=4, sampling=Sampling(), stops=(), include_usage=True)
+    return Job(**{**fields, **kw})
+
+
+async def _run(job: Job, backend) -> tuple[str, Generation]:
+    generation = Generation(job, backend, ApiMetrics())
+    text = "".join([t async for t in generation.texts()])
+    return text, generation
+
+
+@pytest.mark.parametrize("count_reported", [True, False])
+def test_generation_counts_tokens_and_finish_reason(count_reported):
+    import asyncio
+
+    pieces = [Piece(w.encode(), i + 1 if count_reported else None, i == 3) for i, w in enumerate(["a", "b", "c", "d"])]
+    text, generation = asyncio.run(_run(_job(), _FakeBackend(pieces)))
+    assert text == "abcd" and generation.finish_reason == "length" and generation.usage() == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    text, generation = asyncio.run(_run(_job(max_tokens=10), _FakeBackend(pieces)))
+    assert generation.finish_reason == "stop"  # the engine ended early: end of sequence
+
+
+def test_stop_string_ends_generation_and_cancels_the_engine_request():
+    import asyncio
+
+    backend = _FakeBackend([Piece(w.encode(), i + 1, False) for i, w in enumerate(["one ", "two ", "thr", "ee ", "four"])])
+    text, generation = asyncio.run(_run(_job(max_tokens=10, stops=("three",)), backend))
+    assert text == "one two " and generation.finish_reason == "stop" and generation.completion_tokens == 4
+    assert backend.closed_early
+
+
+def test_sse_chunks_follow_openai_chunk_format():
+    job = _job()
+    sse = SseFormatter(job)
+    events = [sse.first(), sse.text('say "hi"\n')]
+    generation = Generation(job, None, ApiMetrics())
+    generation.completion_tokens, generation.finish_reason = 2, "stop"
+    events.append(sse.end(generation))
+    lines = [line for event in events for line in event.decode().split("\n\n") if line]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[1]["choices"][0]["delta"] == {"content": 'say "hi"\n'} and chunks[1]["object"] == "chat.completion.chunk"
+    assert chunks[2]["choices"][0]["finish_reason"] == "stop" and chunks[2]["usage"] is None
+    assert chunks[3]["choices"] == [] and chunks[3]["usage"]["total_tokens"] == 7

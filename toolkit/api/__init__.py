@@ -1,0 +1,10 @@
+"""OpenAI-compatible HTTP API in front of a Triton deployment (chat, completions, models, health, metrics).
+
+Library entry points: `create_app(ApiSettings(...))` for the ASGI app, `run_api` to serve in the
+foreground, `run_api_in_background` to serve on a thread beside tritonserver.
+"""
+
+from toolkit.api.app import ApiSettings, create_app
+from toolkit.api.server import ApiServerHandle, parse_api_keys, run_api, run_api_in_background
+
+__all__ = ["ApiSettings", "ApiServerHandle", "create_app", "parse_api_keys", "run_api", "run_api_in_background"]

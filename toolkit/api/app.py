@@ -1,0 +1,263 @@
+"""The OpenAI-compatible app: `create_app` wires the routes to one Triton backend and one tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from toolkit.api.errors import ApiError, install_error_handlers
+from toolkit.api.gate import Gate
+from toolkit.api.generation import Generation, Job, SseFormatter
+from toolkit.api.metrics import ApiMetrics
+from toolkit.api.schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ErrorResponse,
+    Health,
+    Model,
+    ModelList,
+    unsupported_fields,
+)
+from toolkit.api.text import PromptCodec, RepositoryFacts, read_repository_facts
+from toolkit.api.triton import InferenceFailed, Sampling, TritonBackend, TritonUnavailable
+
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 502, 503)}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """Everything `create_app` needs; the CLI and `toolkit serve --openai-port` build one of these."""
+
+    triton_url: str
+    repo: Path
+    model_name: str = "ensemble"  # the Triton model that takes text_input
+    served_model_name: str | None = None  # the id in /v1/models; default: from the repository
+    api_keys: tuple[str, ...] = ()
+    max_in_flight: int = 64
+    retry_after_s: int = 1
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected while we waited for the engine."""
+
+
+class ApiState:
+    def __init__(self, settings: ApiSettings, facts: RepositoryFacts):
+        self.settings = settings
+        self.facts = facts
+        self.codec = PromptCodec(facts.tokenizer_dir, add_special_tokens=facts.add_special_tokens)
+        self.backend = TritonBackend(settings.triton_url, settings.model_name)
+        self.metrics = ApiMetrics()
+        self.model_id = settings.served_model_name or served_name(Path(settings.repo))
+        self.created = int(time.time())
+
+    def check_model(self, name: str) -> None:
+        if name not in (self.model_id, self.settings.model_name):
+            raise ApiError(404, f"The model `{name}` does not exist; this server serves `{self.model_id}`.", param="model", code="model_not_found")
+
+
+def served_name(repo: Path) -> str:
+    """The model id to show: the manifest's model name when it has one, else the repository folder's name."""
+    manifest = repo / "manifest.json"
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        data = json.loads(manifest.read_text())
+        model = data.get("model")
+        for value in (data.get("served_model_name"), model.get("name") if isinstance(model, dict) else model, data.get("model_name")):
+            if isinstance(value, str) and value:
+                return value.rstrip("/").rsplit("/", 1)[-1]
+    return repo.resolve().name
+
+
+def create_app(settings: ApiSettings) -> FastAPI:
+    """The ASGI app, wrapped in the gate (API keys, in-flight bound); its lifespan opens the gRPC channel."""
+    state = ApiState(settings, read_repository_facts(Path(settings.repo)))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await state.backend.start()
+        try:
+            yield
+        finally:
+            await state.backend.close()
+
+    app = FastAPI(title="toolkit OpenAI-compatible API", version="1", lifespan=lifespan)
+    app.state.api = state
+    install_error_handlers(app)
+    _add_routes(app, state)
+    app.add_middleware(Gate, api_keys=tuple(settings.api_keys), max_in_flight=settings.max_in_flight, retry_after_s=settings.retry_after_s, metrics=state.metrics)
+    return app
+
+
+def _add_routes(app: FastAPI, state: ApiState) -> None:
+    @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS)
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        state.check_model(body.model)
+        _refuse_unsupported(body)
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        try:
+            prompt = state.codec.render_chat(messages)
+        except Exception as exc:  # noqa: BLE001 - a template's own error (jinja2 or raise_exception) is the client's 400
+            raise ApiError(400, f"The chat template refused these messages: {exc}", param="messages") from exc
+        job = _plan(state, "chat", body, prompt, body.requested_max_tokens(), "messages")
+        return await _respond(state, job, bool(body.stream), request)
+
+    @app.post("/v1/completions", response_model=Completion, responses=ERRORS)
+    async def completions(body: CompletionRequest, request: Request):
+        state.check_model(body.model)
+        _refuse_unsupported(body)
+        job = _plan(state, "completion", body, body.prompt_text(), body.max_tokens, "prompt")
+        return await _respond(state, job, bool(body.stream), request)
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
+    async def list_models():
+        return ModelList(data=[_model(state)])
+
+    @app.get("/v1/models/{model}", response_model=Model, responses=ERRORS)
+    async def retrieve_model(model: str):
+        state.check_model(model)
+        return _model(state)
+
+    @app.get("/health", response_model=Health, responses={503: {"model": ErrorResponse}})
+    async def health():
+        if await state.backend.ready():
+            return Health(status="ok", model=state.model_id)
+        raise ApiError(503, f"Triton at {state.settings.triton_url} or its model `{state.settings.model_name}` is not ready.", type="server_error", code="not_ready")
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics():
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _model(state: ApiState) -> Model:
+    return Model(id=state.model_id, created=state.created, owned_by="toolkit")
+
+
+def _refuse_unsupported(body) -> None:
+    found = unsupported_fields(body)
+    if found:
+        name, reason = found[0]
+        raise ApiError(400, reason, param=name, code="unsupported_parameter")
+
+
+def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | None, param: str) -> Job:
+    """Check the prompt and max_tokens against the engine's limits; a request over them is a 400 naming the limit."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, "The prompt is not valid Unicode (it holds a lone surrogate).", param=param, code="invalid_value") from exc
+    limits = state.facts.limits
+    prompt_tokens = state.codec.count(prompt)
+    if prompt_tokens == 0:
+        raise ApiError(400, "The prompt is empty: it must hold at least one token.", param=param, code="invalid_value")
+    if prompt_tokens > limits.max_input_len:
+        raise ApiError(400, f"The prompt is {prompt_tokens} tokens, over this model's maximum input length of {limits.max_input_len} tokens; shorten it.", param=param, code="context_length_exceeded")
+    limit = limits.output_limit(prompt_tokens)
+    if limit < 1:
+        raise ApiError(400, f"The prompt is {prompt_tokens} tokens and leaves no room to generate within this model's maximum sequence length of {limits.max_seq_len} tokens.", param=param, code="context_length_exceeded")
+    max_tokens = min(requested, limit) if kind == "completion" and "max_tokens" not in body.model_fields_set else requested
+    if max_tokens is None:
+        max_tokens = limit
+    if max_tokens > limit:
+        name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
+        raise ApiError(400, f"{name}={max_tokens} is over this model's limit of {limit} tokens for a {prompt_tokens}-token prompt (max_output_len {limits.max_output_len}, max_seq_len {limits.max_seq_len}).", param=name, code="context_length_exceeded")
+    sampling = Sampling(temperature=body.temperature, top_p=body.top_p, seed=body.seed)
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    return Job(f"{prefix}-{uuid.uuid4().hex}", kind, body.model, prompt, prompt_tokens, max_tokens, sampling, tuple(body.stop_list()), include_usage)
+
+
+async def _respond(state: ApiState, job: Job, stream: bool, request: Request):
+    generation = Generation(job, state.backend, state.metrics)
+    texts = generation.texts()
+    try:
+        if not stream:
+            text = await _until_disconnect(request, _collect(texts))
+            return JSONResponse(_whole_body(job, text, generation))
+        # Wait for the engine's first response before answering, so that an engine error is an HTTP status.
+        first = await _until_disconnect(request, anext(texts, None))
+    except ClientGone:
+        await texts.aclose()
+        return Response(status_code=499)
+    except TritonUnavailable as exc:
+        await texts.aclose()
+        raise ApiError(503, str(exc), type="server_error", code="triton_unavailable") from exc
+    except InferenceFailed as exc:
+        await texts.aclose()
+        raise _engine_error(exc) from exc
+    return StreamingResponse(_sse(job, generation, texts, first), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _collect(texts: AsyncIterator[str]) -> str:
+    return "".join([text async for text in texts])
+
+
+async def _sse(job: Job, generation: Generation, texts: AsyncIterator[str], first: str | None) -> AsyncIterator[bytes]:
+    """The event stream; cancelled (client gone) at an await, which closes `texts` and cancels Triton."""
+    sse = SseFormatter(job)
+    try:
+        opening = sse.first()
+        if opening:
+            yield opening
+        if first:
+            yield sse.text(first)
+        async for text in texts:
+            if text:
+                yield sse.text(text)
+        yield sse.end(generation)
+    except (TritonUnavailable, InferenceFailed) as exc:
+        yield sse.error({"error": {"message": str(exc), "type": "server_error", "param": None, "code": "engine_error"}})
+    finally:
+        await texts.aclose()
+
+
+def _whole_body(job: Job, text: str, generation: Generation) -> dict:
+    if job.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None}, "logprobs": None, "finish_reason": generation.finish_reason}
+        kind = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": generation.finish_reason}
+        kind = "text_completion"
+    return {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [choice], "usage": generation.usage(), "system_fingerprint": None}
+
+
+def _engine_error(exc: InferenceFailed) -> ApiError:
+    message = str(exc)
+    if "max_input_len" in message or "limit of" in message or "is empty" in message:
+        return ApiError(400, message, code="context_length_exceeded")
+    return ApiError(502, f"The engine failed this request: {message}", type="server_error", code="engine_error")
+
+
+async def _until_disconnect(request: Request, awaitable):
+    """Await `awaitable` unless the client disconnects first; then cancel it and raise ClientGone."""
+    work = asyncio.ensure_future(awaitable)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if work in done:
+        return work.result()
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await work
+    raise ClientGone()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,86 @@
+"""Every error the API answers is a JSON body in OpenAI's format: {"error": {message, type, param, code}}."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from toolkit.errors import ToolkitError
+
+log = logging.getLogger("toolkit.api")
+
+
+class ApiError(ToolkitError):
+    """An error answered to the client with `status`; `type` and `code` follow OpenAI's values."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_bytes(status: int, message: str, type: str, code: str | None = None, param: str | None = None) -> bytes:
+    return json.dumps(error_body(message, type, param, code)).encode()
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    loc = [str(part) for part in first.get("loc", ()) if part != "body" and _is_field(part)]
+    param = ".".join(loc) or None
+    if first.get("type") == "extra_forbidden":
+        return ApiError(400, f"Unrecognized request argument supplied: {param}", param=param, code="unrecognized_argument")
+    if first.get("type") == "json_invalid":
+        return ApiError(400, "The request body is not valid JSON.", code="invalid_json")
+    where = f" at `{param}`" if param else ""
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return ApiError(400, f"Invalid request{where}: {first.get('msg', 'invalid value')}{more}", param=param, code="invalid_value")
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_field(part) -> bool:
+    """Field names and list indexes; not the union-member tags pydantic puts in a location ("constrained-str")."""
+    if isinstance(part, int):
+        return True
+    return part.isidentifier() and part.lower() not in _TYPE_TAGS
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map validation errors to 400 (not FastAPI's 422), HTTP errors and crashes to OpenAI's format."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        error = _validation_error(exc)
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return JSONResponse(error_body(str(exc.detail), kind, None, code), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("The server had an error while processing your request.", "server_error", None, "internal_error"), status_code=500)

@@ -1,0 +1,88 @@
+"""The API's front door, as plain ASGI middleware: API keys, the in-flight bound, request counting.
+
+Plain ASGI (not BaseHTTPMiddleware) so streamed responses pass through untouched and a generation
+keeps its in-flight slot until its stream has really ended, however it ends (done, error, or the
+client hanging up mid-stream).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+from toolkit.api.errors import error_body
+from toolkit.api.metrics import ApiMetrics
+
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+ENDPOINTS = {
+    "/v1/chat/completions": "chat_completions",
+    "/v1/completions": "completions",
+    "/v1/models": "models",
+    "/health": "health",
+    "/metrics": "metrics",
+}
+
+
+class Gate:
+    def __init__(self, app, *, api_keys: tuple[str, ...], max_in_flight: int, retry_after_s: int, metrics: ApiMetrics):
+        self.app = app
+        self.api_keys = tuple(key.encode() for key in api_keys)
+        self.max_in_flight = max_in_flight
+        self.retry_after_s = retry_after_s
+        self.metrics = metrics
+        self.in_flight = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        endpoint = ENDPOINTS.get(path, "models" if path.startswith("/v1/models/") else "other")
+        status = [500]
+
+        async def send_and_record(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        generation = scope["method"] == "POST" and path in GENERATION_PATHS
+        try:
+            if path.startswith("/v1/") and self.api_keys and not self._authorized(scope):
+                await self._refuse(send_and_record, 401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.", "invalid_request_error", "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+                return
+            if generation and self.in_flight >= self.max_in_flight:
+                self.metrics.rejected.inc()
+                message = f"Too many requests in flight (limit {self.max_in_flight}); retry after {self.retry_after_s} s."
+                await self._refuse(send_and_record, 429, message, "rate_limit_error", "rate_limit_exceeded", [(b"retry-after", str(self.retry_after_s).encode())])
+                return
+            if not generation:
+                await self.app(scope, receive, send_and_record)
+                return
+            self.in_flight += 1
+            self.metrics.in_flight.inc()
+            try:
+                await self.app(scope, receive, send_and_record)
+            finally:
+                self.in_flight -= 1
+                self.metrics.in_flight.dec()
+        finally:
+            self.metrics.requests.labels(endpoint, str(status[0])).inc()
+
+    def _authorized(self, scope) -> bool:
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not token:
+            return False
+        token = token.strip()
+        # Compare against every key, in constant time per key: no early exit that leaks which matched.
+        return any([hmac.compare_digest(token, key) for key in self.api_keys])
+
+    @staticmethod
+    async def _refuse(send, status: int, message: str, type: str, code: str, headers: list) -> None:
+        body = json.dumps(error_body(message, type, None, code)).encode()
+        await send({
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+        })
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,145 @@
+"""One generation: Triton pieces in, stop-checked text out, with usage, finish reason and latency metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from toolkit.api.metrics import ApiMetrics
+from toolkit.api.text import StopScanner
+from toolkit.api.triton import Sampling, TritonBackend
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated request, ready for the engine."""
+
+    id: str
+    kind: str  # "chat" or "completion"
+    model: str
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    sampling: Sampling
+    stops: tuple[str, ...]
+    include_usage: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    arrival: float = field(default_factory=time.perf_counter)
+
+
+class Generation:
+    """Iterate `texts()` for the text to send; afterwards `completion_tokens` and `finish_reason` hold."""
+
+    def __init__(self, job: Job, backend: TritonBackend, metrics: ApiMetrics):
+        self.job = job
+        self.backend = backend
+        self.metrics = metrics
+        self.completion_tokens = 0
+        self.finish_reason = "length"
+        self.done = False
+
+    async def texts(self) -> AsyncIterator[str]:
+        """Text pieces (possibly empty) in order; one per engine response, then the held-back tail."""
+        job, metrics = self.job, self.metrics
+        scanner = StopScanner(list(job.stops))
+        pieces = self.backend.generate(job.prompt, job.max_tokens, job.sampling)
+        last = None
+        try:
+            async for piece in pieces:
+                now = time.perf_counter()
+                before = self.completion_tokens
+                if piece.output_tokens is not None:
+                    self.completion_tokens = max(before, piece.output_tokens)
+                elif piece.data:
+                    self.completion_tokens = before + 1
+                new = self.completion_tokens - before
+                if new:
+                    if last is None:
+                        metrics.ttft.observe(now - job.arrival)
+                    else:
+                        gap = (now - last) / new
+                        for _ in range(new):
+                            metrics.itl.observe(gap)
+                    last = now
+                text = scanner.feed(piece.data)
+                if scanner.stopped:
+                    yield text
+                    break
+                yield text
+            else:
+                yield scanner.flush()
+            self._finish(scanner.stopped)
+        finally:
+            await pieces.aclose()  # cancels the Triton request if it is still running
+            if not self.done:
+                metrics.cancelled.inc()
+
+    def _finish(self, stopped: bool) -> None:
+        self.done = True
+        if stopped or self.completion_tokens < self.job.max_tokens:
+            self.finish_reason = "stop"
+        self.metrics.finished.labels(self.finish_reason).inc()
+        self.metrics.prompt_tokens.inc(self.job.prompt_tokens)
+        self.metrics.completion_tokens.inc(self.completion_tokens)
+
+    def usage(self) -> dict:
+        return {
+            "prompt_tokens": self.job.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.job.prompt_tokens + self.completion_tokens,
+        }
+
+
+class SseFormatter:
+    """Server-sent events in OpenAI's chunk format; the constant part of each chunk is built once."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        head = {"id": job.id, "created": job.created, "model": job.model}
+        if job.kind == "chat":
+            head["object"] = "chat.completion.chunk"
+            self._text_prefix = _json_prefix(head) + ',"choices":[{"index":0,"delta":{"content":'
+            self._text_suffix = '},"logprobs":null,"finish_reason":null}]'
+        else:
+            head["object"] = "text_completion"
+            self._text_prefix = _json_prefix(head) + ',"choices":[{"index":0,"text":'
+            self._text_suffix = ',"logprobs":null,"finish_reason":null}]'
+        self._head = head
+        self._usage_null = ',"usage":null}' if job.include_usage else "}"
+
+    def first(self) -> bytes | None:
+        """Chat streams open with the assistant role, as OpenAI's do."""
+        if self.job.kind != "chat":
+            return None
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        return self._event({**self._head, "choices": [choice], **self._usage_field()})
+
+    def text(self, text: str) -> bytes:
+        return f"data: {self._text_prefix}{json.dumps(text, ensure_ascii=False)}{self._text_suffix}{self._usage_null}\n\n".encode()
+
+    def end(self, generation: Generation) -> bytes:
+        if self.job.kind == "chat":
+            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": generation.finish_reason}
+        else:
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": generation.finish_reason}
+        out = self._event({**self._head, "choices": [choice], **self._usage_field()})
+        if self.job.include_usage:
+            out += self._event({**self._head, "choices": [], "usage": generation.usage()})
+        return out + b"data: [DONE]\n\n"
+
+    def error(self, body: dict) -> bytes:
+        return self._event(body) + b"data: [DONE]\n\n"
+
+    def _usage_field(self) -> dict:
+        return {"usage": None} if self.job.include_usage else {}
+
+    @staticmethod
+    def _event(payload: dict) -> bytes:
+        return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+
+def _json_prefix(head: dict) -> str:
+    """'{"id":...,"model":...' without the closing brace, so more fields can follow."""
+    return json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1]

@@ -1,0 +1,212 @@
+"""Request and response bodies, following the OpenAI API reference (chat completions, completions, models).
+
+Requests forbid unknown fields: OpenAI answers an unrecognized argument with a 400, and so do we.
+Fields of the reference that this server cannot honour (n > 1, logprobs, tools, ...) are declared
+so that `unsupported_fields` can refuse them by name instead of dropping them silently.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+UINT64_MAX = 2**64 - 1
+StopText = Annotated[str, Field(min_length=1)]
+Stop = Union[StopText, Annotated[list[StopText], Field(max_length=4)], None]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Request):
+    include_usage: bool | None = None
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class _Sampling(_Request):
+    """Fields shared by chat and text completions."""
+
+    model: str
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=0, le=UINT64_MAX)
+    stop: Stop = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Declared so that a value we cannot honour is refused by name (see unsupported_fields).
+    n: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    logit_bias: Any = None
+    logprobs: Any = None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    store: Any = None
+    metadata: Any = None
+    service_tier: Any = None
+    web_search_options: Any = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, Annotated[list[str], Field(min_length=1)]]
+    max_tokens: int | None = Field(16, ge=1)
+    echo: Any = None
+    best_of: Any = None
+    suffix: Any = None
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+def unsupported_fields(request: _Sampling) -> list[tuple[str, str]]:
+    """(field, reason) for every field set to a value this server cannot honour."""
+    checks = {
+        "n": lambda v: v not in (None, 1),
+        "presence_penalty": lambda v: v not in (None, 0),
+        "frequency_penalty": lambda v: v not in (None, 0),
+        "logit_bias": lambda v: v not in (None, {}),
+        "logprobs": lambda v: v not in (None, False),
+        "top_logprobs": lambda v: v is not None,
+        "tools": lambda v: v not in (None, []),
+        "tool_choice": lambda v: v not in (None, "none"),
+        "parallel_tool_calls": lambda v: v is not None,
+        "functions": lambda v: v not in (None, []),
+        "function_call": lambda v: v not in (None, "none"),
+        "response_format": lambda v: v not in (None, {"type": "text"}),
+        "audio": lambda v: v is not None,
+        "modalities": lambda v: v not in (None, ["text"]),
+        "prediction": lambda v: v is not None,
+        "reasoning_effort": lambda v: v is not None,
+        "store": lambda v: v not in (None, False),
+        "metadata": lambda v: v is not None,
+        "service_tier": lambda v: v not in (None, "auto", "default"),
+        "web_search_options": lambda v: v is not None,
+        "echo": lambda v: v not in (None, False),
+        "best_of": lambda v: v not in (None, 1),
+        "suffix": lambda v: v not in (None, ""),
+    }
+    found = []
+    for name, refused in checks.items():
+        if name in type(request).model_fields and refused(getattr(request, name)):
+            found.append((name, f"`{name}` = {getattr(request, name)!r} is not supported by this server"))
+    if isinstance(request, CompletionRequest) and isinstance(request.prompt, list) and len(request.prompt) != 1:
+        found.append(("prompt", "a list of prompts is not supported by this server: send one prompt per request"))
+    return found
+
+
+# --- responses -----------------------------------------------------------------------------------
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: None = None
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"]
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    model: str

@@ -1,0 +1,85 @@
+"""Run the API with uvicorn: in the foreground (`toolkit api`) or on a thread (`toolkit serve --openai-port`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from toolkit.api.app import ApiSettings, create_app
+from toolkit.errors import ServerError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 9000
+API_KEYS_ENV = "TOOLKIT_API_KEYS"
+
+
+def parse_api_keys(values: tuple[str, ...] | list[str], env_value: str | None = None) -> tuple[str, ...]:
+    """Keys from repeated flags and from a comma-separated env value, blanks dropped, order kept."""
+    keys = [v.strip() for v in values]
+    if env_value:
+        keys += [v.strip() for v in env_value.split(",")]
+    return tuple(dict.fromkeys(k for k in keys if k))
+
+
+def _uvicorn_server(settings: ApiSettings, host: str, port: int, log_level: str):
+    import uvicorn
+
+    config = uvicorn.Config(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,  # the access log would show paths only, but keep request lines out of logs by default
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    return uvicorn.Server(config)
+
+
+def run_api(settings: ApiSettings, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, log_level: str = "info") -> None:
+    """Serve in the foreground until interrupted (Ctrl-C or SIGTERM)."""
+    server = _uvicorn_server(settings, host, port, log_level)
+    server.run()
+    if not server.started:
+        raise ServerError(f"the API could not start on {host}:{port}", hint="is the port taken? pick another with --port")
+
+
+@dataclass
+class ApiServerHandle:
+    """A running API on a background thread; `stop()` shuts it down gracefully."""
+
+    url: str
+    server: object
+    thread: threading.Thread
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+
+def run_api_in_background(
+    settings: ApiSettings,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    log_level: str = "warning",
+    start_timeout_s: float = 30.0,
+) -> ApiServerHandle:
+    """Start the API on a daemon thread with its own event loop; return once it accepts connections."""
+    server = _uvicorn_server(settings, host, port, log_level)
+    thread = threading.Thread(target=server.run, name=f"toolkit-api-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise ServerError(f"the OpenAI API did not start on {host}:{port}", hint="is the port taken? pick another --openai-port")
+        time.sleep(0.02)
+    logging.getLogger("toolkit.api").info("OpenAI API on http://%s:%d/v1", host, port)
+    return ApiServerHandle(f"http://{host}:{port}", server, thread)

@@ -1,0 +1,167 @@
+"""Generation over Triton's gRPC streaming API, with one long-lived asyncio channel.
+
+Each request opens its own bidirectional `ModelStreamInfer` call on the shared channel, so it
+can be cancelled alone: closing the `generate` iterator before the final response cancels the
+gRPC call, Triton marks the request cancelled, and the engine stops generating for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from toolkit.errors import ClientError
+
+FINAL_FLAG = "triton_final_response"
+
+
+class TritonUnavailable(ClientError):
+    """Triton cannot be reached, or refused the call as a whole."""
+
+
+class InferenceFailed(ClientError):
+    """Triton answered the request with an error (the message is the model's own)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings in OpenAI's terms; `tensors` turns them into the ensemble's inputs."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_p == 0
+
+    def tensors(self) -> list[tuple[str, np.ndarray, str]]:
+        if self.greedy:
+            # TensorRT-LLM has no temperature 0: top_k 1 is its greedy decoding.
+            return [("top_k", np.array([[1]], np.int32), "INT32")]
+        out = [
+            ("temperature", np.array([[1.0 if self.temperature is None else self.temperature]], np.float32), "FP32"),
+            # top_p 1.0, not 0: with top_k and top_p both 0 TensorRT-LLM falls back to greedy.
+            ("top_p", np.array([[1.0 if self.top_p is None else self.top_p]], np.float32), "FP32"),
+        ]
+        if self.seed is not None:
+            out.append(("seed", np.array([[self.seed]], np.uint64), "UINT64"))
+        return out
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One streamed response: the exact UTF-8 bytes of its new tokens, and the engine's running count."""
+
+    data: bytes
+    output_tokens: int | None  # cumulative generated tokens, when the engine reports them
+    final: bool
+
+
+class TritonBackend:
+    """The gRPC client of one Triton server and one text model (the ensemble by default)."""
+
+    def __init__(self, url: str, model_name: str = "ensemble"):
+        self.url = url
+        self.model_name = model_name
+        self._client: grpcclient.InferenceServerClient | None = None
+        self._ids = itertools.count(1)
+
+    async def start(self) -> None:
+        """Open the channel; call inside the event loop that will use it."""
+        self._client = grpcclient.InferenceServerClient(self.url)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    @property
+    def client(self) -> grpcclient.InferenceServerClient:
+        if self._client is None:
+            raise TritonUnavailable("the Triton client is not started", hint="use the app inside its lifespan")
+        return self._client
+
+    async def ready(self, timeout_s: float = 2.0) -> bool:
+        """Whether Triton is ready and the model is loaded and ready."""
+        try:
+            return bool(
+                await self.client.is_server_ready(client_timeout=timeout_s)
+                and await self.client.is_model_ready(self.model_name, client_timeout=timeout_s)
+            )
+        except (InferenceServerException, grpc.RpcError, asyncio.TimeoutError):
+            return False
+
+    async def generate(self, prompt: str, max_tokens: int, sampling: Sampling) -> AsyncIterator[Piece]:
+        """Stream the pieces of one generation; closing the iterator early cancels the request."""
+        done = asyncio.Event()
+        call = self.client.stream_infer(_one_request(self._request(prompt, max_tokens, sampling), done))
+        finished = False
+        try:
+            async for result, error in call:
+                if error is not None:
+                    raise InferenceFailed(str(error.message() if hasattr(error, "message") else error))
+                piece = _piece(result)
+                finished = piece.final
+                yield piece
+                if finished:
+                    return
+            finished = True  # the stream ended without a final flag: nothing more will come
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                raise
+            raise TritonUnavailable(f"Triton at {self.url}: {exc.code().name}: {exc.details()}") from exc
+        finally:
+            done.set()
+            if not finished:
+                call.cancel()
+
+    def _request(self, prompt: str, max_tokens: int, sampling: Sampling) -> dict:
+        tensors = [
+            ("text_input", np.array([[prompt.encode("utf-8")]], dtype=object), "BYTES"),
+            ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
+            ("stream", np.array([[True]], bool), "BOOL"),
+            ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
+            ("return_num_output_tokens", np.array([[True]], bool), "BOOL"),
+            *sampling.tensors(),
+        ]
+        inputs = []
+        for name, value, dtype in tensors:
+            tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        return {
+            "model_name": self.model_name,
+            "inputs": inputs,
+            "request_id": f"api-{next(self._ids)}",
+            # Decoupled models: an empty response carries the final flag when no data response does.
+            "parameters": {"triton_enable_empty_final_response": True},
+        }
+
+
+async def _one_request(request: dict, done: asyncio.Event):
+    """Send one request, then keep the stream's sending side open until the generation is done."""
+    yield request
+    await done.wait()
+
+
+def _piece(result) -> Piece:
+    response = result.get_response()
+    final = FINAL_FLAG in response.parameters and response.parameters[FINAL_FLAG].bool_param
+    data = b""
+    count = None
+    names = {output.name for output in response.outputs}
+    if "text_output" in names:
+        text = result.as_numpy("text_output")
+        if text is not None and text.size:
+            data = b"".join(item if isinstance(item, bytes) else str(item).encode() for item in text.reshape(-1))
+    if "num_output_tokens" in names:
+        count = int(result.as_numpy("num_output_tokens").reshape(-1)[0])
+    return Piece(data, count, final)

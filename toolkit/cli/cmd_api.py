@@ -1,0 +1,37 @@
+"""`toolkit api`: the OpenAI-compatible API in front of a running Triton server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from toolkit.cli.render import emit_json, note
+
+
+@click.command("api")
+@click.option("-t", "--triton-url", default="127.0.0.1:8001", help="Triton's gRPC address, host:port.")
+@click.option("-r", "--repo", "repo", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path), help="The served model repository (for its tokenizer, chat template and limits).")
+@click.option("--host", default="127.0.0.1", help="Address to bind; 0.0.0.0 exposes the API to the network.")
+@click.option("-p", "--port", default=9000, type=click.IntRange(1, 65535), help="Port to listen on.")
+@click.option("-k", "--api-key", "api_keys", multiple=True, help="Accept this key as `Authorization: Bearer KEY` (repeatable). Also TOOLKIT_API_KEYS, comma-separated. None: no auth.")
+@click.option("--model-name", default="ensemble", help="The Triton model that takes text_input.")
+@click.option("--served-model-name", default=None, help="The model id clients send; default: the repository's model name.")
+@click.option("--max-in-flight", default=64, type=click.IntRange(1), help="Generation requests served at once; more get 429 with Retry-After.")
+@click.option("--log-level", default="info", type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@click.option("--dry-run", is_flag=True, help="Print the settings (keys masked) and exit.")
+def command(triton_url, repo, host, port, api_keys, model_name, served_model_name, max_in_flight, log_level, dry_run):
+    """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) over Triton gRPC."""
+    from toolkit.api import ApiSettings, parse_api_keys, run_api
+
+    keys = parse_api_keys(api_keys, os.environ.get("TOOLKIT_API_KEYS"))
+    settings = ApiSettings(triton_url, repo, model_name, served_model_name, keys, max_in_flight)
+    if dry_run:
+        emit_json({"triton_url": triton_url, "repo": str(repo), "host": host, "port": port, "model_name": model_name,
+                   "served_model_name": served_model_name, "api_keys": len(keys), "max_in_flight": max_in_flight})
+        return
+    if host not in ("127.0.0.1", "localhost", "::1") and not keys:
+        note(f"[yellow]warning:[/] binding {host} without API keys: anyone who reaches the port can generate")
+    note(f"OpenAI API on http://{host}:{port}/v1 -> Triton {triton_url} ({'API keys required' if keys else 'no auth'})")
+    run_api(settings, host=host, port=port, log_level=log_level)
