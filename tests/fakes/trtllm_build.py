@@ -1,0 +1,54 @@
+"""Fake trtllm-build: parses the pinned release's flags, writes an engine folder shaped like the real one.
+
+Real layout (tensorrt_llm/builder.py, Engine.save): config.json with "version", "pretrained_config"
+(the checkpoint's config, mapping included) and "build_config" (limits, kv_cache_type,
+plugin_config), and one rank{N}.engine per rank.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import tensorrt_llm  # the fake package on PYTHONPATH in tests; the real one in NVIDIA's container
+
+from toolkit.engine.trtllm_flags import argparser_for
+
+PLUGIN_KEYS = ("gpt_attention_plugin", "gemm_plugin", "context_fmha", "remove_input_padding", "use_paged_context_fmha",
+               "use_fp8_context_fmha", "multiple_profiles", "use_fused_mlp", "tokens_per_block")
+
+
+def main() -> None:
+    args = argparser_for("trtllm-build").parse_args(sys.argv[1:])
+    calls = os.environ.get("FAKE_TRTLLM_CALLS")
+    if calls:
+        with open(calls, "a") as log:
+            log.write(json.dumps(sys.argv[1:]) + "\n")
+    checkpoint = Path(args.checkpoint_dir)
+    pretrained = json.loads((checkpoint / "config.json").read_text())
+    if args.max_input_len and args.max_seq_len and args.max_input_len > args.max_seq_len:
+        sys.exit("max_input_len must not exceed max_seq_len")
+    plugins = {key: getattr(args, key) for key in PLUGIN_KEYS}
+    for key in ("gpt_attention_plugin", "gemm_plugin"):
+        if plugins[key] == "auto":
+            plugins[key] = pretrained["dtype"]  # the real builder resolves "auto" to the model dtype
+    build_config = {
+        "max_input_len": args.max_input_len,
+        "max_seq_len": args.max_seq_len,
+        "max_batch_size": args.max_batch_size,
+        "max_beam_width": args.max_beam_width,
+        "max_num_tokens": args.max_num_tokens,
+        "opt_num_tokens": None,
+        "kv_cache_type": (args.kv_cache_type or "paged").upper(),
+        "plugin_config": plugins,
+    }
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"version": tensorrt_llm.__version__, "pretrained_config": pretrained, "build_config": build_config}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    world_size = pretrained["mapping"]["world_size"]
+    for rank in range(world_size):
+        (out / f"rank{rank}.engine").write_bytes(b"fake engine")
+
+
+main()
