@@ -1,0 +1,84 @@
+"""Every flag the toolkit passes to trtllm-build, the converter and the quantizer is a real flag of
+TensorRT-LLM 0.20.0 (lists in toolkit/engine/trtllm_flags.py, written from that release's argparse)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolkit.engine import plan_engine_build
+from toolkit.engine.trtllm_flags import PINNED_TRTLLM_VERSION, TOOL_FLAGS, argparser_for, check_argv, tool_of
+from toolkit.errors import EngineBuildError
+
+LLAMA_8B = str(Path(__file__).parent / "data" / "llama-3.1-8b-instruct")
+
+
+def flags_of(argv):
+    return [a[2:] for a in argv if a.startswith("--")]
+
+
+@pytest.mark.parametrize("dtype,kv", [("bf16", "bf16"), ("fp8", "fp8"), ("fp8", "bf16"), ("int4-awq", "fp8"), ("bf16", "fp8")])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_every_emitted_flag_is_in_the_pinned_release(dtype, kv, tp):
+    plan = plan_engine_build(LLAMA_8B, "h100-sxm", dtype=dtype, kv_dtype=kv, tp=tp)
+    for argv in plan.commands:
+        tool, args = tool_of(list(argv))
+        assert set(flags_of(args)) <= set(TOOL_FLAGS[tool]), tool
+        argparser_for(tool).parse_args(args)  # values pass the same choices/types as the real argparse
+
+
+def test_pinned_release_is_named():
+    assert PINNED_TRTLLM_VERSION == "0.20.0"
+
+
+def test_bf16_uses_the_converter_and_the_gemm_plugin():
+    plan = plan_engine_build(LLAMA_8B, "h100-sxm", dtype="bf16")
+    convert, build = (list(a) for a in plan.commands)
+    assert convert[1].endswith("examples/models/core/llama/convert_checkpoint.py")
+    assert convert[convert.index("--dtype") + 1] == "bfloat16"
+    assert build[build.index("--gemm_plugin") + 1] == "auto"
+    assert "--use_fp8_context_fmha" not in build
+
+
+def test_fp8_uses_modelopt_quantize_with_fp8_kv_and_no_gemm_plugin():
+    plan = plan_engine_build(LLAMA_8B, "h100-sxm", dtype="fp8", kv_dtype="fp8")
+    quantize, build = (list(a) for a in plan.commands)
+    assert quantize[1].endswith("examples/quantization/quantize.py")
+    assert quantize[quantize.index("--qformat") + 1] == "fp8"
+    assert quantize[quantize.index("--kv_cache_dtype") + 1] == "fp8"
+    assert build[build.index("--gemm_plugin") + 1] == "disable"
+    assert build[build.index("--use_fp8_context_fmha") + 1] == "enable"
+
+
+def test_int4_awq_quantizes_with_awq_block_size():
+    quantize = list(plan_engine_build(LLAMA_8B, "h100-sxm", dtype="int4-awq").commands[0])
+    assert quantize[quantize.index("--qformat") + 1] == "int4_awq"
+    assert quantize[quantize.index("--awq_block_size") + 1] == "128"
+
+
+def test_trtllm_build_has_the_serving_features_and_the_plan_limits():
+    plan = plan_engine_build(LLAMA_8B, "h100-sxm", dtype="bf16", tp=2)
+    build = list(plan.commands[1])
+    value = lambda flag: build[build.index(flag) + 1]  # noqa: E731
+    assert value("--kv_cache_type") == "paged"
+    for flag in ("--remove_input_padding", "--context_fmha", "--use_paged_context_fmha", "--multiple_profiles", "--use_fused_mlp"):
+        assert value(flag) == "enable"
+    assert int(value("--max_batch_size")) == plan.memory.max_batch_size
+    assert int(value("--max_num_tokens")) == plan.memory.max_num_tokens
+    assert int(value("--max_seq_len")) == plan.memory.max_seq_len
+    assert value("--workers") == "2"
+    convert = list(plan.commands[0])
+    assert convert[convert.index("--tp_size") + 1] == "2"
+
+
+def test_check_argv_rejects_unknown_flags_and_values():
+    with pytest.raises(EngineBuildError, match="has no flag '--max_output_len'"):
+        check_argv(["trtllm-build", "--max_output_len", "10"])  # removed long before 0.20
+    with pytest.raises(EngineBuildError, match="--gemm_plugin 'fp16'"):
+        check_argv(["trtllm-build", "--gemm_plugin", "fp16"])
+    with pytest.raises(EngineBuildError, match="--qformat 'fp4'"):
+        check_argv(["python3", "/x/quantization/quantize.py", "--qformat", "fp4"])
+    with pytest.raises(EngineBuildError, match="needs a value"):
+        check_argv(["trtllm-build", "--max_batch_size"])
+    check_argv(["python3", "/x/models/core/llama/convert_checkpoint.py", "--fp8_kv_cache", "--tp_size", "2"])

@@ -1,0 +1,33 @@
+"""mpirun for TP=2: one tritonserver per rank, rank 1 loads only the engine, separate shm prefixes."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolkit.serve.mpi import mpirun_command, tritonserver_rank_argv
+
+
+def test_mpirun_for_tp2():
+    command = mpirun_command(2, lambda rank: tritonserver_rank_argv(rank, "/repo"))
+    assert command == [
+        "mpirun", "--allow-run-as-root",
+        "-n", "1", "tritonserver", "--model-repository=/repo", "--disable-auto-complete-config",
+        "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002",
+        "--backend-config=python,shm-region-prefix-name=prefix0_",
+        ":",
+        "-n", "1", "tritonserver", "--model-repository=/repo", "--disable-auto-complete-config",
+        "--model-control-mode=explicit", "--load-model=tensorrt_llm",
+        "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
+        "--backend-config=python,shm-region-prefix-name=prefix1_",
+    ]
+
+
+def test_world_size_4_has_four_ranks_and_distinct_prefixes():
+    command = mpirun_command(4, lambda rank: tritonserver_rank_argv(rank, "/repo"))
+    assert command.count(":") == 3 and command.count("tritonserver") == 4
+    assert len({a for a in command if "shm-region-prefix-name" in a}) == 4
+
+
+def test_world_size_1_needs_no_mpirun():
+    with pytest.raises(ValueError):
+        mpirun_command(1, lambda rank: ["tritonserver"])

@@ -1,0 +1,135 @@
+"""Planner numbers against values computed by hand from the models' published configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from toolkit.cli.main import cli
+from toolkit.errors import PlanError
+from toolkit.plan import get_gpu, load_model_for_plan, plan_memory
+from toolkit.plan.memory import compute_plan
+
+DATA = Path(__file__).parent / "data"
+LLAMA_8B = DATA / "llama-3.1-8b-instruct" / "config.json"
+LLAMA_70B = DATA / "llama-3.1-70b-instruct" / "config.json"
+SMOL = DATA / "smollm2-135m-instruct" / "config.json"
+GB = 10**9
+
+
+def facts(path):
+    return load_model_for_plan(str(path)).facts
+
+
+def test_llama_8b_parameter_count_matches_the_published_8_03b():
+    # embeddings 128256*4096 twice (untied) + 32 layers x (q,o 4096^2; k,v 4096*1024; MLP 3*4096*14336; 2 norms) + final norm
+    per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert facts(LLAMA_8B).parameter_count == 2 * 128256 * 4096 + 32 * per_layer + 4096 == 8_030_261_248
+
+
+def test_llama_8b_bf16_on_h100_sxm():
+    plan = plan_memory(facts(LLAMA_8B), get_gpu("h100-sxm"), model="llama")
+    assert plan.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
+    assert plan.weights_bytes == 8_030_261_248 * 2  # ~16.06 GB
+    assert round(plan.weights_bytes / GB, 2) == 16.06
+    reserve = 0.10 * 80 * GB
+    pool = 80 * GB - 16_060_522_496 - reserve
+    assert plan.kv_pool_bytes == pool
+    assert plan.kv_cache_tokens == int(pool // 131072) // 64 * 64 == 426_752
+    assert plan.max_sequences_at_max_seq_len == 426_752 // 8192 == 52
+    assert plan.max_seq_len == 8192 and plan.max_batch_size == 52 and plan.max_num_tokens == 8192
+    assert plan.decode_step_ms_lower_bound == pytest.approx(16_060_522_496 / 3.35e12 * 1e3)
+    assert plan.decode_step_ms_lower_bound == pytest.approx(4.79, abs=0.01)
+    assert plan.decode_tokens_per_s_per_stream_ceiling == pytest.approx(208.6, abs=0.1)
+    matmul_params = 8_030_261_248 - 128256 * 4096 - 65 * 4096  # all but the embedding table and norms
+    assert plan.prefill_tokens_per_s_upper_bound == pytest.approx(989.5e12 / (2 * matmul_params))
+    assert plan.min_tp_that_fits == 1 and plan.fits
+
+
+def test_llama_8b_fp8_weights_and_fp8_kv_halve_the_bytes():
+    plan = plan_memory(facts(LLAMA_8B), get_gpu("h100-sxm"), dtype="fp8", kv_dtype="fp8")
+    linear = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    unquantized = 2 * 128256 * 4096 + 65 * 4096  # embeddings, LM head, norms stay bf16
+    assert plan.weights_bytes == linear * 1 + unquantized * 2
+    assert plan.kv_bytes_per_token == 65536
+    assert plan.decode_step_ms_lower_bound == pytest.approx(plan.weights_bytes / 3.35e12 * 1e3)
+    assert plan.prefill_tokens_per_s_upper_bound > 2 * 65000  # the fp8 tensor-core rate
+
+
+def test_llama_8b_tp2_splits_kv_heads_and_linear_layers():
+    plan = plan_memory(facts(LLAMA_8B), get_gpu("h100-sxm"), tp=2)
+    assert plan.kv_bytes_per_token_per_gpu == 65536
+    linear = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    per_gpu = (linear / 2 + 64 * 4096 + 128256 * 4096 + 128256 * 4096 / 2 + 4096) * 2
+    assert plan.weights_bytes_per_gpu == int(per_gpu)
+
+
+def test_smollm2_numbers():
+    f = facts(SMOL)
+    per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576
+    assert f.parameter_count == 49152 * 576 + 30 * per_layer + 576 == 134_515_008  # tied: no LM head
+    plan = plan_memory(f, get_gpu("h100-sxm"))
+    assert plan.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23040
+    assert plan.weights_bytes == 134_515_008 * 2
+    # on the GPU TensorRT-LLM keeps its own LM head copy even when tied
+    assert plan.weights_bytes_per_gpu == (134_515_008 + 49152 * 576) * 2
+    assert plan.max_batch_size == 256  # capped; 379 sequences of 8192 tokens would fit
+    assert plan.max_sequences_at_max_seq_len == 379
+
+
+def test_llama_70b_bf16_on_one_h100_is_refused_with_options():
+    with pytest.raises(PlanError) as err:
+        plan_memory(facts(LLAMA_70B), get_gpu("h100-sxm"), model="llama-70b")
+    message, hint = err.value.message, err.value.hint
+    assert "does not fit on h100-sxm" in message and "141.11 GB of weights" in message
+    assert "--dtype fp8 --tp 2" in hint and "--dtype int4-awq --tp 1" in hint and "--dtype bf16 --tp 4" in hint
+
+
+def test_fp8_refused_on_a100():
+    with pytest.raises(PlanError, match="no FP8"):
+        compute_plan(facts(LLAMA_8B), get_gpu("a100-80gb"), dtype="fp8")
+
+
+def test_tp_must_divide_heads():
+    with pytest.raises(PlanError, match="does not divide"):
+        compute_plan(facts(SMOL), get_gpu("h100-sxm"), tp=2)
+
+
+def test_unknown_gpu_names_the_known_ones():
+    with pytest.raises(PlanError, match="no GPU profile") as err:
+        get_gpu("h800")
+    assert "h100-sxm" in err.value.hint
+
+
+def test_gpu_profiles_have_the_datasheet_numbers():
+    h100, h200 = get_gpu("h100-sxm"), get_gpu("h200")
+    assert (h100.memory_bytes, h100.bandwidth_bytes_per_s, h100.sm) == (80 * GB, 3.35e12, "9.0")
+    assert (h200.memory_bytes, h200.bandwidth_bytes_per_s) == (141 * GB, 4.8e12)
+    assert get_gpu("a100-80gb").fp8_tflops is None and get_gpu("l40s").sm == "8.9"
+
+
+def test_cli_plan_json_from_a_bare_config_json():
+    result = CliRunner().invoke(cli, ["plan", "-m", str(LLAMA_8B), "--gpu", "h100-sxm", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    for key in ("weights_bytes", "kv_bytes_per_token", "kv_cache_tokens", "max_batch_size", "max_num_tokens",
+                "max_seq_len", "tp_size", "decode_step_ms_lower_bound"):
+        assert key in data
+    assert data["kv_bytes_per_token"] == 131072 and data["tp_size"] == 1
+    assert round(data["decode_step_ms_lower_bound"], 1) == 4.8
+
+
+def test_cli_plan_table_from_a_folder_without_weights():
+    result = CliRunner().invoke(cli, ["plan", "-m", str(LLAMA_8B.parent), "--dtype", "fp8", "--kv-dtype", "fp8"])
+    assert result.exit_code == 0, result.output
+    assert "decode step lower bound" in result.stdout and "65,536 bytes" in result.stdout
+
+
+def test_cli_plan_refuses_70b_with_exit_1():
+    result = CliRunner().invoke(cli, ["plan", "-m", str(LLAMA_70B), "--gpu", "h100-sxm"])
+    assert result.exit_code == 1
+    assert "Error: llama-3.1-70b-instruct in bf16 does not fit on h100-sxm" in result.stderr
+    assert "fix: options that fit:" in result.stderr and "--dtype fp8 --tp 2" in result.stderr
