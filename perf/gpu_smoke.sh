@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# GPU smoke test: build Llama-3.1-8B-Instruct in fp8 for an H100, serve it, generate, run a short sweep.
+#
+# NOT RUN BY US: our machines have no GPU. Written to run on one H100 SXM inside NVIDIA's Triton
+# TRT-LLM container of the pinned TensorRT-LLM release (0.20.0):
+#
+#   docker run --rm -it --gpus all --shm-size=2g --ulimit memlock=-1 --ulimit stack=67108864 \
+#     -e HF_TOKEN -v "$PWD":/toolkit -w /toolkit \
+#     nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3 bash perf/gpu_smoke.sh
+#
+# Needs network access (pip, github.com, the Hugging Face hub) and HF_TOKEN with access to
+# meta-llama/Llama-3.1-8B-Instruct. Results go to perf/results/gpu_smoke-<date>/.
+set -euo pipefail
+
+RECIPE=${RECIPE:-llama-3.1-8b-instruct-h100-sxm-fp8}
+TRTLLM_TAG=${TRTLLM_TAG:-v0.20.0}
+WORK=${WORK:-/tmp/toolkit-gpu-smoke}
+OUT=${OUT:-perf/results/gpu_smoke-$(date +%Y%m%d-%H%M%S)}
+PORT=${PORT:-8000}
+mkdir -p "$WORK" "$OUT"
+export TOOLKIT_HOME="$WORK/home"
+
+echo "== environment"
+nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv | tee "$OUT/gpu.csv"
+python3 -c "import tensorrt_llm; print('tensorrt_llm', tensorrt_llm.__version__)" | tail -1 | tee "$OUT/trtllm_version.txt"
+
+echo "== toolkit and the TensorRT-LLM example scripts of $TRTLLM_TAG"
+python3 -m pip install --quiet -e .
+if [ ! -d "$WORK/TensorRT-LLM/examples" ]; then
+  git clone --quiet --depth 1 --branch "$TRTLLM_TAG" --filter=blob:none --sparse \
+    https://github.com/NVIDIA/TensorRT-LLM.git "$WORK/TensorRT-LLM"
+  git -C "$WORK/TensorRT-LLM" sparse-checkout set examples
+fi
+python3 -m pip install --quiet -r "$WORK/TensorRT-LLM/examples/quantization/requirements.txt"
+export TOOLKIT_TRTLLM_EXAMPLES_DIR="$WORK/TensorRT-LLM/examples"
+
+echo "== plan (no GPU needed)"
+toolkit plan -m hf:meta-llama/Llama-3.1-8B-Instruct -g h100-sxm --dtype fp8 --kv-dtype fp8 --json | tee "$OUT/plan.json"
+
+echo "== build (dry run, then for real; a second build must be a cache hit)"
+toolkit build --target h100-sxm --recipe "$RECIPE" --dry-run --json | tee "$OUT/build-dry-run.json"
+/usr/bin/time -v toolkit build --target h100-sxm --recipe "$RECIPE" --json 2> "$OUT/build.time" | tee "$OUT/build.json"
+toolkit build --target h100-sxm --recipe "$RECIPE" --json | tee "$OUT/rebuild.json"
+python3 - "$OUT/rebuild.json" <<'PY'
+import json, sys
+data = json.load(open(sys.argv[1]))
+cached = json.dumps(data).count('"cached": true')
+print("rebuild was a cache hit" if cached else "WARNING: rebuild was not a cache hit")
+PY
+
+echo "== serve"
+toolkit serve --target h100-sxm --recipe "$RECIPE" --http-port "$PORT" > "$OUT/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
+for _ in $(seq 1 180); do
+  curl -sf "localhost:$PORT/v2/health/ready" >/dev/null && break
+  sleep 2
+done
+curl -sf "localhost:$PORT/v2/health/ready" >/dev/null || { tail -50 "$OUT/serve.log"; exit 1; }
+
+echo "== generate"
+curl -sf "localhost:$PORT/v2/models/ensemble/generate" \
+  -d '{"text_input": "What is the capital of France?", "max_tokens": 32, "temperature": 0.0}' | tee "$OUT/generate.json"
+echo
+
+echo "== short sweep: concurrency 1, 8, 32; 128 output tokens"
+python3 - "$PORT" "$OUT/sweep.json" <<'PY'
+import concurrent.futures as cf, json, sys, time, urllib.request
+port, out = sys.argv[1], sys.argv[2]
+url = f"http://localhost:{port}/v2/models/ensemble/generate"
+body = json.dumps({"text_input": "Write a short story about a lighthouse keeper.", "max_tokens": 128,
+                   "exclude_input_in_output": True, "return_num_output_tokens": True}).encode()
+
+def one(_):
+    start = time.perf_counter()
+    with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"})) as r:
+        data = json.load(r)
+    return time.perf_counter() - start, int(data.get("num_output_tokens", 128))
+
+rows = []
+for concurrency in (1, 8, 32):
+    requests = concurrency * 4
+    start = time.perf_counter()
+    with cf.ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(one, range(requests)))
+    wall = time.perf_counter() - start
+    tokens = sum(n for _, n in results)
+    latency = sorted(t for t, _ in results)
+    rows.append({"concurrency": concurrency, "requests": requests, "output_tokens_per_s": tokens / wall,
+                 "p50_request_s": latency[len(latency) // 2], "max_request_s": latency[-1]})
+    print(rows[-1])
+json.dump(rows, open(out, "w"), indent=2)
+PY
+echo "== done: $OUT"
