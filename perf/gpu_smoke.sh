@@ -38,9 +38,9 @@ echo "== plan (no GPU needed)"
 toolkit plan -m hf:meta-llama/Llama-3.1-8B-Instruct -g h100-sxm --dtype fp8 --kv-dtype fp8 --json | tee "$OUT/plan.json"
 
 echo "== build (dry run, then for real; a second build must be a cache hit)"
-toolkit build --target h100-sxm --recipe "$RECIPE" --dry-run --json | tee "$OUT/build-dry-run.json"
-/usr/bin/time -v toolkit build --target h100-sxm --recipe "$RECIPE" --json 2> "$OUT/build.time" | tee "$OUT/build.json"
-toolkit build --target h100-sxm --recipe "$RECIPE" --json | tee "$OUT/rebuild.json"
+toolkit build --target h100-sxm --recipe "$RECIPE" -o "$WORK/repo" --dry-run --json | tee "$OUT/build-dry-run.json"
+/usr/bin/time -v toolkit build --target h100-sxm --recipe "$RECIPE" -o "$WORK/repo" --json 2> "$OUT/build.time" | tee "$OUT/build.json"
+toolkit build --target h100-sxm --recipe "$RECIPE" -o "$WORK/repo" --json | tee "$OUT/rebuild.json"
 python3 - "$OUT/rebuild.json" <<'PY'
 import json, sys
 data = json.load(open(sys.argv[1]))
@@ -49,7 +49,7 @@ print("rebuild was a cache hit" if cached else "WARNING: rebuild was not a cache
 PY
 
 echo "== serve"
-toolkit serve --target h100-sxm --recipe "$RECIPE" --http-port "$PORT" > "$OUT/serve.log" 2>&1 &
+toolkit serve -r "$WORK/repo" --http-port "$PORT" > "$OUT/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
 for _ in $(seq 1 180); do
