@@ -1,0 +1,98 @@
+"""Token ids <-> text for the repository's Python models, using only `tokenizers`.
+
+Detokenization maps every token id to its exact bytes once, at load time. A streamed piece is
+then the bytes of its tokens, so the pieces of a stream always concatenate to the bytes of the
+full decode: spaces are never dropped (NVIDIA's stock postprocessing decodes each piece on its
+own and loses them), and a multi-byte character split across pieces is rejoined by the client's
+incremental UTF-8 decoder instead of becoming U+FFFD.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """The GPT-2 byte-level alphabet, inverted: printable stand-in character -> byte value."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = {b: b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+class TextCodec:
+    """Encode text to ids and map ids to bytes, as the checkpoint's tokenizer.json defines them."""
+
+    def __init__(self, tokenizer_dir: Path | str):
+        path = Path(tokenizer_dir) / "tokenizer.json"
+        self.tokenizer = Tokenizer.from_file(str(path))
+        spec = json.loads(path.read_text(encoding="utf-8"))
+        self.special_ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.token_bytes = self._build_table(spec.get("decoder") or {})
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode_bytes(self, ids) -> bytes:
+        table = self.token_bytes
+        size = len(table)
+        return b"".join(table[i] if 0 <= i < size else b"" for i in ids)
+
+    def decode(self, ids) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def _build_table(self, decoder: dict) -> list[bytes]:
+        kinds = _decoder_kinds(decoder)
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
+        table = [b""] * (max(vocab.values()) + 1 if vocab else 0)
+        alphabet = _byte_level_alphabet() if "ByteLevel" in kinds else None
+        for token, idx in vocab.items():
+            if idx in self.special_ids:
+                continue  # skip_special_tokens, as the stock postprocessing does by default
+            table[idx] = self._token_to_bytes(token, idx, alphabet, kinds)
+        return table
+
+    def _token_to_bytes(self, token: str, idx: int, alphabet, kinds: set[str]) -> bytes:
+        if alphabet is not None and all(ch in alphabet for ch in token):
+            return bytes(alphabet[ch] for ch in token)
+        if "ByteFallback" in kinds and (m := _BYTE_TOKEN.match(token)):
+            return bytes([int(m.group(1), 16)])
+        if "Metaspace" in kinds or "Replace" in kinds:
+            return token.replace("\u2581", " ").encode("utf-8")
+        return self.tokenizer.decode([idx], skip_special_tokens=False).encode("utf-8")
+
+
+def _decoder_kinds(decoder: dict) -> set[str]:
+    if decoder.get("type") == "Sequence":
+        return {d.get("type") for d in decoder.get("decoders", [])}
+    return {decoder.get("type")}
+
+
+def check_request_lengths(prompt_len: int, max_tokens: int, max_input_len: int, max_output_len: int, max_seq_len: int) -> None:
+    """Refuse a request the engine cannot run, naming the limit and what to ask for instead."""
+    if prompt_len == 0:
+        raise ValueError("text_input is empty: the prompt must hold at least one token")
+    if prompt_len > max_input_len:
+        raise ValueError(
+            f"prompt is {prompt_len} tokens, over this engine's max_input_len of {max_input_len}; "
+            "shorten the prompt or rebuild with a larger --max-input-len"
+        )
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens={max_tokens} must be at least 1")
+    limit = min(max_output_len, max_seq_len - prompt_len)
+    if max_tokens > limit:
+        raise ValueError(
+            f"max_tokens={max_tokens} is over this engine's limit of {limit} for a {prompt_len}-token prompt "
+            f"(max_output_len {max_output_len}, max_seq_len {max_seq_len}); ask for at most {limit}"
+        )

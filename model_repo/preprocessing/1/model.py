@@ -1,0 +1,119 @@
+"""preprocessing: text -> token ids, stop/bad word lists, end and pad ids (the stock model's contract).
+
+Limits come from the model config's parameters, written by `toolkit build`: a prompt over
+max_input_len, or max_tokens outside 1..max_output_len, is refused with an error that names
+the limit; the error goes to that request only and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, os.path.dirname(__file__))
+from textcodec import TextCodec, check_request_lengths  # noqa: E402
+
+
+def _param(config: dict, key: str, default: str) -> str:
+    return config.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        here = os.path.dirname(__file__)
+        self.codec = TextCodec(os.path.join(here, _param(config, "tokenizer_dir", "tokenizer")))
+        self.add_special_tokens = _param(config, "add_special_tokens", "false").lower() == "true"
+        self.end_id = int(_param(config, "end_id", "-1"))
+        self.pad_id = int(_param(config, "pad_id", str(self.end_id)))
+        self.max_input_len = int(_param(config, "max_input_len", "2048"))
+        self.max_output_len = int(_param(config, "max_output_len", "2048"))
+        self.max_seq_len = int(_param(config, "max_seq_len", "4096"))
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                responses.append(pb_utils.InferenceResponse(output_tensors=self._process(request)))
+            except ValueError as exc:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
+        return responses
+
+    def _process(self, request) -> list:
+        queries = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
+        output_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy().reshape(-1)
+        batch = queries.shape[0]
+        ids = [self.codec.encode(_text(q), self.add_special_tokens) for q in queries.reshape(batch, -1)[:, 0]]
+        for prompt, max_tokens in zip(ids, output_len):
+            self._check_lengths(len(prompt), int(max_tokens))
+        lengths = np.array([[len(p)] for p in ids], dtype=np.int32)
+        input_ids = np.full((batch, max(len(p) for p in ids)), self.pad_id, dtype=np.int32)
+        for row, prompt in enumerate(ids):
+            input_ids[row, : len(prompt)] = prompt
+        end_id = _optional_ids(request, "END_ID", batch, self.end_id)
+        pad_id = _optional_ids(request, "PAD_ID", batch, self.pad_id)
+        return [
+            pb_utils.Tensor("INPUT_ID", input_ids),
+            pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
+            pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len.reshape(batch, 1).astype(np.int32)),
+            pb_utils.Tensor("STOP_WORDS_IDS", self._word_lists(request, "STOP_WORDS_DICT", batch)),
+            pb_utils.Tensor("BAD_WORDS_IDS", self._word_lists(request, "BAD_WORDS_DICT", batch)),
+            pb_utils.Tensor("EMBEDDING_BIAS", self._embedding_bias(request, batch)),
+            pb_utils.Tensor("OUT_END_ID", end_id),
+            pb_utils.Tensor("OUT_PAD_ID", pad_id),
+        ]
+
+    def _check_lengths(self, prompt_len: int, max_tokens: int) -> None:
+        check_request_lengths(prompt_len, max_tokens, self.max_input_len, self.max_output_len, self.max_seq_len)
+
+    def _word_lists(self, request, name: str, batch: int) -> np.ndarray:
+        """TensorRT-LLM's [batch, 2, N] layout: row 0 the concatenated ids, row 1 the end offsets, -1 padded."""
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        rows = tensor.as_numpy().reshape(batch, -1) if tensor is not None else [[] for _ in range(batch)]
+        flat, offsets = [], []
+        for words in rows:
+            ids, ends = [], []
+            for word in words:
+                text = _text(word)
+                if text:
+                    ids.extend(self.codec.encode(text, False))
+                    ends.append(len(ids))
+            flat.append(ids)
+            offsets.append(ends)
+        width = max([1] + [len(ids) for ids in flat])
+        out = np.full((batch, 2, width), -1, dtype=np.int32)
+        for row, (ids, ends) in enumerate(zip(flat, offsets)):
+            if ids:
+                out[row, 0, : len(ids)] = ids
+                out[row, 1, : len(ends)] = ends
+            else:
+                out[row, 0, 0] = 0  # an empty list, as the stock model writes it: no words, offsets all -1
+        return out
+
+    def _embedding_bias(self, request, batch: int) -> np.ndarray:
+        words = pb_utils.get_input_tensor_by_name(request, "EMBEDDING_BIAS_WORDS")
+        weights = pb_utils.get_input_tensor_by_name(request, "EMBEDDING_BIAS_WEIGHTS")
+        if words is None or weights is None:
+            return np.zeros((batch, 0), dtype=np.float32)
+        bias = np.zeros((batch, self.codec.vocab_size), dtype=np.float32)
+        for row, (row_words, row_weights) in enumerate(zip(words.as_numpy().reshape(batch, -1), weights.as_numpy().reshape(batch, -1))):
+            for word, weight in zip(row_words, row_weights):
+                ids = self.codec.encode(_text(word), False)
+                if ids:
+                    bias[row, ids[0]] += weight
+        return bias
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _optional_ids(request, name: str, batch: int, default: int) -> np.ndarray:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return np.full((batch, 1), default, dtype=np.int32)
+    return tensor.as_numpy().reshape(batch, 1).astype(np.int32)

@@ -1,0 +1,127 @@
+"""tensorrt_llm_bls: the ensemble's text API in one Python model (tokenize -> tensorrt_llm -> bytes).
+
+Tokenizing and detokenizing in-process saves the two extra model hops of the ensemble; the
+engine is called through BLS, streaming when the client streams. Same inputs and outputs as
+the ensemble.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, os.path.dirname(__file__))
+from textcodec import TextCodec, check_request_lengths  # noqa: E402
+
+# ensemble input -> tensorrt_llm input, for the scalars passed through unchanged
+PASSTHROUGH = {
+    "exclude_input_in_output": "exclude_input_in_output", "end_id": "end_id", "pad_id": "pad_id",
+    "top_k": "runtime_top_k", "top_p": "runtime_top_p", "temperature": "temperature",
+    "length_penalty": "len_penalty", "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens",
+    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed",
+    "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
+    "return_generation_logits": "return_generation_logits", "return_num_input_tokens": "return_num_input_tokens",
+    "return_num_output_tokens": "return_num_output_tokens", "num_return_sequences": "num_return_sequences",
+    "beam_width": "beam_width",
+}
+ENGINE_OUTPUTS = ["output_ids", "sequence_length", "num_input_tokens", "num_output_tokens"]
+
+
+def _final() -> int:
+    # The flag lives in the C++ half of pb_utils, present only once the stub runs the model.
+    return pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _param(config: dict, key: str, default: str) -> str:
+    return config.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.codec = TextCodec(os.path.join(os.path.dirname(__file__), _param(config, "tokenizer_dir", "tokenizer")))
+        self.engine = _param(config, "tensorrt_llm_model_name", "tensorrt_llm")
+        self.end_id = int(_param(config, "end_id", "-1"))
+        self.add_special_tokens = _param(config, "add_special_tokens", "false").lower() == "true"
+        self.limits = tuple(int(_param(config, k, d)) for k, d in (("max_input_len", "2048"), ("max_output_len", "2048"), ("max_seq_len", "4096")))
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._serve(request, sender)
+            except ValueError as exc:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=_final())
+        return None
+
+    def _serve(self, request, sender) -> None:
+        text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0]
+        max_tokens = int(pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0])
+        prompt = self.codec.encode(text.decode("utf-8") if isinstance(text, bytes) else str(text), self.add_special_tokens)
+        check_request_lengths(len(prompt), max_tokens, *self.limits)
+        stream = _flag(request, "stream")
+        inputs = [
+            pb_utils.Tensor("input_ids", np.array([prompt], dtype=np.int32)),
+            pb_utils.Tensor("input_lengths", np.array([[len(prompt)]], dtype=np.int32)),
+            pb_utils.Tensor("request_output_len", np.array([[max_tokens]], dtype=np.int32)),
+            pb_utils.Tensor("streaming", np.array([[stream]], dtype=bool)),
+            pb_utils.Tensor("stop_words_list", self._stop_words(request)),
+        ]
+        if pb_utils.get_input_tensor_by_name(request, "end_id") is None:
+            inputs.append(pb_utils.Tensor("end_id", np.array([[self.end_id]], dtype=np.int32)))
+        for source, target in PASSTHROUGH.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, source)
+            if tensor is not None:
+                inputs.append(pb_utils.Tensor(target, tensor.as_numpy().reshape(1, 1)))
+        engine_request = pb_utils.InferenceRequest(model_name=self.engine, inputs=inputs, requested_output_names=ENGINE_OUTPUTS)
+        responses = engine_request.exec(decoupled=True)
+        for response in responses:
+            if request.is_cancelled():
+                if hasattr(responses, "cancel"):  # Python backend 24.08+: stops the engine's work too
+                    responses.cancel()
+                sender.send(flags=_final())
+                return
+            if response.has_error():
+                sender.send(pb_utils.InferenceResponse(error=response.error()), flags=_final())
+                return
+            outputs = self._text_outputs(response)
+            if outputs:
+                sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
+        sender.send(flags=_final())
+
+    def _text_outputs(self, response) -> list:
+        ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
+        if ids is None:
+            return []
+        lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
+        tokens = ids.as_numpy()
+        text = np.array([[self.codec.decode_bytes(tokens[0, 0, : lengths[0, 0]].tolist())]], dtype=object)
+        outputs = [pb_utils.Tensor("text_output", text.reshape(1, 1))]
+        for name in ("num_input_tokens", "num_output_tokens"):
+            tensor = pb_utils.get_output_tensor_by_name(response, name)
+            if tensor is not None:
+                outputs.append(pb_utils.Tensor(name, tensor.as_numpy()))
+        return outputs
+
+    def _stop_words(self, request) -> np.ndarray:
+        words = pb_utils.get_input_tensor_by_name(request, "stop_words")
+        ids, ends = [], []
+        for word in (words.as_numpy().reshape(-1) if words is not None else []):
+            text = word.decode("utf-8") if isinstance(word, bytes) else str(word)
+            if text:
+                ids.extend(self.codec.encode(text, False))
+                ends.append(len(ids))
+        width = max(1, len(ids))
+        out = np.full((1, 2, width), -1, dtype=np.int32)
+        out[0, 0, : len(ids)] = ids if ids else [0]
+        out[0, 1, : len(ends)] = ends
+        return out
+
+
+def _flag(request, name: str) -> bool:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return bool(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else False

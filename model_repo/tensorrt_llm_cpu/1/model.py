@@ -1,0 +1,317 @@
+"""tensorrt_llm on CPU: the TensorRT-LLM backend's tensor contract over transformers' continuous batching.
+
+Requests join and leave the running batch every step (in-flight batching) and their KV cache
+lives in transformers' paged cache; we write no attention or cache code. This model only
+translates the contract: it parses the request tensors, hands each request to the manager,
+and routes the manager's per-step outputs back to each request's response sender, applying
+end_id, min_tokens, stop words, request_output_len, streaming and cancellation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+CANCEL_POLL_S = 0.02
+UNSUPPORTED = {
+    # input: (value that means "off", what to tell the client)
+    "beam_width": (1, "beam search is not supported by the CPU engine; send beam_width 1"),
+    "num_return_sequences": (1, "the CPU engine returns one sequence per request; send num_return_sequences 1"),
+    "return_log_probs": (False, "log probs are not returned by the CPU engine"),
+    "return_context_logits": (False, "context logits are not returned by the CPU engine"),
+    "return_generation_logits": (False, "generation logits are not returned by the CPU engine"),
+    "repetition_penalty": (1.0, "repetition_penalty is not supported by the CPU engine; send 1.0"),
+    "presence_penalty": (0.0, "presence_penalty is not supported by the CPU engine; send 0"),
+    "frequency_penalty": (0.0, "frequency_penalty is not supported by the CPU engine; send 0"),
+    "len_penalty": (1.0, "length_penalty only applies to beam search, which the CPU engine does not do"),
+}
+
+
+def _final() -> int:
+    # The flag lives in the C++ half of pb_utils, present only once the stub runs the model.
+    return pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _param(config: dict, key: str, default: str) -> str:
+    return config.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+def _scalar(request, name: str, default=None):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return default
+    return tensor.as_numpy().reshape(-1)[0].item()
+
+
+@dataclass
+class Stream:
+    """One request in flight: what it asked for and what has been sent back."""
+
+    request_id: str
+    request: object
+    sender: object
+    prompt: list
+    max_tokens: int
+    end_id: int
+    min_tokens: int
+    stop_words: list
+    streaming: bool
+    exclude_input: bool
+    want_num_input: bool
+    want_num_output: bool
+    seen: int = 0
+    tokens: list = field(default_factory=list)
+    unsent: int = 0  # tokens appended since the last streamed response
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import torch
+        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        from sampling import install_seeded_sampler
+
+        config = json.loads(args["model_config"])
+        here = os.path.dirname(__file__)
+        threads = int(_param(config, "num_threads", "0"))
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.max_seq_len = int(_param(config, "max_seq_len", "4096"))
+        self.default_end_id = int(_param(config, "end_id", "-1"))
+        self.default_exclude_input = _param(config, "exclude_input_in_output", "true").lower() == "true"
+        checkpoint = os.path.join(here, _param(config, "checkpoint_dir", "weights"))
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="sdpa")
+        self.vocab_size = model.config.vocab_size
+        # Defaults only make transformers create the temperature / top-k / top-p processors;
+        # every request overrides all three (greedy is top_k=1).
+        generation = GenerationConfig(
+            do_sample=True, temperature=0.5, top_k=self.vocab_size, top_p=0.5,
+            max_new_tokens=int(_param(config, "max_output_len", "1024")), eos_token_id=self.default_end_id,
+        )
+        batching = ContinuousBatchingConfig(
+            per_request_processors=True,
+            max_batch_tokens=int(_param(config, "max_num_tokens", "256")),
+            num_blocks=int(_param(config, "kv_cache_blocks", "0")) or None,
+            page_size=int(_param(config, "kv_block_size", "64")),
+            max_queue_size=int(_param(config, "max_queue_size", "0")),
+        )
+        self.manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=batching)
+        install_seeded_sampler(self.manager)
+        self.manager.start()
+        self._streams: dict[str, Stream] = {}
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._running = True
+        self._metrics()
+        self._router = threading.Thread(target=self._route, name="cpu-engine-router", daemon=True)
+        self._router.start()
+
+    def _metrics(self) -> None:
+        family = pb_utils.MetricFamily
+        labels = {"model": "tensorrt_llm"}
+        # Families must outlive their metrics, so both stay on the model.
+        self._families = {
+            name: family(name=name, description=text, kind=kind)
+            for name, text, kind in (
+                ("toolkit_engine_requests_cancelled_total", "Requests the CPU engine stopped because the client cancelled them", family.COUNTER),
+                ("toolkit_engine_generated_tokens_total", "Tokens generated by the CPU engine", family.COUNTER),
+                ("toolkit_engine_requests_in_flight", "Requests in the CPU engine's running batch or queue", family.GAUGE),
+            )
+        }
+        self.cancelled = self._families["toolkit_engine_requests_cancelled_total"].Metric(labels=labels)
+        self.generated = self._families["toolkit_engine_generated_tokens_total"].Metric(labels=labels)
+        self.in_flight = self._families["toolkit_engine_requests_in_flight"].Metric(labels=labels)
+
+    # --- request intake ----------------------------------------------------------------------
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._admit(request, sender)
+            except ValueError as exc:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=_final())
+        return None
+
+    def _admit(self, request, sender) -> None:
+        for name, (off, message) in UNSUPPORTED.items():
+            value = _scalar(request, name)
+            if value is not None and value != off:
+                raise ValueError(f"{name}={value}: {message}")
+        stream, sampling = self._parse(request, sender)
+        with self._lock:
+            self._streams[stream.request_id] = stream
+            self.in_flight.set(len(self._streams))
+        eos = stream.end_id if stream.min_tokens == 0 else -1  # with min_tokens we stop at end_id ourselves
+        added = self.manager.add_request(
+            stream.prompt, request_id=stream.request_id, max_new_tokens=stream.max_tokens,
+            streaming=True, eos_token_id=eos, **sampling,
+        )
+        if added is None:
+            self._drop(stream.request_id)
+            raise ValueError("the CPU engine is not accepting requests (shutting down or its queue is full); retry")
+
+    def _parse(self, request, sender):
+        ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
+        length = int(_scalar(request, "input_lengths", len(ids)))
+        prompt = ids[:length].tolist()
+        max_tokens = int(_scalar(request, "request_output_len"))
+        if max_tokens <= 0:
+            raise ValueError(f"request_output_len={max_tokens} must be at least 1")
+        if length + max_tokens > self.max_seq_len:
+            raise ValueError(
+                f"input_lengths {length} + request_output_len {max_tokens} exceeds max_seq_len {self.max_seq_len}; "
+                f"ask for at most {max(self.max_seq_len - length, 0)} tokens"
+            )
+        bias = pb_utils.get_input_tensor_by_name(request, "embedding_bias")
+        if bias is not None and bias.as_numpy().size:
+            raise ValueError("embedding_bias is not supported by the CPU engine")
+        if _words(request, "bad_words_list"):
+            raise ValueError("bad_words are not supported by the CPU engine")
+        end_id = int(_scalar(request, "end_id", self.default_end_id))
+        min_tokens = min(int(_scalar(request, "min_tokens", 0) or 0), max_tokens)
+        with self._lock:
+            self._counter += 1
+            request_id = f"r{self._counter}"
+        stream = Stream(
+            request_id=request_id, request=request, sender=sender, prompt=prompt, max_tokens=max_tokens,
+            end_id=end_id, min_tokens=min_tokens, stop_words=_words(request, "stop_words_list"),
+            streaming=bool(_scalar(request, "streaming", False)),
+            exclude_input=bool(_scalar(request, "exclude_input_in_output", self.default_exclude_input)),
+            want_num_input=bool(_scalar(request, "return_num_input_tokens", False)),
+            want_num_output=bool(_scalar(request, "return_num_output_tokens", False)),
+        )
+        return stream, self._sampling(request)
+
+    def _sampling(self, request) -> dict:
+        """TensorRT-LLM's rule: greedy unless top_k > 1 or top_p > 0; temperature 0 is greedy too."""
+        temperature = _scalar(request, "temperature")
+        top_k = int(_scalar(request, "runtime_top_k", 0) or 0)
+        top_p = float(_scalar(request, "runtime_top_p", 0.0) or 0.0)
+        seed = _scalar(request, "seed")
+        if temperature is not None and temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0")
+        if top_k < 0 or not 0.0 <= top_p <= 1.0:
+            raise ValueError(f"top_k={top_k} must be >= 0 and top_p={top_p} within [0, 1]")
+        sampled = (top_k > 1 or top_p > 0.0 or (temperature or 0) > 0) and temperature != 0 and top_k != 1
+        if not sampled:
+            return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
+        args = {
+            "temperature": float(temperature) if temperature else 1.0,
+            "top_k": top_k if top_k > 0 else self.vocab_size,
+            "top_p": top_p if top_p > 0 else 1.0,
+        }
+        if seed is not None:
+            args["seed"] = int(seed) & 0x7FFFFFFFFFFFFFFF
+        return args
+
+    # --- output routing (one thread) ---------------------------------------------------------
+    def _route(self) -> None:
+        last_poll = time.monotonic()
+        while self._running:
+            result = self.manager.get_result(timeout=CANCEL_POLL_S)
+            if result is not None:
+                self._on_result(result)
+            now = time.monotonic()
+            if now - last_poll >= CANCEL_POLL_S:
+                last_poll = now
+                self._reap_cancelled()
+
+    def _reap_cancelled(self) -> None:
+        with self._lock:
+            streams = list(self._streams.values())
+        for stream in streams:
+            if stream.request.is_cancelled():
+                self.manager.cancel_request(stream.request_id)
+                self._drop(stream.request_id)
+                self.cancelled.increment(1)
+                stream.sender.send(flags=_final())
+
+    def _on_result(self, result) -> None:
+        with self._lock:
+            stream = self._streams.get(result.request_id)
+        if stream is None:
+            return  # finished or cancelled already
+        if result.error:
+            self._drop(stream.request_id)
+            stream.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"CPU engine: {result.error}")), flags=_final())
+            return
+        done = self._take_tokens(stream, result.generated_tokens)
+        done = done or result.is_finished()
+        if done:
+            if not result.is_finished():
+                self.manager.cancel_request(stream.request_id)
+            self._drop(stream.request_id)
+            self._respond(stream, final=True)
+        elif stream.streaming and stream.unsent:
+            self._respond(stream, final=False)
+
+    def _take_tokens(self, stream: Stream, generated: list) -> bool:
+        """Append the new tokens; True once the request is complete (end_id, stop word or length)."""
+        new = generated[stream.seen:]
+        stream.seen = len(generated)
+        for token in new:
+            if token == stream.end_id and len(stream.tokens) >= stream.min_tokens:
+                return True
+            stream.tokens.append(token)
+            stream.unsent += 1
+            self.generated.increment(1)
+            if len(stream.tokens) >= stream.max_tokens or _ends_with_stop(stream.tokens, stream.stop_words):
+                return True
+        return False
+
+    def _respond(self, stream: Stream, final: bool) -> None:
+        if stream.streaming:
+            tokens = stream.tokens[len(stream.tokens) - stream.unsent:]
+        else:
+            tokens = stream.tokens if stream.exclude_input else stream.prompt + stream.tokens
+        stream.unsent = 0
+        if not tokens and final and stream.streaming:
+            stream.sender.send(flags=_final())
+            return
+        outputs = [
+            pb_utils.Tensor("output_ids", np.array([[tokens]], dtype=np.int32)),
+            pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], dtype=np.int32)),
+        ]
+        if stream.want_num_input:
+            outputs.append(pb_utils.Tensor("num_input_tokens", np.array([[len(stream.prompt)]], dtype=np.int32)))
+        if stream.want_num_output:
+            outputs.append(pb_utils.Tensor("num_output_tokens", np.array([[len(stream.tokens)]], dtype=np.int32)))
+        stream.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=_final() if final else 0)
+
+    def _drop(self, request_id: str) -> None:
+        with self._lock:
+            self._streams.pop(request_id, None)
+            self.in_flight.set(len(self._streams))
+
+    def finalize(self):
+        self._running = False
+        self._router.join(timeout=5)
+        self.manager.stop(block=True, timeout=10)
+
+
+def _words(request, name: str) -> list:
+    """Decode TensorRT-LLM's [1, 2, N] word list (ids row, end-offsets row) into token-id lists."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return []
+    data = tensor.as_numpy().reshape(2, -1)
+    ids, offsets = data[0].tolist(), [o for o in data[1].tolist() if o > 0]
+    words, start = [], 0
+    for end in offsets:
+        words.append(ids[start:end])
+        start = end
+    return [w for w in words if w]
+
+
+def _ends_with_stop(tokens: list, stop_words: list) -> bool:
+    return any(len(tokens) >= len(w) and tokens[-len(w):] == w for w in stop_words)

@@ -1,0 +1,57 @@
+"""`toolkit serve`: run a repository on tritonserver until interrupted (or, with --background, until ready)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import click
+
+from toolkit.cli.render import emit_json, note
+from toolkit.errors import ServerError
+from toolkit.serve.launcher import ServerConfig, launch_server, log_tail, write_server_record
+
+
+@click.command("serve")
+@click.option("-r", "--repo", type=click.Path(path_type=Path), default=Path("model_repository"), help="Repository written by toolkit build.")
+@click.option("--host", default="127.0.0.1", help="Address to bind (0.0.0.0 for every interface).")
+@click.option("--http-port", type=int, default=8000)
+@click.option("--grpc-port", type=int, default=8001)
+@click.option("--metrics-port", type=int, default=8002)
+@click.option("--ready-timeout", type=float, default=600.0, help="Seconds to wait for every model to be ready.")
+@click.option("--log-file", type=click.Path(path_type=Path), default=None, help="Server log (default: in the toolkit cache).")
+@click.option("--background", is_flag=True, help="Return once ready, leaving the server running; prints its PID.")
+@click.option("--json", "as_json", is_flag=True, help="Print the endpoints as JSON.")
+def command(repo, host, http_port, grpc_port, metrics_port, ready_timeout, log_file, background, as_json):
+    """Serve a model repository with tritonserver."""
+    config = ServerConfig(repo=repo.resolve(), host=host, http_port=http_port, grpc_port=grpc_port,
+                          metrics_port=metrics_port, ready_timeout_s=ready_timeout, log_file=log_file)
+    note(f"starting tritonserver on {repo} ...")
+    server = launch_server(config, on_wait=lambda _: None)
+    endpoints = {"http": server.http_url, "grpc": server.grpc_url, "metrics": server.metrics_url,
+                 "pid": server.pid, "log": str(server.log_file)}
+    if as_json:
+        emit_json(endpoints)
+    else:
+        for key, value in endpoints.items():
+            click.echo(f"{key:8} {value}")
+    if background:
+        write_server_record(server)
+        note(f"server running in the background; stop it with: kill {server.pid}")
+        return
+    _forward_signals(server)
+    note("ready; Ctrl-C stops the server")
+    code = server.process.wait()
+    if code not in (0, -signal.SIGTERM, -signal.SIGINT) and not server.stopping:
+        raise ServerError(f"tritonserver exited with code {code}\n{log_tail(server.log_file)}", hint=f"see {server.log_file}")
+
+
+def _forward_signals(server) -> None:
+    server.stopping = False
+
+    def forward(signum, _frame):
+        server.stopping = True
+        server.process.send_signal(signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)

@@ -1,0 +1,199 @@
+"""Launch tritonserver on a repository: plan the command, start it, wait for readiness, stop it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from toolkit.errors import RepositoryError, ServerError
+from toolkit.repository import contract as c
+from toolkit.repository.sources import sources_digest
+from toolkit.repository.writer import MANIFEST_FORMAT, read_manifest
+from toolkit.serve.binary import TritonBinary, find_tritonserver
+from toolkit.settings import cache_dir
+
+PYTHON_TARGETS = ("cpu", "synthetic")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    repo: Path
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    ready_timeout_s: float = 600.0
+    log_file: Path | None = None
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass
+class RunningServer:
+    """A started tritonserver; `stop()` ends it (terminate -> wait -> kill)."""
+
+    process: subprocess.Popen
+    config: ServerConfig
+    log_file: Path
+    models: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def http_url(self) -> str:
+        return f"{_client_host(self.config.host)}:{self.config.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{_client_host(self.config.host)}:{self.config.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{_client_host(self.config.host)}:{self.config.metrics_port}/metrics"
+
+    def stop(self, timeout_s: float = 20.0) -> int:
+        return stop_process(self.process, timeout_s)
+
+
+def check_repository(repo: Path) -> dict:
+    """Refuse a missing, foreign or stale repository, saying what to rebuild."""
+    if not repo.is_dir():
+        raise RepositoryError(f"model repository {repo} does not exist", hint="build it with: toolkit build --target cpu --output " + str(repo))
+    manifest = read_manifest(repo)
+    rebuild = f"toolkit build --target {manifest.get('target', 'cpu')} --model {_model_arg(manifest)} --output {repo}"
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise RepositoryError(f"{repo} has manifest format {manifest.get('format')!r}; this toolkit reads format {MANIFEST_FORMAT}", hint=f"rebuild: {rebuild}")
+    missing = [name for name in c.MODEL_NAMES if not (repo / name / "config.pbtxt").is_file()]
+    if missing:
+        raise RepositoryError(f"{repo} is incomplete: no config.pbtxt for {', '.join(missing)}", hint=f"rebuild: {rebuild}")
+    if manifest.get("target") in PYTHON_TARGETS and manifest.get("sources_digest") != sources_digest():
+        raise RepositoryError(
+            f"{repo} was built by toolkit {manifest.get('toolkit_version')} from other model sources than this toolkit's",
+            hint=f"rebuild: {rebuild}",
+        )
+    return manifest
+
+
+def _model_arg(manifest: dict) -> str:
+    source = manifest.get("model", {}).get("source", "")
+    kind, _, value = source.partition(":")
+    return {"embedded": value, "hf": f"hf:{value}", "local": value}.get(kind, source or "MODEL")
+
+
+def server_command(binary: TritonBinary, config: ServerConfig) -> list[str]:
+    argv = [
+        str(binary.executable),
+        f"--model-repository={config.repo}",
+        f"--http-address={config.host}", f"--http-port={config.http_port}",
+        f"--grpc-address={config.host}", f"--grpc-port={config.grpc_port}",
+        f"--metrics-address={config.host}", f"--metrics-port={config.metrics_port}",
+        "--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0",
+        # One shm prefix per server, so servers side by side never share Python-backend regions.
+        f"--backend-config=python,shm-region-prefix-name=toolkit_{os.getpid()}_{config.grpc_port}_",
+    ]
+    if binary.backend_dir is not None:
+        argv.append(f"--backend-directory={binary.backend_dir}")
+    return argv + list(config.extra_args)
+
+
+def launch_server(config: ServerConfig, on_wait: Callable[[str], None] = lambda _: None) -> RunningServer:
+    manifest = check_repository(config.repo)
+    for port in {config.http_port, config.grpc_port, config.metrics_port}:
+        _check_port_free(config.host, port)
+    binary = find_tritonserver()
+    log_file = config.log_file or cache_dir("logs") / f"tritonserver-{config.grpc_port}.log"
+    with open(log_file, "wb") as log:
+        process = subprocess.Popen(server_command(binary, config), stdout=log, stderr=subprocess.STDOUT,
+                                   env=binary.env, start_new_session=True)
+    server = RunningServer(process, config, log_file, c.MODEL_NAMES)
+    try:
+        wait_until_ready(server, on_wait)
+    except BaseException:
+        server.stop()
+        raise
+    _ = manifest
+    return server
+
+
+def wait_until_ready(server: RunningServer, on_wait: Callable[[str], None]) -> None:
+    deadline = time.monotonic() + server.config.ready_timeout_s
+    pending = list(server.models)
+    while pending:
+        if server.process.poll() is not None:
+            raise ServerError(
+                f"tritonserver exited with code {server.process.returncode} before its models were ready\n{log_tail(server.log_file)}",
+                hint=f"read the full log: {server.log_file}",
+            )
+        if time.monotonic() > deadline:
+            raise ServerError(
+                f"models {', '.join(pending)} not ready after {server.config.ready_timeout_s:.0f}s\n{log_tail(server.log_file)}",
+                hint="raise --ready-timeout, or read the log: " + str(server.log_file),
+            )
+        pending = [m for m in pending if not _http_ok(f"http://{server.http_url}/v2/models/{m}/ready")]
+        if pending:
+            on_wait(f"waiting for {', '.join(pending)}")
+            time.sleep(0.5)
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 20.0) -> int:
+    if process.poll() is None:
+        _signal_group(process, signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(process, signal.SIGKILL)
+            process.wait(10)
+    return process.returncode
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no server log)"
+    return "--- tritonserver log (last lines) ---\n" + "\n".join(text[-lines:])
+
+
+def _check_port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host if host not in ("", "0.0.0.0") else "0.0.0.0", port))
+        except OSError as exc:
+            raise ServerError(f"port {port} on {host} is in use ({exc.strerror})", hint="pass a free port with --http-port / --grpc-port / --metrics-port") from exc
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _client_host(host: str) -> str:
+    return "127.0.0.1" if host in ("", "0.0.0.0") else host
+
+
+def write_server_record(server: RunningServer) -> Path:
+    record = cache_dir("servers") / f"{server.config.grpc_port}.json"
+    record.write_text(json.dumps({"pid": server.pid, "repo": str(server.config.repo), "log": str(server.log_file),
+                                  "http": server.http_url, "grpc": server.grpc_url, "metrics": server.metrics_url}))
+    return record
