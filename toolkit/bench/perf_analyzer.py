@@ -1,0 +1,118 @@
+"""Find perf_analyzer and run it.
+
+The binary ships in tritonclient's manylinux wheels up to 2.51 (later wheels need glibc 2.38).
+It links libb64.so.0d (Debian/Ubuntu package libb64-0d) and libcudart.so.12 (PyPI wheel
+nvidia-cuda-runtime-cu12), even when it never touches a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.errors import BenchError
+
+PINNED_CLIENT = "tritonclient[all]==2.51.0"
+
+
+@dataclass(frozen=True)
+class PerfAnalyzer:
+    executable: Path
+    env: dict
+
+
+@dataclass(frozen=True)
+class PerfAnalyzerRun:
+    argv: tuple[str, ...]
+    log_file: Path
+    returncode: int
+
+
+def find_perf_analyzer() -> PerfAnalyzer:
+    executable = _find_executable()
+    cudart_dir = _cudart_dir()
+    _check_libb64()
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(cudart_dir), env.get("LD_LIBRARY_PATH", "")) if p)
+    return PerfAnalyzer(executable, env)
+
+
+def _find_executable() -> Path:
+    beside_python = Path(sys.executable).parent / "perf_analyzer"
+    for candidate in (shutil.which("perf_analyzer"), beside_python):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    raise BenchError(
+        "perf_analyzer is not installed (not on PATH, not beside this Python)",
+        hint=f"pip install '{PINNED_CLIENT}' (its manylinux wheel carries the binary; newer wheels need glibc >= 2.38)",
+    )
+
+
+def _cudart_dir() -> Path:
+    spec = importlib.util.find_spec("nvidia.cuda_runtime")
+    if spec is not None and spec.submodule_search_locations:
+        lib = Path(list(spec.submodule_search_locations)[0]) / "lib"
+        if (lib / "libcudart.so.12").is_file():
+            return lib
+    raise BenchError(
+        "perf_analyzer needs libcudart.so.12 (even on CPU), and the nvidia-cuda-runtime-cu12 wheel is not installed",
+        hint="pip install nvidia-cuda-runtime-cu12",
+    )
+
+
+def _check_libb64() -> None:
+    try:
+        ctypes.CDLL("libb64.so.0d")
+    except OSError as exc:
+        raise BenchError(
+            "perf_analyzer needs libb64.so.0d, which is not installed",
+            hint="apt-get install -y libb64-0d   (Debian/Ubuntu; run apt-get update first)",
+        ) from exc
+
+
+def run_perf_analyzer(pa: PerfAnalyzer, args: list[str], log_file: Path, timeout_s: float) -> PerfAnalyzerRun:
+    """Run to completion in its own session, logging to `log_file`; a non-zero exit is an error."""
+    argv = (str(pa.executable), *args)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "wb") as log:
+        log.write((" ".join(argv) + "\n").encode())
+        log.flush()
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=pa.env, start_new_session=True)
+        try:
+            code = process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(process)
+            raise BenchError(
+                f"perf_analyzer ran past {timeout_s:.0f}s\n{log_tail(log_file)}",
+                hint="lower --requests or the load, or raise --timeout",
+            ) from None
+        except BaseException:
+            _stop(process)
+            raise
+    if code != 0:
+        raise BenchError(f"perf_analyzer exited with code {code}\n{log_tail(log_file)}", hint=f"full log: {log_file}")
+    return PerfAnalyzerRun(argv, log_file, code)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no perf_analyzer log)"
+    return "--- perf_analyzer log (last lines) ---\n" + "\n".join(text[-lines:])

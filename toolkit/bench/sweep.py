@@ -1,0 +1,254 @@
+"""A perf_analyzer sweep: plan (points, prompts, files) -> execute (one perf_analyzer per point) -> record.
+
+Each point runs perf_analyzer over gRPC streaming with a fixed request count, writes its profile
+export, and is turned into LLM metrics (toolkit.bench.metrics) plus what Triton's metrics endpoint
+showed during the run (toolkit.bench.scrape).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from toolkit.bench.metrics import PointMetrics, parse_profile_export, point_metrics
+from toolkit.bench.perf_analyzer import PerfAnalyzer, find_perf_analyzer, run_perf_analyzer
+from toolkit.bench.prompts import find_tokenizer, make_prompts, preprocessing_adds_special_tokens, write_input_data
+from toolkit.bench.scrape import MetricsScraper, ScrapeSummary
+from toolkit.errors import BenchError
+from toolkit.repository import contract as c
+
+MODES = ("concurrency", "request_rate")
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    mode: str  # "concurrency" or "request_rate"
+    value: float
+
+    @property
+    def label(self) -> str:
+        return f"concurrency{self.value:g}" if self.mode == "concurrency" else f"rate{self.value:g}"
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """The planner's bandwidth bound: one decode step cannot be faster than reading the weights once."""
+
+    decode_step_ms: float
+    max_batch_size: int | None = None
+
+    def tokens_per_s(self, point: LoadPoint) -> float | None:
+        if point.mode != "concurrency":
+            return None
+        streams = point.value if self.max_batch_size is None else min(point.value, self.max_batch_size)
+        return streams * 1e3 / self.decode_step_ms
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    grpc_url: str
+    model: str
+    points: tuple[LoadPoint, ...]
+    input_tokens: int
+    output_tokens: int
+    prompts: int
+    requests: tuple[int, ...]  # per point
+    out_dir: Path
+    tokenizer: Path
+    add_special_tokens: bool = False
+    metrics_url: str | None = None
+    roofline: Roofline | None = None
+    timeout_s: float = 600.0
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["out_dir"], data["tokenizer"] = str(self.out_dir), str(self.tokenizer)
+        return data
+
+
+@dataclass(frozen=True)
+class PointResult:
+    point: LoadPoint
+    metrics: PointMetrics
+    server: ScrapeSummary
+    export_file: Path
+    bound_tokens_per_s: float | None = None
+    throughput_bound_fraction: float | None = None  # output tokens/s / the roofline's tokens/s
+    itl_bound_fraction: float | None = None  # roofline decode step / mean ITL
+
+    def to_dict(self) -> dict:
+        return {
+            "point": asdict(self.point), "metrics": self.metrics.to_dict(), "server": self.server.to_dict(),
+            "export_file": str(self.export_file), "bound_tokens_per_s": self.bound_tokens_per_s,
+            "throughput_bound_fraction": self.throughput_bound_fraction, "itl_bound_fraction": self.itl_bound_fraction,
+        }
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    plan: SweepPlan
+    points: tuple[PointResult, ...]
+    started: str
+    perf_analyzer: str
+    wall_s: float = 0.0
+    files: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan.to_dict(), "started": self.started, "perf_analyzer": self.perf_analyzer,
+                "wall_s": self.wall_s, "points": [p.to_dict() for p in self.points], "files": self.files}
+
+
+def parse_points(concurrency: str | None, request_rate: str | None) -> tuple[LoadPoint, ...]:
+    """'1,2,4' -> concurrency points; request rates (requests/s) may be fractional."""
+    points = [LoadPoint("concurrency", v) for v in _numbers(concurrency, "--concurrency", integer=True)]
+    points += [LoadPoint("request_rate", v) for v in _numbers(request_rate, "--request-rate", integer=False)]
+    if not points:
+        raise BenchError("no load points: pass --concurrency 1,2,4 and/or --request-rate 0.5,1", hint="e.g. --concurrency 1,4,16")
+    return tuple(points)
+
+
+def _numbers(text: str | None, flag: str, integer: bool) -> list[float]:
+    if not text:
+        return []
+    values = []
+    for part in text.split(","):
+        try:
+            value = int(part) if integer else float(part)
+        except ValueError:
+            raise BenchError(f"{flag}={text!r}: {part!r} is not a {'whole ' if integer else ''}number", hint=f"e.g. {flag} 1,2,4") from None
+        if value <= 0 or not math.isfinite(value):
+            raise BenchError(f"{flag}={text!r}: {part!r} must be positive", hint=f"e.g. {flag} 1,2,4")
+        values.append(float(value))
+    return values
+
+
+def default_request_count(point: LoadPoint, prompts: int) -> int:
+    """Enough requests that every point sees each concurrent slot refilled a few times."""
+    return max(prompts, 8, math.ceil(4 * point.value))
+
+
+def plan_sweep(grpc_url: str, points: tuple[LoadPoint, ...], *, input_tokens: int, output_tokens: int, out_dir: Path,
+               model: str = c.ENSEMBLE, prompts: int = 16, requests: int | None = None, repo: Path | None = None,
+               tokenizer: Path | None = None, metrics_url: str | None = None, roofline: Roofline | None = None,
+               timeout_s: float = 600.0, seed: int = 0) -> SweepPlan:
+    if tokenizer is None:
+        if repo is None:
+            raise BenchError("no tokenizer: pass --repo DIR (the served repository) or --tokenizer PATH", hint="--repo ./repo")
+        tokenizer = find_tokenizer(repo)
+    if not tokenizer.is_file():
+        raise BenchError(f"tokenizer {tokenizer} does not exist", hint="pass --tokenizer PATH/tokenizer.json")
+    if requests is not None and requests < 1:
+        raise BenchError(f"--requests={requests} must be at least 1", hint="or leave it out for an automatic count")
+    counts = tuple(requests or default_request_count(p, prompts) for p in points)
+    special = preprocessing_adds_special_tokens(repo) if repo is not None else False
+    if roofline is None and repo is not None:
+        roofline = roofline_from_manifest(repo)
+    return SweepPlan(grpc_url=grpc_url, model=model, points=points, input_tokens=input_tokens, output_tokens=output_tokens,
+                     prompts=prompts, requests=counts, out_dir=out_dir, tokenizer=tokenizer, add_special_tokens=special,
+                     metrics_url=metrics_url, roofline=roofline, timeout_s=timeout_s, seed=seed)
+
+
+def roofline_from_manifest(repo: Path) -> Roofline | None:
+    """The planner's decode-step bound recorded in a GPU repository's manifest, if any."""
+    path = repo / "manifest.json"
+    if not path.is_file():
+        return None
+    found = _find_keys(json.loads(path.read_text()), ("decode_step_ms_lower_bound", "max_batch_size"))
+    step = found.get("decode_step_ms_lower_bound")
+    if not step:
+        return None
+    batch = found.get("max_batch_size")
+    return Roofline(float(step), int(batch) if batch else None)
+
+
+def _find_keys(node, keys: tuple[str, ...], found: dict | None = None) -> dict:
+    found = {} if found is None else found
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in keys and key not in found and isinstance(value, (int, float)):
+                found[key] = value
+            else:
+                _find_keys(value, keys, found)
+    elif isinstance(node, list):
+        for item in node:
+            _find_keys(item, keys, found)
+    return found
+
+
+def perf_analyzer_args(plan: SweepPlan, point: LoadPoint, requests: int, input_file: Path, export_file: Path) -> list[str]:
+    load = ["--concurrency-range", f"{int(point.value)}"] if point.mode == "concurrency" else ["--request-rate-range", f"{point.value:g}"]
+    return [
+        "-m", plan.model, "-i", "grpc", "--streaming", "-u", plan.grpc_url, "--async",
+        "--input-data", str(input_file), *load,
+        # A fixed request count, and no stability search: every request of the point is measured.
+        "--request-count", str(requests), "--measurement-interval", str(int(plan.timeout_s * 1000)),
+        "--stability-percentage", "999", "--profile-export-file", str(export_file),
+    ]
+
+
+OnPoint = Callable[[int, LoadPoint, "PointResult | None"], None]
+
+
+def run_sweep(plan: SweepPlan, on_point: OnPoint = lambda i, p, r: None, pa: PerfAnalyzer | None = None) -> SweepResult:
+    pa = pa or find_perf_analyzer()
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
+    prompts = make_prompts(plan.tokenizer, plan.prompts, plan.input_tokens, add_special_tokens=plan.add_special_tokens, seed=plan.seed)
+    input_file = write_input_data(plan.out_dir / "inputs.json", prompts, plan.output_tokens, plan.model)
+    results = []
+    for index, (point, requests) in enumerate(zip(plan.points, plan.requests)):
+        on_point(index, point, None)
+        results.append(run_point(pa, plan, point, requests, input_file))
+        on_point(index, point, results[-1])
+    return SweepResult(plan, tuple(results), started, str(pa.executable), time.monotonic() - t0)
+
+
+def run_point(pa: PerfAnalyzer, plan: SweepPlan, point: LoadPoint, requests: int, input_file: Path) -> PointResult:
+    folder = plan.out_dir / "points"
+    export_file = folder / f"{point.label}.profile_export.json"
+    export_file.unlink(missing_ok=True)
+    args = perf_analyzer_args(plan, point, requests, input_file, export_file)
+    with MetricsScraper(plan.metrics_url) as scraper:
+        run_perf_analyzer(pa, args, folder / f"{point.label}.perf_analyzer.log", plan.timeout_s + 60)
+    if not export_file.is_file():
+        raise BenchError(f"perf_analyzer wrote no profile export at {export_file}", hint=f"read {folder / (point.label + '.perf_analyzer.log')}")
+    experiments = parse_profile_export(export_file)
+    if not experiments:
+        raise BenchError(f"{export_file} holds no experiment", hint="check the perf_analyzer log beside it")
+    metrics = point_metrics(experiments[-1])
+    return _with_bounds(PointResult(point, metrics, scraper.summary(), export_file), plan.roofline)
+
+
+def _with_bounds(result: PointResult, roofline: Roofline | None) -> PointResult:
+    if roofline is None:
+        return result
+    bound = roofline.tokens_per_s(result.point)
+    itl = result.metrics.itl_ms.mean
+    return PointResult(
+        result.point, result.metrics, result.server, result.export_file,
+        bound_tokens_per_s=bound,
+        throughput_bound_fraction=result.metrics.output_tokens_per_s / bound if bound else None,
+        itl_bound_fraction=roofline.decode_step_ms / itl if itl and math.isfinite(itl) else None,
+    )
+
+
+def recorded_server(grpc_url: str) -> dict | None:
+    """What `toolkit serve --background` recorded for the server on this gRPC port (repo, metrics URL)."""
+    from toolkit.settings import toolkit_home
+
+    port = grpc_url.rsplit(":", 1)[-1]
+    path = toolkit_home() / "servers" / f"{port}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def default_metrics_url(grpc_url: str) -> str:
+    host = grpc_url.rsplit(":", 1)[0] if ":" in grpc_url else grpc_url
+    return f"http://{host}:8002/metrics"
