@@ -208,18 +208,33 @@ def run_sweep(plan: SweepPlan, on_point: OnPoint = lambda i, p, r: None, pa: Per
     return SweepResult(plan, tuple(results), started, str(pa.executable), time.monotonic() - t0)
 
 
+EXPORT_ATTEMPTS = 3
+
+
 def run_point(pa: PerfAnalyzer, plan: SweepPlan, point: LoadPoint, requests: int, input_file: Path) -> PointResult:
+    """One perf_analyzer run; rerun when its profile export comes back cut short.
+
+    perf_analyzer 2.51 sometimes exits 0 before its profile export is fully written (the file
+    ends at a 64 KiB boundary, mid-record); a rerun of the point gets a whole one.
+    """
     folder = plan.out_dir / "points"
     export_file = folder / f"{point.label}.profile_export.json"
-    export_file.unlink(missing_ok=True)
+    log_file = folder / f"{point.label}.perf_analyzer.log"
     args = perf_analyzer_args(plan, point, requests, input_file, export_file)
-    with MetricsScraper(plan.metrics_url) as scraper:
-        run_perf_analyzer(pa, args, folder / f"{point.label}.perf_analyzer.log", plan.timeout_s + 60)
-    if not export_file.is_file():
-        raise BenchError(f"perf_analyzer wrote no profile export at {export_file}", hint=f"read {folder / (point.label + '.perf_analyzer.log')}")
-    experiments = parse_profile_export(export_file)
+    for attempt in range(1, EXPORT_ATTEMPTS + 1):
+        export_file.unlink(missing_ok=True)
+        with MetricsScraper(plan.metrics_url) as scraper:
+            run_perf_analyzer(pa, args, log_file, plan.timeout_s + 60)
+        if not export_file.is_file():
+            raise BenchError(f"perf_analyzer wrote no profile export at {export_file}", hint=f"read {log_file}")
+        try:
+            experiments = parse_profile_export(export_file)
+            break
+        except BenchError:
+            if attempt == EXPORT_ATTEMPTS:
+                raise
     if not experiments:
-        raise BenchError(f"{export_file} holds no experiment", hint="check the perf_analyzer log beside it")
+        raise BenchError(f"{export_file} holds no experiment", hint=f"read {log_file}")
     metrics = point_metrics(experiments[-1])
     return _with_bounds(PointResult(point, metrics, scraper.summary(), export_file), plan.roofline)
 
