@@ -7,6 +7,7 @@ The repository here is a minimal one: a preprocessing config with limits and a t
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,9 @@ def _write_tiny_repo(root: Path) -> Path:
     params = {"tokenizer_dir": "tokenizer", "max_input_len": MAX_INPUT, "max_output_len": 16, "max_seq_len": 32, "add_special_tokens": False}
     config = python_model(c.PREPROCESSING, c.PREPROCESSING_INPUTS, c.PREPROCESSING_OUTPUTS, max_batch_size=8, parameters=params)
     (root / "preprocessing" / "config.pbtxt").write_text(to_pbtxt(config))
+    post = root / "postprocessing" / "1"
+    shutil.copytree(tok_dir, post / "tokenizer")
+    shutil.copy2(Path(__file__).parents[1] / "model_repo" / "common" / "textcodec.py", post / "textcodec.py")
     (root / "manifest.json").write_text(json.dumps({"model": {"name": "HuggingFaceTB/Tiny-Test"}}))
     return root
 
@@ -242,7 +246,7 @@ class _FakeBackend:
         self.pieces = pieces
         self.closed_early = False
 
-    async def generate(self, prompt, max_tokens, sampling):
+    async def generate(self, prompt, prompt_ids, max_tokens, sampling):
         finished = False
         try:
             for piece in self.pieces:
@@ -253,7 +257,7 @@ class _FakeBackend:
 
 
 def _job(**kw) -> Job:
-    fields = dict(id="chatcmpl-1", kind="chat", model="m", prompt="p", prompt_tokens=5, max_tokens=4, sampling=Sampling(), stops=(), include_usage=True)
+    fields = dict(id="chatcmpl-1", kind="chat", model="m", prompt="p", prompt_ids=[1] * 5, prompt_tokens=5, max_tokens=4, sampling=Sampling(), stops=(), include_usage=True)
     return Job(**{**fields, **kw})
 
 

@@ -29,8 +29,8 @@ from toolkit.api.schemas import (
     ModelList,
     unsupported_fields,
 )
-from toolkit.api.text import PromptCodec, RepositoryFacts, read_repository_facts
-from toolkit.api.triton import InferenceFailed, Sampling, TritonBackend, TritonUnavailable
+from toolkit.api.text import PromptCodec, RepositoryFacts, load_token_decoder, read_repository_facts
+from toolkit.api.triton import ENGINE_MODEL, InferenceFailed, Sampling, TritonBackend, TritonUnavailable
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 502, 503)}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -42,7 +42,7 @@ class ApiSettings:
 
     triton_url: str
     repo: Path
-    model_name: str = "ensemble"  # the Triton model that takes text_input
+    model_name: str = ENGINE_MODEL  # tensorrt_llm (token ids; cancellation reaches the engine) or ensemble / tensorrt_llm_bls (text)
     served_model_name: str | None = None  # the id in /v1/models; default: from the repository
     api_keys: tuple[str, ...] = ()
     max_in_flight: int = 64
@@ -58,7 +58,8 @@ class ApiState:
         self.settings = settings
         self.facts = facts
         self.codec = PromptCodec(facts.tokenizer_dir, add_special_tokens=facts.add_special_tokens)
-        self.backend = TritonBackend(settings.triton_url, settings.model_name)
+        decoder = load_token_decoder(Path(settings.repo)) if settings.model_name == ENGINE_MODEL else None
+        self.backend = TritonBackend(settings.triton_url, settings.model_name, decoder=decoder, end_id=facts.end_id, pad_id=facts.pad_id)
         self.metrics = ApiMetrics()
         self.model_id = settings.served_model_name or served_name(Path(settings.repo))
         self.created = int(time.time())
@@ -74,9 +75,10 @@ def served_name(repo: Path) -> str:
     with contextlib.suppress(OSError, ValueError, AttributeError):
         data = json.loads(manifest.read_text())
         model = data.get("model")
-        for value in (data.get("served_model_name"), model.get("name") if isinstance(model, dict) else model, data.get("model_name")):
-            if isinstance(value, str) and value:
-                return value.rstrip("/").rsplit("/", 1)[-1]
+        source = model.get("source") if isinstance(model, dict) else model  # "hf:org/name", "local:/path", "embedded:name"
+        for value in (data.get("served_model_name"), model.get("name") if isinstance(model, dict) else None, source):
+            if isinstance(value, str) and value.strip(":/"):
+                return value.split(":", 1)[-1].rstrip("/").rsplit("/", 1)[-1]
     return repo.resolve().name
 
 
@@ -158,7 +160,8 @@ def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | None, 
     except UnicodeEncodeError as exc:
         raise ApiError(400, "The prompt is not valid Unicode (it holds a lone surrogate).", param=param, code="invalid_value") from exc
     limits = state.facts.limits
-    prompt_tokens = state.codec.count(prompt)
+    prompt_ids = state.codec.encode(prompt)
+    prompt_tokens = len(prompt_ids)
     if prompt_tokens == 0:
         raise ApiError(400, "The prompt is empty: it must hold at least one token.", param=param, code="invalid_value")
     if prompt_tokens > limits.max_input_len:
@@ -175,7 +178,7 @@ def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | None, 
     sampling = Sampling(temperature=body.temperature, top_p=body.top_p, seed=body.seed)
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
-    return Job(f"{prefix}-{uuid.uuid4().hex}", kind, body.model, prompt, prompt_tokens, max_tokens, sampling, tuple(body.stop_list()), include_usage)
+    return Job(f"{prefix}-{uuid.uuid4().hex}", kind, body.model, prompt, prompt_ids, prompt_tokens, max_tokens, sampling, tuple(body.stop_list()), include_usage)
 
 
 async def _respond(state: ApiState, job: Job, stream: bool, request: Request):

@@ -20,6 +20,7 @@ class Job:
     kind: str  # "chat" or "completion"
     model: str
     prompt: str
+    prompt_ids: list[int]
     prompt_tokens: int
     max_tokens: int
     sampling: Sampling
@@ -44,7 +45,7 @@ class Generation:
         """Text pieces (possibly empty) in order; one per engine response, then the held-back tail."""
         job, metrics = self.job, self.metrics
         scanner = StopScanner(list(job.stops))
-        pieces = self.backend.generate(job.prompt, job.max_tokens, job.sampling)
+        pieces = self.backend.generate(job.prompt, job.prompt_ids, job.max_tokens, job.sampling)
         last = None
         try:
             async for piece in pieces:

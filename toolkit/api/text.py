@@ -37,6 +37,8 @@ class RepositoryFacts:
     tokenizer_dir: Path
     limits: ModelLimits
     add_special_tokens: bool
+    end_id: int
+    pad_id: int
 
 
 def read_repository_facts(repo: Path) -> RepositoryFacts:
@@ -57,7 +59,22 @@ def read_repository_facts(repo: Path) -> RepositoryFacts:
         max_output_len=int(params.get("max_output_len", "2048")),
         max_seq_len=int(params.get("max_seq_len", "4096")),
     )
-    return RepositoryFacts(tokenizer_dir, limits, params.get("add_special_tokens", "false").lower() == "true")
+    end_id = int(params.get("end_id", "-1"))
+    add_special = params.get("add_special_tokens", "false").lower() == "true"
+    return RepositoryFacts(tokenizer_dir, limits, add_special, end_id, int(params.get("pad_id", str(end_id))))
+
+
+def load_token_decoder(repo: Path):
+    """The repository's own TextCodec (token id -> exact bytes), as its postprocessing model uses it."""
+    import importlib.util
+
+    path = Path(repo) / "postprocessing" / "1" / "textcodec.py"
+    if not path.is_file():
+        raise RepositoryError(f"{path} is missing", hint="rebuild the repository with `toolkit build`, or pass --model-name ensemble")
+    spec = importlib.util.spec_from_file_location("_toolkit_repo_textcodec", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TextCodec(path.parent / "tokenizer")
 
 
 class PromptCodec:
@@ -73,8 +90,11 @@ class PromptCodec:
         source = _chat_template_source(Path(tokenizer_dir), config)
         self.template = _compile_template(source) if source else None
 
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids
+
     def count(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids)
+        return len(self.encode(text))
 
     def render_chat(self, messages: list[dict]) -> str:
         """The prompt text for `messages`, ending with the assistant's generation prompt."""

@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 from toolkit.errors import ClientError
 
 FINAL_FLAG = "triton_final_response"
+ENGINE_MODEL = "tensorrt_llm"  # the engine contract: token ids in, token ids out
 
 
 class TritonUnavailable(ClientError):
@@ -32,7 +33,7 @@ class InferenceFailed(ClientError):
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling settings in OpenAI's terms; `tensors` turns them into the ensemble's inputs."""
+    """Sampling settings in OpenAI's terms; `tensors` turns them into Triton inputs."""
 
     temperature: float | None = None
     top_p: float | None = None
@@ -42,14 +43,16 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_p == 0
 
-    def tensors(self) -> list[tuple[str, np.ndarray, str]]:
+    def tensors(self, engine: bool) -> list[tuple[str, np.ndarray, str]]:
+        """Inputs for the engine contract (runtime_top_k, ...) or the text contract (top_k, ...)."""
+        top_k, top_p = ("runtime_top_k", "runtime_top_p") if engine else ("top_k", "top_p")
         if self.greedy:
             # TensorRT-LLM has no temperature 0: top_k 1 is its greedy decoding.
-            return [("top_k", np.array([[1]], np.int32), "INT32")]
+            return [(top_k, np.array([[1]], np.int32), "INT32")]
         out = [
             ("temperature", np.array([[1.0 if self.temperature is None else self.temperature]], np.float32), "FP32"),
             # top_p 1.0, not 0: with top_k and top_p both 0 TensorRT-LLM falls back to greedy.
-            ("top_p", np.array([[1.0 if self.top_p is None else self.top_p]], np.float32), "FP32"),
+            (top_p, np.array([[1.0 if self.top_p is None else self.top_p]], np.float32), "FP32"),
         ]
         if self.seed is not None:
             out.append(("seed", np.array([[self.seed]], np.uint64), "UINT64"))
@@ -66,11 +69,24 @@ class Piece:
 
 
 class TritonBackend:
-    """The gRPC client of one Triton server and one text model (the ensemble by default)."""
+    """The gRPC client of one Triton server and one model.
 
-    def __init__(self, url: str, model_name: str = "ensemble"):
+    Two contracts: the engine's (`tensorrt_llm`: token ids in and out; the API tokenizes and
+    detokenizes) or the text one (`ensemble`, `tensorrt_llm_bls`: text in, text bytes out).
+    Only the engine contract lets a cancellation reach the engine: Triton (up to 2.51 at least)
+    checks an ensemble's cancellation only between its steps, and its Python backend cannot
+    cancel a BLS sub-request, so an engine step already running keeps generating.
+    """
+
+    def __init__(self, url: str, model_name: str = ENGINE_MODEL, *, decoder=None, end_id: int = -1, pad_id: int = -1):
         self.url = url
         self.model_name = model_name
+        self.engine = model_name == ENGINE_MODEL
+        if self.engine and decoder is None:
+            raise ClientError(f"the `{model_name}` model takes token ids: a token decoder is needed", hint="pass the repository's TextCodec")
+        self.decoder = decoder
+        self.end_id = end_id
+        self.pad_id = pad_id
         self._client: grpcclient.InferenceServerClient | None = None
         self._ids = itertools.count(1)
 
@@ -99,16 +115,19 @@ class TritonBackend:
         except (InferenceServerException, grpc.RpcError, asyncio.TimeoutError):
             return False
 
-    async def generate(self, prompt: str, max_tokens: int, sampling: Sampling) -> AsyncIterator[Piece]:
+    async def generate(self, prompt: str, prompt_ids: list[int], max_tokens: int, sampling: Sampling) -> AsyncIterator[Piece]:
         """Stream the pieces of one generation; closing the iterator early cancels the request."""
         done = asyncio.Event()
-        call = self.client.stream_infer(_one_request(self._request(prompt, max_tokens, sampling), done))
+        request = self._engine_request(prompt_ids, max_tokens, sampling) if self.engine else self._text_request(prompt, max_tokens, sampling)
+        call = self.client.stream_infer(_one_request(request, done))
         finished = False
+        total = 0
         try:
             async for result, error in call:
                 if error is not None:
                     raise InferenceFailed(str(error.message() if hasattr(error, "message") else error))
-                piece = _piece(result)
+                piece = self._engine_piece(result, total) if self.engine else _text_piece(result)
+                total = piece.output_tokens if piece.output_tokens is not None else total
                 finished = piece.final
                 yield piece
                 if finished:
@@ -123,27 +142,56 @@ class TritonBackend:
             if not finished:
                 call.cancel()
 
-    def _request(self, prompt: str, max_tokens: int, sampling: Sampling) -> dict:
+    def _engine_request(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling) -> dict:
+        tensors = [
+            ("input_ids", np.array([prompt_ids], np.int32), "INT32"),
+            ("input_lengths", np.array([[len(prompt_ids)]], np.int32), "INT32"),
+            ("request_output_len", np.array([[max_tokens]], np.int32), "INT32"),
+            ("end_id", np.array([[self.end_id]], np.int32), "INT32"),
+            ("pad_id", np.array([[self.pad_id]], np.int32), "INT32"),
+            ("streaming", np.array([[True]], bool), "BOOL"),
+            ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
+            *sampling.tensors(engine=True),
+        ]
+        return self._request(tensors, ["output_ids", "sequence_length"])
+
+    def _text_request(self, prompt: str, max_tokens: int, sampling: Sampling) -> dict:
         tensors = [
             ("text_input", np.array([[prompt.encode("utf-8")]], dtype=object), "BYTES"),
             ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
             ("stream", np.array([[True]], bool), "BOOL"),
             ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
             ("return_num_output_tokens", np.array([[True]], bool), "BOOL"),
-            *sampling.tensors(),
+            *sampling.tensors(engine=False),
         ]
+        return self._request(tensors, None)
+
+    def _request(self, tensors, outputs: list[str] | None) -> dict:
         inputs = []
         for name, value, dtype in tensors:
             tensor = grpcclient.InferInput(name, list(value.shape), dtype)
             tensor.set_data_from_numpy(value)
             inputs.append(tensor)
-        return {
+        request = {
             "model_name": self.model_name,
             "inputs": inputs,
             "request_id": f"api-{next(self._ids)}",
             # Decoupled models: an empty response carries the final flag when no data response does.
             "parameters": {"triton_enable_empty_final_response": True},
         }
+        if outputs:
+            request["outputs"] = [grpcclient.InferRequestedOutput(name) for name in outputs]
+        return request
+
+    def _engine_piece(self, result, total: int) -> Piece:
+        response = result.get_response()
+        final = FINAL_FLAG in response.parameters and response.parameters[FINAL_FLAG].bool_param
+        if not response.outputs:
+            return Piece(b"", total, final)
+        ids = result.as_numpy("output_ids")  # [batch 1, beam 1, new tokens]
+        length = int(result.as_numpy("sequence_length").reshape(-1)[0])
+        tokens = ids.reshape(-1)[:length].tolist()
+        return Piece(self.decoder.decode_bytes(tokens), total + len(tokens), final)
 
 
 async def _one_request(request: dict, done: asyncio.Event):
@@ -152,7 +200,7 @@ async def _one_request(request: dict, done: asyncio.Event):
     await done.wait()
 
 
-def _piece(result) -> Piece:
+def _text_piece(result) -> Piece:
     response = result.get_response()
     final = FINAL_FLAG in response.parameters and response.parameters[FINAL_FLAG].bool_param
     data = b""

@@ -16,7 +16,7 @@ from toolkit.cli.render import emit_json, note
 @click.option("--host", default="127.0.0.1", help="Address to bind; 0.0.0.0 exposes the API to the network.")
 @click.option("-p", "--port", default=9000, type=click.IntRange(1, 65535), help="Port to listen on.")
 @click.option("-k", "--api-key", "api_keys", multiple=True, help="Accept this key as `Authorization: Bearer KEY` (repeatable). Also TOOLKIT_API_KEYS, comma-separated. None: no auth.")
-@click.option("--model-name", default="ensemble", help="The Triton model that takes text_input.")
+@click.option("--model-name", default="tensorrt_llm", help="Triton model to call: tensorrt_llm (token ids; a disconnect cancels the engine's work) or ensemble / tensorrt_llm_bls (text in and out).")
 @click.option("--served-model-name", default=None, help="The model id clients send; default: the repository's model name.")
 @click.option("--max-in-flight", default=64, type=click.IntRange(1), help="Generation requests served at once; more get 429 with Retry-After.")
 @click.option("--log-level", default="info", type=click.Choice(["critical", "error", "warning", "info", "debug"]))
