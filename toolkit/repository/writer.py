@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from toolkit import __version__
+from toolkit.client.chat import template_from_tokenizer_dir
 from toolkit.errors import RepositoryError
 from toolkit.fsutil import file_lock, sha256_file
 from toolkit.model.facts import ModelFacts, read_model_facts
@@ -60,6 +61,11 @@ class RepositoryPlan:
     engine_parameters: dict = field(default_factory=dict)
     preprocessing_instances: int = 1
     postprocessing_instances: int = 1
+    engine_config: object = None  # GPU targets: the tensorrtllm ModelConfig of a compiled engine
+
+    @property
+    def engine_pbtxt(self) -> str:
+        return configs.to_pbtxt(self.engine_config) if self.engine_config is not None else ""
 
     @property
     def key(self) -> str:
@@ -67,7 +73,7 @@ class RepositoryPlan:
             "toolkit": __version__, "sources": sources_digest(), "target": self.target,
             "model": self.model.source, "revision": self.model.revision, "files": checkpoint_hashes(self.model.path),
             "limits": self.limits.__dict__, "end_id": self.end_id, "engine": self.engine_parameters,
-            "instances": [self.preprocessing_instances, self.postprocessing_instances],
+            "instances": [self.preprocessing_instances, self.postprocessing_instances], "engine_config": self.engine_pbtxt,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -81,13 +87,14 @@ class RepositoryResult:
 
 
 def plan_repository(model: ResolvedModel, target: str, output: Path, limits: RepositoryLimits | None = None,
-                    engine_parameters: dict | None = None) -> RepositoryPlan:
-    if target not in ENGINE_SOURCES:
-        raise RepositoryError(f"unknown repository target {target!r}", hint=f"use one of: {', '.join(ENGINE_SOURCES)}")
+                    engine_parameters: dict | None = None, engine_config=None) -> RepositoryPlan:
+    if target not in ENGINE_SOURCES and engine_config is None:
+        raise RepositoryError(f"target {target!r} needs a compiled engine", hint=f"use toolkit build --target {target}, or one of: {', '.join(ENGINE_SOURCES)}")
     facts = read_model_facts(model.path)
     limits = _fit_limits(limits or RepositoryLimits(), facts)
     return RepositoryPlan(model=model, facts=facts, target=target, output=output.resolve(), limits=limits,
-                          end_id=_end_id(model.path, facts), engine_parameters=dict(engine_parameters or {}))
+                          end_id=_end_id(model.path, facts), engine_parameters=dict(engine_parameters or {}),
+                          engine_config=engine_config)
 
 
 def write_repository(plan: RepositoryPlan, progress: Callable[[str], None] = lambda _: None) -> RepositoryResult:
@@ -156,8 +163,10 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> dict:
         shutil.copytree(sources / name / "1", version, ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy2(sources / "common" / "textcodec.py", version / "textcodec.py")
         _copy_tokenizer(plan.model.path, version / "tokenizer")
+    template = template_from_tokenizer_dir(plan.model.path)
     _write_config(root, configs.python_model(c.PREPROCESSING, c.PREPROCESSING_INPUTS, c.PREPROCESSING_OUTPUTS,
-                  max_batch_size=limits.max_batch_size, instances=plan.preprocessing_instances, parameters=text_params))
+                  max_batch_size=limits.max_batch_size, instances=plan.preprocessing_instances,
+                  parameters={**text_params, **({"chat_template": template} if template else {})}))
     _write_config(root, configs.python_model(c.POSTPROCESSING, c.POSTPROCESSING_INPUTS, c.POSTPROCESSING_OUTPUTS,
                   max_batch_size=limits.max_batch_size, instances=plan.postprocessing_instances,
                   parameters={"tokenizer_dir": "tokenizer", "skip_special_tokens": True}))
@@ -174,6 +183,10 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> dict:
 
 def _render_engine(plan: RepositoryPlan, root: Path, sources: Path) -> None:
     version = root / c.ENGINE / "1"
+    if plan.engine_config is not None:  # GPU: the engine stays where it was built; gpt_model_path names it
+        version.mkdir(parents=True)
+        _write_config(root, plan.engine_config)
+        return
     shutil.copytree(sources / ENGINE_SOURCES[plan.target] / "1", version, ignore=shutil.ignore_patterns("__pycache__"))
     limits = plan.limits
     parameters = {

@@ -1,0 +1,50 @@
+"""`toolkit generate`: one prompt to a served repository, text printed as it arrives."""
+
+from __future__ import annotations
+
+import click
+
+from toolkit.cli.render import emit_json, note
+from toolkit.client.chat import render_chat_prompt
+from toolkit.client.generate import GenerateRequest, generate_grpc, generate_http
+
+DEFAULT_URLS = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
+
+
+@click.command("generate")
+@click.argument("prompt")
+@click.option("-u", "--url", default=None, help="Server address [grpc: 127.0.0.1:8001, http: 127.0.0.1:8000].")
+@click.option("-p", "--protocol", type=click.Choice(["grpc", "http"]), default="grpc", help="grpc streams; http uses Triton's generate endpoint.")
+@click.option("-m", "--model", default="ensemble", help="ensemble or tensorrt_llm_bls.")
+@click.option("-n", "--max-tokens", type=int, default=128, help="Most tokens to generate.")
+@click.option("--temperature", type=float, default=None, help="0 or unset: greedy.")
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--seed", type=int, default=None, help="Same seed, same sampled text.")
+@click.option("--stop", "stop_words", multiple=True, help="Stop when this text is generated (repeatable).")
+@click.option("--raw", is_flag=True, help="Send the prompt as is, without the model's chat template.")
+@click.option("--repo", type=click.Path(), default=None, help="Repository whose chat template to apply [default: ask the server's model].")
+@click.option("--timeout", type=float, default=600.0, help="Seconds to wait for the answer.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def command(prompt, url, protocol, model, max_tokens, temperature, top_k, top_p, seed, stop_words, raw, repo, timeout, as_json):
+    """Generate text for PROMPT from a served repository."""
+    url = url or DEFAULT_URLS[protocol]
+    text = prompt
+    if not raw:
+        text, templated = render_chat_prompt(prompt, repo=repo, url=url, protocol=protocol)
+        if not templated:
+            note("the repository has no chat template; sending the prompt as is")
+    request = GenerateRequest(prompt=text, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                              seed=seed, stop_words=tuple(stop_words))
+    if protocol == "http":
+        result = generate_http(url, request, model=model, timeout_s=timeout)
+        if not as_json:
+            click.echo(result.text)
+    else:
+        echo = (lambda piece: None) if as_json else (lambda piece: click.echo(piece, nl=False))
+        result = generate_grpc(url, request, model=model, on_piece=echo, timeout_s=timeout)
+        if not as_json:
+            click.echo()
+    if as_json:
+        emit_json({"text": result.text, "pieces": len(result.pieces), "time_to_first_piece_s": result.time_to_first_piece_s,
+                   "total_s": result.total_s, "protocol": protocol, "model": model})
