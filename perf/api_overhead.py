@@ -1,0 +1,214 @@
+"""What the OpenAI API costs over direct Triton gRPC: tokens/s and TTFT p50, same server, same run, same load.
+
+For each concurrency, N closed-loop streams send the same greedy requests either straight to Triton
+(tritonclient.grpc.aio streaming to the model the API calls, with the prompt tokenized by the
+repository's tokenizer, as the API does) or to the API (`/v1/completions`, stream: true, through
+`toolkit api` running as its own process). Phases alternate direct / api for `--rounds` rounds so
+that drift on a shared machine hits both sides alike.
+
+    python perf/api_overhead.py --triton-url 127.0.0.1:8001 --repo model_repository --out perf/results/api_overhead
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit.api.text import PromptCodec, read_repository_facts  # noqa: E402
+
+PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy decoding keeps counting: no early end
+
+
+async def direct_stream(client, model: str, ids: list[int], max_tokens: int, end_id: int) -> tuple[float, int]:
+    """One streamed request straight to the engine; returns (TTFT s, tokens)."""
+    def tensor(name, value, dtype):
+        t = grpcclient.InferInput(name, list(value.shape), dtype)
+        t.set_data_from_numpy(value)
+        return t
+
+    inputs = [
+        tensor("input_ids", np.array([ids], np.int32), "INT32"),
+        tensor("input_lengths", np.array([[len(ids)]], np.int32), "INT32"),
+        tensor("request_output_len", np.array([[max_tokens]], np.int32), "INT32"),
+        tensor("end_id", np.array([[end_id]], np.int32), "INT32"),
+        tensor("streaming", np.array([[True]], bool), "BOOL"),
+        tensor("runtime_top_k", np.array([[1]], np.int32), "INT32"),
+    ]
+    done = asyncio.Event()
+
+    async def requests():
+        yield {"model_name": model, "inputs": inputs, "parameters": {"triton_enable_empty_final_response": True},
+               "outputs": [grpcclient.InferRequestedOutput("output_ids"), grpcclient.InferRequestedOutput("sequence_length")]}
+        await done.wait()
+
+    start = time.perf_counter()
+    ttft, tokens = None, 0
+    try:
+        async for result, error in client.stream_infer(requests()):
+            if error is not None:
+                raise RuntimeError(str(error))
+            response = result.get_response()
+            if response.outputs:
+                n = int(result.as_numpy("sequence_length").reshape(-1)[0])
+                if n and ttft is None:
+                    ttft = time.perf_counter() - start
+                tokens += n
+            if response.parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        done.set()
+    return ttft, tokens
+
+
+async def api_stream(http: httpx.AsyncClient, url: str, model: str, max_tokens: int) -> tuple[float, int]:
+    """One streamed /v1/completions request; returns (TTFT s, completion tokens from usage)."""
+    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    ttft, tokens = None, 0
+    async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                ttft = time.perf_counter() - start
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return ttft, tokens
+
+
+async def run_phase(make_request, concurrency: int, requests_per_stream: int) -> dict:
+    ttfts, totals = [], []
+
+    async def stream_loop():
+        for _ in range(requests_per_stream):
+            ttft, tokens = await make_request()
+            ttfts.append(ttft)
+            totals.append(tokens)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(stream_loop() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    return {"requests": len(totals), "tokens": sum(totals), "wall_s": wall, "ttfts": [t for t in ttfts if t is not None]}
+
+
+def summarize(phases: list[dict]) -> dict:
+    tokens = sum(p["tokens"] for p in phases)
+    wall = sum(p["wall_s"] for p in phases)
+    ttfts = [t for p in phases for t in p["ttfts"]]
+    return {"requests": sum(p["requests"] for p in phases), "tokens": tokens, "wall_s": round(wall, 3),
+            "tokens_per_s": round(tokens / wall, 2), "ttft_p50_ms": round(statistics.median(ttfts) * 1000, 3),
+            "ttft_p90_ms": round(float(np.percentile(ttfts, 90)) * 1000, 3)}
+
+
+def start_api(args) -> subprocess.Popen:
+    command = [sys.executable, "-m", "toolkit.cli.main", "api", "--triton-url", args.triton_url, "--repo", str(args.repo),
+               "--port", str(args.api_port), "--model-name", args.model_name, "--max-in-flight", "256", "--log-level", "warning"]
+    process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{args.api_port}/health", timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            raise SystemExit(f"toolkit api exited: {process.stderr.read().decode()[-2000:]}")
+        time.sleep(0.2)
+    process.terminate()
+    raise SystemExit("toolkit api did not become healthy in 60 s")
+
+
+async def measure(args) -> dict:
+    facts = read_repository_facts(args.repo)
+    ids = PromptCodec(facts.tokenizer_dir, add_special_tokens=facts.add_special_tokens).encode(PROMPT)
+    url = f"http://127.0.0.1:{args.api_port}"
+    client = grpcclient.InferenceServerClient(args.triton_url)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+        model = (await http.get(f"{url}/v1/models")).json()["data"][0]["id"]
+        direct = lambda: direct_stream(client, args.model_name, ids, args.max_tokens, facts.end_id)  # noqa: E731
+        api = lambda: api_stream(http, url, model, args.max_tokens)  # noqa: E731
+        await run_phase(direct, 2, 1)  # warm-up, not counted
+        await run_phase(api, 2, 1)
+        results = {}
+        for concurrency in args.concurrency:
+            phases = {"direct": [], "api": []}
+            for _ in range(args.rounds):
+                for side, make in (("direct", direct), ("api", api)):
+                    phases[side].append(await run_phase(make, concurrency, args.requests_per_stream))
+            d, a = summarize(phases["direct"]), summarize(phases["api"])
+            results[str(concurrency)] = {
+                "direct_grpc": d, "api": a,
+                "tokens_per_s_ratio": round(a["tokens_per_s"] / d["tokens_per_s"], 4),
+                "tokens_per_s_lost_pct": round(100 * (1 - a["tokens_per_s"] / d["tokens_per_s"]), 2),
+                "ttft_p50_added_ms": round(a["ttft_p50_ms"] - d["ttft_p50_ms"], 3),
+            }
+            print(json.dumps({concurrency: results[str(concurrency)]}), flush=True)
+    await client.close()
+    return results
+
+
+def write_results(args, results: dict, manifest: dict) -> None:
+    meta = {
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "target": manifest.get("target"), "engine_parameters": manifest.get("engine_parameters"), "limits": manifest.get("limits"),
+        "model_called": args.model_name, "max_tokens": args.max_tokens, "requests_per_stream": args.requests_per_stream,
+        "rounds": args.rounds, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "targets": {"tokens_per_s_lost_pct_max": 5.0, "ttft_p50_added_ms_max": 5.0},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    rows = ["| streams | direct tok/s | API tok/s | tok/s lost | direct TTFT p50 | API TTFT p50 | TTFT added |", "|---|---|---|---|---|---|---|"]
+    for concurrency, r in results.items():
+        d, a = r["direct_grpc"], r["api"]
+        rows.append(f"| {concurrency} | {d['tokens_per_s']} | {a['tokens_per_s']} | {r['tokens_per_s_lost_pct']} % | {d['ttft_p50_ms']} ms | {a['ttft_p50_ms']} ms | {r['ttft_p50_added_ms']} ms |")
+    text = [f"# OpenAI API overhead over direct Triton gRPC ({meta['target']} engine)", "", f"Command: `{meta['command']}`", "",
+            f"Date {meta['date']}; {meta['machine']['cpus']} CPUs (shared); engine parameters {meta['engine_parameters']}; "
+            f"model called: `{args.model_name}`; {args.max_tokens} tokens per request, {args.requests_per_stream} requests per stream, "
+            f"{args.rounds} alternating rounds per side.", "", *rows, "", "Targets: at most 5 % tokens/s lost, at most 5 ms added to TTFT p50.", ""]
+    out.with_suffix(".md").write_text("\n".join(text))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--triton-url", default="127.0.0.1:8001")
+    parser.add_argument("--repo", type=Path, required=True)
+    parser.add_argument("--model-name", default="tensorrt_llm")
+    parser.add_argument("--api-port", type=int, default=19120)
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--requests-per-stream", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", default="perf/results/api_overhead")
+    args = parser.parse_args()
+    manifest = json.loads((args.repo / "manifest.json").read_text()) if (args.repo / "manifest.json").is_file() else {}
+    api = start_api(args)
+    try:
+        results = asyncio.run(measure(args))
+    finally:
+        os.killpg(api.pid, signal.SIGTERM)
+        api.wait(timeout=20)
+    write_results(args, results, manifest)
+
+
+if __name__ == "__main__":
+    main()
