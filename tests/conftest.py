@@ -10,3 +10,66 @@ def toolkit_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("toolkit-home")
     monkeypatch.setenv("TOOLKIT_HOME", str(home))
     return home
+
+
+# --- the served CPU repository (real tritonserver), shared by every server test --------------
+import os  # noqa: E402
+import socket  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class ServedRepo:
+    repo: Path
+    checkpoint: Path
+    home: Path
+    grpc_url: str
+    http_url: str
+    metrics_url: str
+    pid: int
+
+
+@pytest.fixture(scope="session")
+def served_repo(tmp_path_factory):
+    """Build the embedded default's CPU repository once and serve it for the whole session."""
+    from toolkit.model.sources import resolve_model
+    from toolkit.repository.writer import RepositoryLimits, plan_repository, write_repository
+    from toolkit.serve.launcher import ServerConfig, launch_server
+
+    home = Path(os.environ.get("TOOLKIT_TEST_HOME") or tmp_path_factory.mktemp("served-home"))
+    previous = os.environ.get("TOOLKIT_HOME")
+    os.environ["TOOLKIT_HOME"] = str(home)
+    try:
+        model = resolve_model("smollm2-135m-instruct", progress=False)
+        limits = RepositoryLimits(max_input_len=512, max_output_len=256, max_seq_len=1024, kv_cache_tokens=16384)
+        repo = tmp_path_factory.mktemp("served") / "repo"
+        write_repository(plan_repository(model, "cpu", repo, limits, {"num_threads": 0}))
+        config = ServerConfig(repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                              ready_timeout_s=300, log_file=home / "tritonserver-test.log")
+        server = launch_server(config)
+    finally:
+        if previous is None:
+            os.environ.pop("TOOLKIT_HOME", None)
+        else:
+            os.environ["TOOLKIT_HOME"] = previous
+    yield ServedRepo(repo=repo, checkpoint=model.path, home=home, grpc_url=server.grpc_url, http_url=server.http_url,
+                     metrics_url=server.metrics_url, pid=server.pid)
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def reference_model(served_repo):
+    """transformers' own model and tokenizer over the same checkpoint: the greedy reference."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(served_repo.checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(served_repo.checkpoint, dtype=torch.float32).eval()
+    return model, tokenizer

@@ -1,0 +1,204 @@
+"""The CPU repository served by a real tritonserver: correctness against transformers, streaming, load, bad input."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+from toolkit.client.chat import render_chat, template_from_repository
+from toolkit.client.generate import GenerateRequest, generate_grpc, generate_http
+from toolkit.errors import ClientError
+
+pytestmark = pytest.mark.server
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write one sentence about the ocean.",
+    "What is 12 plus 7?",
+]
+
+
+def chat(served_repo, question: str) -> str:
+    return render_chat(template_from_repository(served_repo.repo), [{"role": "user", "content": question}])
+
+
+def reference_ids(reference_model, prompt: str, max_tokens: int) -> list[int]:
+    model, tokenizer = reference_model
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False)
+    generated = out[0, ids.shape[1]:].tolist()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return generated[: generated.index(end)] if end in generated else generated
+
+
+@pytest.mark.parametrize("question", QUESTIONS)
+def test_greedy_tokens_equal_transformers_generate(served_repo, reference_model, question):
+    """The engine model itself, token ids in and out, against transformers' generate."""
+    import tritonclient.grpc as grpcclient
+
+    prompt = chat(served_repo, question)
+    _, tokenizer = reference_model
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    expected = reference_ids(reference_model, prompt, 24)
+    inputs = _engine_inputs(ids, 24)
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(served_repo.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer("tensorrt_llm", inputs)
+        result, error = results.get(timeout=120)
+        client.stop_stream()
+    assert error is None, error
+    length = int(result.as_numpy("sequence_length").reshape(-1)[0])
+    assert result.as_numpy("output_ids").reshape(-1)[:length].tolist() == expected
+
+
+@pytest.mark.parametrize("question", QUESTIONS[:3])
+def test_text_over_grpc_streaming_and_http_equals_reference(served_repo, reference_model, question):
+    prompt = chat(served_repo, question)
+    _, tokenizer = reference_model
+    expected = tokenizer.decode(reference_ids(reference_model, prompt, 32), skip_special_tokens=True)
+    request = GenerateRequest(prompt=prompt, max_tokens=32)
+    streamed = generate_grpc(served_repo.grpc_url, request)
+    assert streamed.text == expected
+    assert len(streamed.pieces) > 1  # really streamed, piece by piece
+    assert generate_grpc(served_repo.grpc_url, request, stream=False).text == expected
+    assert generate_http(served_repo.http_url, request).text == expected
+    assert generate_grpc(served_repo.grpc_url, request, model="tensorrt_llm_bls").text == expected
+
+
+def test_sixteen_concurrent_streams_all_complete_with_the_right_text(served_repo):
+    prompts = [chat(served_repo, QUESTIONS[i % len(QUESTIONS)]) for i in range(16)]
+    alone = {p: generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=p, max_tokens=24)).text for p in set(prompts)}
+    results: dict[int, str] = {}
+    errors: list[Exception] = []
+
+    def run(index: int) -> None:
+        try:
+            results[index] = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompts[index], max_tokens=24)).text
+        except Exception as exc:  # noqa: BLE001 - collected and reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors
+    assert len(results) == 16
+    for index, text in results.items():
+        assert text == alone[prompts[index]], f"stream {index} differs under load"
+
+
+def test_streamed_pieces_concatenate_to_the_full_text_with_multibyte_characters(served_repo):
+    prompt = chat(served_repo, "Repeat exactly: café 🎉🎉 日本語 — naïve résumé 😀")
+    request = GenerateRequest(prompt=prompt, max_tokens=40)
+    streamed = generate_grpc(served_repo.grpc_url, request)
+    whole = generate_grpc(served_repo.grpc_url, request, stream=False)
+    assert "".join(streamed.pieces) == streamed.text == whole.text
+    assert "\ufffd" not in streamed.text
+
+
+def test_same_seed_same_sample_even_under_load(served_repo):
+    prompt = chat(served_repo, "Write a short poem about rain.")
+    request = GenerateRequest(prompt=prompt, max_tokens=24, temperature=1.0, top_p=0.95, seed=1234)
+    first = generate_grpc(served_repo.grpc_url, request).text
+    background = threading.Thread(target=generate_grpc, args=(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=48, temperature=1.0)))
+    background.start()
+    second = generate_grpc(served_repo.grpc_url, request).text
+    background.join(timeout=120)
+    other_seed = {generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=24, temperature=1.0, top_p=0.95, seed=s)).text for s in (1, 2, 3)}
+    assert first == second
+    assert len(other_seed | {first}) > 1  # it really samples
+
+
+def test_stop_words_end_generation(served_repo):
+    prompt = chat(served_repo, QUESTIONS[0])
+    full = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=32)).text
+    assert "Paris" in full
+    stopped = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=32, stop_words=(" Paris",))).text
+    assert stopped == full[: full.index(" Paris") + len(" Paris")]
+
+
+def test_min_tokens_forces_the_output_length(served_repo):
+    import tritonclient.grpc as grpcclient  # noqa: F401 - the grpc extra must be present
+
+    prompt = chat(served_repo, QUESTIONS[0])
+    result = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=20, min_tokens=20))
+    assert len(result.pieces) >= 10  # "The capital of France is Paris." alone is 8 tokens
+
+
+@pytest.mark.parametrize(
+    ("request_args", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens=0 must be at least 1"),
+        ({"max_tokens": 5000}, "ask for at most"),
+        ({"prompt": "word " * 700, "max_tokens": 8}, "max_input_len of 512"),
+        ({"prompt": "", "max_tokens": 8}, "prompt must hold at least one token"),
+    ],
+)
+def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served_repo, request_args, message):
+    args = {"prompt": "hello", **request_args}
+    request = GenerateRequest(**args)
+    object.__setattr__(request, "validate", lambda: None)  # skip the client's own check: the server must refuse too
+    with pytest.raises(ClientError, match=message.replace("(", r"\(")):
+        generate_grpc(served_repo.grpc_url, request)
+    with pytest.raises(ClientError, match=message.replace("(", r"\(")):
+        generate_http(served_repo.http_url, request)
+    assert "Paris" in generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16)).text
+
+
+def _metric(served_repo, name: str) -> float:
+    with urllib.request.urlopen(served_repo.metrics_url, timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _engine_inputs(prompt_ids: list[int], max_tokens: int, **scalars):
+    import tritonclient.grpc as grpcclient
+
+    arrays = [
+        ("input_ids", np.array([prompt_ids], dtype=np.int32), "INT32"),
+        ("input_lengths", np.array([[len(prompt_ids)]], dtype=np.int32), "INT32"),
+        ("request_output_len", np.array([[max_tokens]], dtype=np.int32), "INT32"),
+    ] + [(name, np.array([[value]], dtype=dtype), triton) for name, (value, dtype, triton) in scalars.items()]
+    inputs = []
+    for name, array, dtype in arrays:
+        item = grpcclient.InferInput(name, list(array.shape), dtype)
+        item.set_data_from_numpy(array)
+        inputs.append(item)
+    return inputs
+
+
+def test_a_client_that_goes_away_cancels_its_request(served_repo):
+    """Cancellation reaches the engine for requests sent to tensorrt_llm directly (Triton 2.51's
+    ensemble and BLS do not forward a client's cancellation to the models they call)."""
+    import tritonclient.grpc as grpcclient
+
+    before = _metric(served_repo, "toolkit_engine_requests_cancelled_total")
+    pieces: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(served_repo.grpc_url)
+    client.start_stream(callback=lambda result, error: pieces.put((result, error)))
+    inputs = _engine_inputs([1, 9690, 198, 19556, 549], 250, streaming=(True, bool, "BOOL"), min_tokens=(250, np.int32, "INT32"))
+    client.async_stream_infer("tensorrt_llm", inputs)
+    for _ in range(3):
+        assert pieces.get(timeout=60)[1] is None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    deadline = time.monotonic() + 20
+    while _metric(served_repo, "toolkit_engine_requests_cancelled_total") <= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _metric(served_repo, "toolkit_engine_requests_cancelled_total") == before + 1
+    generated = _metric(served_repo, "toolkit_engine_generated_tokens_total")
+    time.sleep(1.0)
+    assert _metric(served_repo, "toolkit_engine_generated_tokens_total") == generated  # it stopped generating
+    assert "Paris" in generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16)).text
