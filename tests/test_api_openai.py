@@ -197,7 +197,7 @@ def test_in_flight_bound_answers_429_with_retry_after(served_repo, model_id):
 
 def test_client_disconnect_cancels_the_engine_request(api, client, model_id, served_repo):
     cancelled_before = engine_metric(served_repo, "toolkit_engine_requests_cancelled_total")
-    http, response, lines = _open_stream(api.url, model_id, 400, {"Authorization": f"Bearer {KEY}"})
+    http, response, lines = _open_stream(api.url, model_id, 200, {"Authorization": f"Bearer {KEY}"})
     time.sleep(1.0)
     assert engine_metric(served_repo, "toolkit_engine_requests_cancelled_total") == cancelled_before  # still generating
     response.close()
