@@ -301,3 +301,26 @@ def test_sse_chunks_follow_openai_chunk_format():
     assert chunks[1]["choices"][0]["delta"] == {"content": 'say "hi"\n'} and chunks[1]["object"] == "chat.completion.chunk"
     assert chunks[2]["choices"][0]["finish_reason"] == "stop" and chunks[2]["usage"] is None
     assert chunks[3]["choices"] == [] and chunks[3]["usage"]["total_tokens"] == 7
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+def test_cli_dry_run_prints_settings_without_keys(tiny_repo, monkeypatch):
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    monkeypatch.setenv("TOOLKIT_API_KEYS", "sk-secret-1,sk-secret-2")
+    result = CliRunner().invoke(cli, ["api", "--repo", str(tiny_repo), "--port", "19555", "-k", "sk-secret-3", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    settings = json.loads(result.output)
+    assert settings["api_keys"] == 3 and settings["port"] == 19555 and settings["host"] == "127.0.0.1"
+    assert "sk-secret" not in result.output
+
+
+def test_cli_refuses_a_folder_that_is_not_a_repository(tmp_path):
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["api", "--repo", str(tmp_path)])
+    assert result.exit_code == 1 and "Error:" in result.output and "preprocessing" in result.output
