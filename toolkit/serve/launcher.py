@@ -163,12 +163,15 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def log_tail(path: Path, lines: int = 30) -> str:
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The server's error lines (why a model failed to load), then its last lines, without the tables."""
     try:
-        text = path.read_text(errors="replace").splitlines()
+        text = [line for line in path.read_text(errors="replace").splitlines() if not line.startswith(("+", "|"))]
     except OSError:
         return "(no server log)"
-    return "--- tritonserver log (last lines) ---\n" + "\n".join(text[-lines:])
+    errors = [line for line in text if line[:1] == "E" and line[1:5].isdigit()][:10]
+    tail = [line for line in text[-lines:] if line not in errors]
+    return "--- tritonserver errors ---\n" + "\n".join(errors) + "\n--- tritonserver log (last lines) ---\n" + "\n".join(tail)
 
 
 def _check_port_free(host: str, port: int) -> None:

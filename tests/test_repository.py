@@ -1,0 +1,174 @@
+"""Repository writer and serve pre-flight on a tiny checkpoint: configs, manifest, atomic writes, refusals."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toolkit.cli.main import cli
+from toolkit.errors import RepositoryError
+from toolkit.model.sources import resolve_model
+from toolkit.repository import configs
+from toolkit.repository import contract as c
+from toolkit.repository.sources import model_repo_sources
+from toolkit.repository.writer import plan_repository, write_repository
+from toolkit.serve.launcher import ServerConfig, check_repository, launch_server
+
+from tiny import make_tiny_checkpoint
+
+sys.path.insert(0, str(model_repo_sources() / "common"))
+from textcodec import TextCodec  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt")
+
+
+def build(tiny, out: Path, *extra: str):
+    return CliRunner().invoke(cli, ["build", "--model", str(tiny), "--output", str(out), "--max-seq-len", "256",
+                                    "--max-input-len", "128", "--max-output-len", "64", "--kv-cache-tokens", "1024", "--json", *extra])
+
+
+def test_build_writes_the_five_models_with_configs_that_parse(tiny, tmp_path):
+    result = build(tiny, tmp_path / "repo")
+    assert result.exit_code == 0, result.output
+    repo = tmp_path / "repo"
+    for name in c.MODEL_NAMES:
+        text = (repo / name / "config.pbtxt").read_text()
+        assert "${" not in text
+        config = configs.parse_pbtxt(text)
+        assert config.name == name
+    engine = configs.parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
+    assert engine.backend == "python" and engine.model_transaction_policy.decoupled
+    assert [i.name for i in engine.input][:3] == ["input_ids", "input_lengths", "request_output_len"]
+    assert {o.name for o in engine.output} >= {"output_ids", "sequence_length"}
+    assert engine.parameters["max_seq_len"].string_value == "256"
+    assert engine.parameters["kv_cache_blocks"].string_value == "16"  # 1024 tokens / 64 per block
+    ensemble = configs.parse_pbtxt((repo / "ensemble" / "config.pbtxt").read_text())
+    names = {i.name for i in ensemble.input}
+    assert {"text_input", "max_tokens", "stream", "end_id", "pad_id", "temperature", "top_k", "top_p", "seed",
+            "stop_words", "bad_words", "exclude_input_in_output"} <= names
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    assert (repo / "preprocessing" / "1" / "tokenizer" / "tokenizer.json").is_file()
+    assert (repo / "tensorrt_llm" / "1" / "weights" / "model.safetensors").is_file()
+
+
+def test_manifest_records_source_hashes_target_and_versions(tiny, tmp_path):
+    build(tiny, tmp_path / "repo")
+    manifest = json.loads((tmp_path / "repo" / "manifest.json").read_text())
+    assert manifest["target"] == "cpu"
+    assert manifest["model"]["source"] == f"local:{tiny.resolve()}"
+    assert len(manifest["files"]["model.safetensors"]) == 64
+    assert manifest["versions"]["transformers"] and manifest["toolkit_version"]
+    assert manifest["limits"]["max_seq_len"] == 256
+
+
+def test_unchanged_rebuild_is_skipped_and_a_change_rebuilds(tiny, tmp_path):
+    first = json.loads(build(tiny, tmp_path / "repo").stdout)
+    again = json.loads(build(tiny, tmp_path / "repo").stdout)
+    assert not first["skipped"] and again["skipped"]
+    changed = json.loads(build(tiny, tmp_path / "repo", "--max-batch-size", "8").stdout)
+    assert not changed["skipped"] and changed["build_key"] != first["build_key"]
+
+
+def test_failed_build_leaves_the_previous_repository_whole(tiny, tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    build(tiny, repo)
+    before = (repo / "manifest.json").read_text()
+    import toolkit.repository.writer as writer
+
+    def broken(*_args, **_kwargs):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(writer, "_render_engine", broken)
+    result = build(tiny, repo, "--max-batch-size", "4")
+    assert result.exit_code != 0
+    assert (repo / "manifest.json").read_text() == before
+    check_repository(repo)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".repo.building")]
+
+
+def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny, tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    result = build(tiny, tmp_path / "mine")
+    assert result.exit_code == 1 and "not a toolkit repository" in result.output
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_bad_limits_name_the_flag(tiny, tmp_path):
+    result = build(tiny, tmp_path / "r", "--max-seq-len", "100000")
+    assert result.exit_code == 1 and "--max-seq-len=100000" in result.output and "max_position_embeddings 512" in result.output
+    result = CliRunner().invoke(cli, ["build", "--model", str(tiny), "--output", str(tmp_path / "r"), "--tp", "2"])
+    assert result.exit_code != 0 and "--tp only apply to GPU targets" in result.output
+
+
+def test_serve_refuses_missing_foreign_and_stale_repositories(tiny, tmp_path):
+    result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "absent")])
+    assert result.exit_code == 1 and "does not exist" in result.output and "toolkit build" in result.output
+    (tmp_path / "foreign").mkdir()
+    result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "foreign")])
+    assert result.exit_code == 1 and "not a toolkit model repository" in result.output
+    build(tiny, tmp_path / "repo")
+    manifest = json.loads((tmp_path / "repo" / "manifest.json").read_text())
+    manifest["sources_digest"] = "0" * 16
+    (tmp_path / "repo" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RepositoryError, match="(?s)other model sources.*rebuild: toolkit build --target cpu"):
+        check_repository(tmp_path / "repo")
+
+
+def test_serve_refuses_a_port_in_use(tiny, tmp_path):
+    build(tiny, tmp_path / "repo")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "repo"), "--grpc-port", str(port)])
+    assert result.exit_code == 1
+    assert f"port {port} on 127.0.0.1 is in use" in result.output and "--grpc-port" in result.output
+
+
+def test_a_model_that_fails_to_load_exits_with_the_log_tail(tiny, tmp_path):
+    build(tiny, tmp_path / "repo")
+    (tmp_path / "repo" / "postprocessing" / "1" / "model.py").write_text("raise RuntimeError('broken on purpose')\n")
+    from toolkit.errors import ServerError
+    from tests_ports import free_port
+
+    config = ServerConfig(repo=tmp_path / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), ready_timeout_s=120)
+    with pytest.raises(ServerError, match="(?s)exited with code.*broken on purpose"):
+        launch_server(config)
+
+
+# --- detokenization: streamed pieces are bytes that always rejoin to the full decode -------------
+@pytest.fixture(scope="module")
+def codec(tiny):
+    return TextCodec(tiny)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=40))
+def test_streamed_bytes_rejoin_to_the_full_decode(codec_and_tokenizer, text):
+    codec, tokenizer = codec_and_tokenizer
+    ids = codec.encode(text)
+    pieces = [codec.decode_bytes([i]) for i in ids]
+    assert b"".join(pieces) == codec.decode_bytes(ids)
+    assert b"".join(pieces).decode("utf-8") == tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+@pytest.fixture(scope="module")
+def codec_and_tokenizer(tiny):
+    from transformers import PreTrainedTokenizerFast
+
+    return TextCodec(tiny), PreTrainedTokenizerFast(tokenizer_file=str(tiny / "tokenizer.json"))
+
+
+def test_special_tokens_are_skipped(codec):
+    assert codec.decode_bytes([2, 1, 0]) == b""
