@@ -165,10 +165,10 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> dict:
         _copy_tokenizer(plan.model.path, version / "tokenizer")
     template = template_from_tokenizer_dir(plan.model.path)
     _write_config(root, configs.python_model(c.PREPROCESSING, c.PREPROCESSING_INPUTS, c.PREPROCESSING_OUTPUTS,
-                  max_batch_size=limits.max_batch_size, instances=plan.preprocessing_instances,
+                  max_batch_size=limits.max_batch_size, instances=plan.preprocessing_instances, dynamic_batching=True,
                   parameters={**text_params, **({"chat_template": template} if template else {})}))
     _write_config(root, configs.python_model(c.POSTPROCESSING, c.POSTPROCESSING_INPUTS, c.POSTPROCESSING_OUTPUTS,
-                  max_batch_size=limits.max_batch_size, instances=plan.postprocessing_instances,
+                  max_batch_size=limits.max_batch_size, instances=plan.postprocessing_instances, dynamic_batching=True,
                   parameters={"tokenizer_dir": "tokenizer", "skip_special_tokens": True}))
     _write_config(root, configs.python_model(c.BLS, c.TEXT_INPUTS, c.TEXT_OUTPUTS, max_batch_size=limits.max_batch_size,
                   decoupled=True, parameters={**text_params, "tensorrt_llm_model_name": c.ENGINE}))
@@ -198,8 +198,23 @@ def _render_engine(plan: RepositoryPlan, root: Path, sources: Path) -> None:
     if plan.target == "cpu":
         parameters["checkpoint_dir"] = "weights"
         _link_checkpoint(plan.model.path, version / "weights")
+    if plan.target == "synthetic" and "token_ids" not in parameters:
+        parameters["token_ids"] = ",".join(str(i) for i in _plain_word_ids(plan.model.path, plan.end_id))
     _write_config(root, configs.python_model(c.ENGINE, c.ENGINE_INPUTS, c.ENGINE_OUTPUTS, max_batch_size=limits.max_batch_size,
                   decoupled=True, parameters=parameters))
+
+
+def _plain_word_ids(checkpoint: Path, end_id: int) -> list[int]:
+    """Ids of ordinary words for the synthetic engine to emit, so its text looks like text."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    ids = tokenizer.encode(SYNTHETIC_TEXT, add_special_tokens=False).ids
+    return [i for i in ids if i != end_id]
+
+
+SYNTHETIC_TEXT = (" The quick brown fox jumps over the lazy dog while a patient engineer measures every layer of"
+                  " the serving stack, one streamed token at a time.")
 
 
 def _write_config(root: Path, config) -> None:

@@ -44,6 +44,7 @@ class RunningServer:
     config: ServerConfig
     log_file: Path
     models: tuple[str, ...] = field(default_factory=tuple)
+    stopping: bool = False  # set when we asked it to stop, so its exit code is not a failure
 
     @property
     def pid(self) -> int:
