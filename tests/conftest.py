@@ -14,15 +14,10 @@ def toolkit_home(tmp_path_factory, monkeypatch):
 
 # --- the served CPU repository (real tritonserver), shared by every server test --------------
 import os  # noqa: E402
-import socket  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from tests_ports import free_port  # noqa: E402
 
 
 @dataclass(frozen=True)

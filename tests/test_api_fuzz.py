@@ -8,7 +8,6 @@ served id and caps max_tokens so that most generated requests reach the engine a
 from __future__ import annotations
 
 import copy
-import socket
 
 import httpx
 import openai
@@ -17,17 +16,12 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
 from toolkit.api import ApiSettings, run_api_in_background
+from tests_ports import free_port
 
 pytestmark = pytest.mark.server
 
 MAX_TOKENS_CAP = 4
 GENERATION_OPS = ("/v1/chat/completions", "/v1/completions")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

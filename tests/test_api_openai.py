@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import time
 import urllib.request
 
@@ -12,17 +11,12 @@ import openai
 import pytest
 
 from toolkit.api import ApiSettings, run_api_in_background
+from tests_ports import free_port
 
 pytestmark = pytest.mark.server
 
 KEY = "sk-test-key"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_api(served_repo, **kw):

@@ -14,11 +14,9 @@ from hypothesis import strategies as st
 
 from toolkit.cli.main import cli
 from toolkit.errors import RepositoryError
-from toolkit.model.sources import resolve_model
 from toolkit.repository import configs
 from toolkit.repository import contract as c
 from toolkit.repository.sources import model_repo_sources
-from toolkit.repository.writer import plan_repository, write_repository
 from toolkit.serve.launcher import ServerConfig, check_repository, launch_server
 
 from tiny import make_tiny_checkpoint

@@ -10,12 +10,10 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from toolkit.errors import ServerError
-from toolkit.serve.launcher import _check_port_free, _client_host, log_tail, stop_process
+from toolkit.serve.launcher import _check_port_free, _client_host, _http_ok, log_tail, stop_process
 from toolkit.settings import cache_dir
 
 
@@ -32,17 +30,10 @@ def launch_api(*, triton_grpc_url: str, repo: Path, host: str, port: int, api_ke
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://{_client_host(host)}:{port}/health"
     deadline = time.monotonic() + timeout_s
-    while not _healthy(url):
+    while not _http_ok(url):
         if process.poll() is not None or time.monotonic() > deadline:
             stop_process(process)
             raise ServerError(f"the OpenAI API on port {port} did not become healthy\n{log_tail(log_file)}", hint=f"see {log_file}")
         time.sleep(0.3)
     return process, log_file
 
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
