@@ -15,15 +15,8 @@ pytestmark = pytest.mark.server
 OUTPUT_TOKENS = 6
 
 
-@pytest.fixture
-def served(request):
-    try:
-        return request.getfixturevalue("served_repo")
-    except pytest.FixtureLookupError:
-        pytest.skip("needs the served_repo session fixture (tests/conftest.py)")
-
-
-def test_two_point_sweep_writes_sane_results(served, tmp_path):
+def test_two_point_sweep_writes_sane_results(served_repo, tmp_path):
+    served = served_repo
     out = tmp_path / "bench"
     result = CliRunner().invoke(cli, [
         "bench", "-u", served.grpc_url, "-c", "1,2", "-i", "16", "-o", str(OUTPUT_TOKENS), "--prompts", "2",

@@ -33,7 +33,7 @@ def build_gpu(*, model, target, output: Path, recipe, dtype, kv_dtype, tp, pp, m
 def _package(data: dict, output: Path, allow_pickle: bool, engine_model_config) -> dict:
     """The same text models as the CPU target around the compiled engine's tensorrtllm model."""
     memory = data["plan"]
-    resolved = resolve_model(data["model"], allow_pickle=allow_pickle)
+    resolved = resolve_model(data["recipe"]["model"], allow_pickle=allow_pickle)  # the spec, as given or from the recipe
     limits = RepositoryLimits(
         max_batch_size=int(memory["max_batch_size"]), max_input_len=int(memory.get("max_input_len") or memory["max_seq_len"] // 2),
         max_output_len=int(memory["max_seq_len"]) - 1, max_seq_len=int(memory["max_seq_len"]),

@@ -91,7 +91,26 @@ def _model_arg(manifest: dict) -> str:
     return {"embedded": value, "hf": f"hf:{value}", "local": value}.get(kind, source or "MODEL")
 
 
-def server_command(binary: TritonBinary, config: ServerConfig) -> list[str]:
+def engine_preflight(repo: Path, manifest: dict):
+    """For a GPU repository: the engine's facts, after checking it can run here (else EngineBuildError)."""
+    if manifest.get("target") in PYTHON_TARGETS:
+        return None
+    from toolkit.engine import check_engine_compatible
+    from toolkit.repository.configs import parse_pbtxt
+
+    config = parse_pbtxt((repo / c.ENGINE / "config.pbtxt").read_text())
+    return check_engine_compatible(Path(config.parameters["gpt_model_path"].string_value))
+
+
+def server_command(binary: TritonBinary, config: ServerConfig, world_size: int = 1) -> list[str]:
+    if world_size > 1:
+        from toolkit.serve.mpi import mpirun_command, tritonserver_rank_argv
+
+        addresses = [f"--http-address={config.host}", f"--grpc-address={config.host}", f"--metrics-address={config.host}"]
+        return mpirun_command(world_size, lambda rank: tritonserver_rank_argv(
+            rank, str(config.repo), tritonserver=str(binary.executable), http_port=config.http_port,
+            grpc_port=config.grpc_port, metrics_port=config.metrics_port,
+            extra=[*(addresses if rank == 0 else []), "--exit-on-error=true", *config.extra_args]))
     argv = [
         str(binary.executable),
         f"--model-repository={config.repo}",
@@ -109,12 +128,20 @@ def server_command(binary: TritonBinary, config: ServerConfig) -> list[str]:
 
 def launch_server(config: ServerConfig, on_wait: Callable[[str], None] = lambda _: None) -> RunningServer:
     manifest = check_repository(config.repo)
+    engine = engine_preflight(config.repo, manifest)
     for port in {config.http_port, config.grpc_port, config.metrics_port}:
         _check_port_free(config.host, port)
     binary = find_tritonserver()
+    if engine is not None and binary.bundled:
+        raise ServerError(
+            f"{config.repo} holds a TensorRT-LLM engine ({manifest.get('target')}), and the tritonserver found here "
+            "(bundled by nvidia-pytriton) has no tensorrtllm backend",
+            hint="serve it inside NVIDIA's Triton TRT-LLM container (nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3)",
+        )
     log_file = config.log_file or cache_dir("logs") / f"tritonserver-{config.grpc_port}.log"
     with open(log_file, "wb") as log:
-        process = subprocess.Popen(server_command(binary, config), stdout=log, stderr=subprocess.STDOUT,
+        argv = server_command(binary, config, engine.world_size if engine else 1)
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                    env=binary.env, start_new_session=True)
     server = RunningServer(process, config, log_file, c.MODEL_NAMES)
     try:
@@ -122,7 +149,6 @@ def launch_server(config: ServerConfig, on_wait: Callable[[str], None] = lambda 
     except BaseException:
         server.stop()
         raise
-    _ = manifest
     return server
 
 

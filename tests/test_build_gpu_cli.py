@@ -1,0 +1,102 @@
+"""`toolkit build --target h100-sxm` from the command line: dry run on any machine, and the whole
+build -> package -> serve pre-flight path through the fake TensorRT-LLM tools (no GPU here)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fakes import fake_checkpoint, install_fake_trtllm
+
+from toolkit.cli.main import cli
+from toolkit.errors import ServerError
+from toolkit.repository.configs import parse_pbtxt
+from toolkit.serve.binary import find_tritonserver
+from toolkit.serve.launcher import ServerConfig, check_repository, engine_preflight, launch_server, server_command
+
+from tiny import make_tiny_checkpoint
+from tests_ports import free_port
+
+LLAMA_8B = Path(__file__).parent / "data" / "llama-3.1-8b-instruct" / "config.json"
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.mark.parametrize(("dtype", "kv_bytes", "first_tool"), [("bf16", 131072, "python3"), ("fp8", 65536, "python3")])
+def test_dry_run_json_for_llama_8b_on_h100(dtype, kv_bytes, first_tool):
+    result = invoke("build", "--target", "h100-sxm", "--model", str(LLAMA_8B), "--dtype", dtype, "--kv-dtype", dtype, "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["plan"]["kv_bytes_per_token"] == kv_bytes
+    assert data["plan"]["tp_size"] == 1 and data["plan"]["max_seq_len"] == 8192
+    assert data["commands"][0][0] == first_tool and data["commands"][-1][0] == "trtllm-build"
+    if dtype == "bf16":
+        assert round(data["plan"]["decode_step_ms_lower_bound"], 1) == 4.8
+        assert "convert_checkpoint.py" in " ".join(data["commands"][0])
+    else:
+        assert {"--qformat", "fp8", "--kv_cache_dtype"} <= set(data["commands"][0])
+    assert not Path(data["engine_dir"]).exists()  # nothing ran
+
+
+def test_cpu_only_flags_are_named_when_used_with_a_gpu_flag_on_cpu():
+    result = invoke("build", "--target", "cpu", "--dtype", "fp8")
+    assert result.exit_code != 0 and "--dtype only apply to GPU targets" in result.output
+
+
+@pytest.fixture
+def gpu_checkpoint(tmp_path):
+    folder = fake_checkpoint(tmp_path, LLAMA_8B)
+    tiny = make_tiny_checkpoint(tmp_path / "tiny")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny / name, folder / name)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    return folder
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_build_packages_the_engine_and_serve_preflights_it(monkeypatch, tmp_path, gpu_checkpoint, tp):
+    install_fake_trtllm(monkeypatch, tmp_path)
+    repo = tmp_path / "repo"
+    result = invoke("build", "--target", "h100-sxm", "--model", str(gpu_checkpoint), "--dtype", "fp8", "--kv-dtype", "fp8",
+                    "--tp", str(tp), "--output", str(repo), "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["repository"]["path"] == str(repo) and not data["repository"]["skipped"]
+    manifest = check_repository(repo)
+    assert manifest["target"] == "h100-sxm"
+    engine = parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
+    assert engine.backend == "tensorrtllm" and engine.model_transaction_policy.decoupled
+    assert engine.parameters["gpt_model_type"].string_value == "inflight_fused_batching"
+    assert engine.parameters["gpt_model_path"].string_value == data["engine_dir"]
+    assert engine.max_batch_size == data["plan"]["max_batch_size"]
+    for name in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls"):
+        assert parse_pbtxt((repo / name / "config.pbtxt").read_text()).name == name
+    info = engine_preflight(repo, manifest)
+    assert info.world_size == tp
+    config = ServerConfig(repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    argv = server_command(find_tritonserver(), config, info.world_size)
+    if tp == 2:
+        assert argv[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and argv.count(":") == 1
+        rank1 = argv[argv.index(":") + 1:]
+        assert "--load-model=tensorrt_llm" in rank1 and "--allow-http=false" in rank1
+    # The tritonserver found here is pytriton's, which has no tensorrtllm backend: refused, naming the container.
+    with pytest.raises(ServerError, match="(?s)no tensorrtllm backend.*trtllm-python-py3"):
+        launch_server(config)
+
+
+def test_serve_refuses_an_engine_from_another_trtllm_version(monkeypatch, tmp_path, gpu_checkpoint):
+    install_fake_trtllm(monkeypatch, tmp_path)
+    repo = tmp_path / "repo"
+    assert invoke("build", "--target", "h100-sxm", "--model", str(gpu_checkpoint), "--dtype", "bf16", "--output", str(repo)).exit_code == 0
+    engine_dir = Path(parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text()).parameters["gpt_model_path"].string_value)
+    config = json.loads((engine_dir / "config.json").read_text())
+    config["version"] = "0.18.0"
+    (engine_dir / "config.json").write_text(json.dumps(config))
+    result = invoke("serve", "--repo", str(repo), "--grpc-port", str(free_port()), "--http-port", str(free_port()), "--metrics-port", str(free_port()))
+    assert result.exit_code == 1
+    assert "0.18.0" in result.output and "rebuild" in result.output.lower()
