@@ -49,46 +49,16 @@ print("rebuild was a cache hit" if cached else "WARNING: rebuild was not a cache
 PY
 
 echo "== serve"
-toolkit serve -r "$WORK/repo" --http-port "$PORT" > "$OUT/serve.log" 2>&1 &
-SERVER=$!
-trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
-for _ in $(seq 1 180); do
-  curl -sf "localhost:$PORT/v2/health/ready" >/dev/null && break
-  sleep 2
-done
-curl -sf "localhost:$PORT/v2/health/ready" >/dev/null || { tail -50 "$OUT/serve.log"; exit 1; }
+GRPC_PORT=$((PORT + 1))
+toolkit serve -r "$WORK/repo" --http-port "$PORT" --grpc-port "$GRPC_PORT" --metrics-port $((PORT + 2)) --background --json \
+  | tee "$OUT/serve.json"
+SERVER=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$OUT/serve.json")
+trap 'kill "$SERVER" 2>/dev/null || true' EXIT
 
-echo "== generate"
-curl -sf "localhost:$PORT/v2/models/ensemble/generate" \
-  -d '{"text_input": "What is the capital of France?", "max_tokens": 32, "temperature": 0.0}' | tee "$OUT/generate.json"
-echo
+echo "== generate (gRPC streaming, then HTTP)"
+toolkit generate "What is the capital of France?" -u "localhost:$GRPC_PORT" -n 32 | tee "$OUT/generate.txt"
+toolkit generate "What is the capital of France?" -p http -u "localhost:$PORT" -n 32 --json | tee "$OUT/generate.json"
 
-echo "== short sweep: concurrency 1, 8, 32; 128 output tokens"
-python3 - "$PORT" "$OUT/sweep.json" <<'PY'
-import concurrent.futures as cf, json, sys, time, urllib.request
-port, out = sys.argv[1], sys.argv[2]
-url = f"http://localhost:{port}/v2/models/ensemble/generate"
-body = json.dumps({"text_input": "Write a short story about a lighthouse keeper.", "max_tokens": 128,
-                   "exclude_input_in_output": True, "return_num_output_tokens": True}).encode()
-
-def one(_):
-    start = time.perf_counter()
-    with urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"})) as r:
-        data = json.load(r)
-    return time.perf_counter() - start, int(data.get("num_output_tokens", 128))
-
-rows = []
-for concurrency in (1, 8, 32):
-    requests = concurrency * 4
-    start = time.perf_counter()
-    with cf.ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(one, range(requests)))
-    wall = time.perf_counter() - start
-    tokens = sum(n for _, n in results)
-    latency = sorted(t for t, _ in results)
-    rows.append({"concurrency": concurrency, "requests": requests, "output_tokens_per_s": tokens / wall,
-                 "p50_request_s": latency[len(latency) // 2], "max_request_s": latency[-1]})
-    print(rows[-1])
-json.dump(rows, open(out, "w"), indent=2)
-PY
+echo "== short sweep: concurrency 1, 8, 32; 128 in / 128 out; each point also against the planner's bound"
+toolkit bench -u "localhost:$GRPC_PORT" -r "$WORK/repo" -c 1,8,32 -i 128 -o 128 --out "$OUT/bench" --json > "$OUT/bench.json"
 echo "== done: $OUT"
