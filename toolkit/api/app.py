@@ -175,7 +175,9 @@ def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | None, 
     if max_tokens > limit:
         name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
         raise ApiError(400, f"{name}={max_tokens} is over this model's limit of {limit} tokens for a {prompt_tokens}-token prompt (max_output_len {limits.max_output_len}, max_seq_len {limits.max_seq_len}).", param=name, code="context_length_exceeded")
-    sampling = Sampling(temperature=body.temperature, top_p=body.top_p, seed=body.seed)
+    if body.min_tokens is not None and body.min_tokens > max_tokens:
+        raise ApiError(400, f"min_tokens={body.min_tokens} is over max_tokens={max_tokens}: ask for at most as many tokens as may be generated.", param="min_tokens", code="invalid_value")
+    sampling = Sampling(temperature=body.temperature, top_p=body.top_p, seed=body.seed, min_tokens=body.min_tokens)
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     return Job(f"{prefix}-{uuid.uuid4().hex}", kind, body.model, prompt, prompt_ids, prompt_tokens, max_tokens, sampling, tuple(body.stop_list()), include_usage)

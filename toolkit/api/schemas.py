@@ -53,6 +53,9 @@ class _Sampling(_Request):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # Extension (vLLM and TensorRT-LLM spell it so): generate at least this many tokens before the end token may stop
+    # the generation; min_tokens = max_tokens gives a fixed output length (benchmarks). At most max_tokens.
+    min_tokens: int | None = Field(None, ge=0)
     # Declared so that a value we cannot honour is refused by name (see unsupported_fields).
     n: Any = None
     presence_penalty: Any = None

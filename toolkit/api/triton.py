@@ -38,6 +38,7 @@ class Sampling:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    min_tokens: int | None = None  # extension: no end token before this many generated tokens
 
     @property
     def greedy(self) -> bool:
@@ -46,10 +47,11 @@ class Sampling:
     def tensors(self, engine: bool) -> list[tuple[str, np.ndarray, str]]:
         """Inputs for the engine contract (runtime_top_k, ...) or the text contract (top_k, ...)."""
         top_k, top_p = ("runtime_top_k", "runtime_top_p") if engine else ("top_k", "top_p")
+        floor = [("min_tokens", np.array([[self.min_tokens]], np.int32), "INT32")] if self.min_tokens else []
         if self.greedy:
             # TensorRT-LLM has no temperature 0: top_k 1 is its greedy decoding.
-            return [(top_k, np.array([[1]], np.int32), "INT32")]
-        out = [
+            return [(top_k, np.array([[1]], np.int32), "INT32"), *floor]
+        out = [*floor,
             ("temperature", np.array([[1.0 if self.temperature is None else self.temperature]], np.float32), "FP32"),
             # top_p 1.0, not 0: with top_k and top_p both 0 TensorRT-LLM falls back to greedy.
             (top_p, np.array([[1.0 if self.top_p is None else self.top_p]], np.float32), "FP32"),
