@@ -11,10 +11,13 @@ Phases, in one server session:
   engine    perf_analyzer -> tensorrt_llm directly: the synthetic engine's own cost (+ gRPC streaming)
   ensemble  perf_analyzer -> ensemble: preprocessing -> engine -> postprocessing, text streamed
   bls       perf_analyzer -> tensorrt_llm_bls: one stub tokenizes, calls the engine, detokenizes
-  openai    (hook) the OpenAI API in front of the ensemble, once toolkit/api serves streams
-"beyond engine" = ensemble us/token - engine us/token. One core carries 1e6 / (us/token) tokens/s.
+  openai    a lean HTTP client -> `toolkit api` (its own process, counted) -> tensorrt_llm over gRPC:
+            streaming /v1/completions, max_tokens = min_tokens = output length, tokens from `usage`
+"beyond engine" = phase us/token - engine us/token, both from the same repeat; the result is the
+median over `--repeats` repeats (phases alternate within each repeat, so drift on a shared machine
+hits all of them alike). One core carries 1e6 / (us/token) tokens/s.
 
-    python perf/stack_ceiling.py [--concurrency 32] [--requests 192] [--output-tokens 128] [--profile]
+    python perf/stack_ceiling.py [--repeats 3] [--concurrency 32] [--requests 192] [--output-tokens 128] [--profile]
 
 writes perf/results/stack_ceiling.json and .md (and, with --profile, py-spy collapsed stacks).
 """
@@ -22,8 +25,10 @@ writes perf/results/stack_ceiling.json and .md (and, with --profile, py-spy coll
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,18 +89,37 @@ def model_stats(http_url: str) -> dict[str, dict]:
     return {s["name"]: {"success": s["inference_stats"]["success"]["count"], "inferences": s["inference_count"]} for s in stats}
 
 
-def run_phase(server, pa, phase: str, model: str, input_file: Path, args, out: Path) -> PhaseResult:
-    procs = server_processes(server.pid)
+def perf_analyzer_load(server, pa, model: str, input_file: Path, args, log: Path):
+    """A callable that sends `count` requests through perf_analyzer; returns None (tokens come from stats)."""
     pa_args = ["-m", model, "-i", "grpc", "--streaming", "-u", server.grpc_url, "--async", "--input-data", str(input_file),
                "--concurrency-range", str(args.concurrency), "--stability-percentage", "999",
                "--measurement-interval", "600000"]
-    # Warm-up: stubs, gRPC channels and allocator pools reach steady state before we count.
-    run_perf_analyzer(pa, pa_args + ["--request-count", str(args.concurrency * 2)], out / f"{phase}.warmup.log", 300)
+
+    def send(count: int, suffix: str):
+        run_perf_analyzer(pa, pa_args + ["--request-count", str(count)], log.with_suffix(f".{suffix}.log"), 600)
+        return None
+    return send
+
+
+def api_load(api_url: str, args):
+    """A callable that sends `count` streaming completions through the API; returns completion tokens (usage)."""
+    def send(count: int, suffix: str):
+        return asyncio.run(drive_api(api_url, count, args.concurrency, args.output_tokens))
+    return send
+
+
+def run_phase(server, phase: str, model: str, send, args, extra: dict | None = None) -> PhaseResult:
+    procs = {**server_processes(server.pid), **(extra or {})}
+    send(args.concurrency * 2, "warmup")  # stubs, channels and allocator pools reach steady state before we count
     before_stats, before_cpu, t0 = model_stats(server.http_url), cpu_seconds(procs), time.monotonic()
-    run_perf_analyzer(pa, pa_args + ["--request-count", str(args.requests)], out / f"{phase}.perf_analyzer.log", 600)
+    counted = send(args.requests, "measured")
     wall, after_cpu, after_stats = time.monotonic() - t0, cpu_seconds(procs), model_stats(server.http_url)
     requests = after_stats[model]["success"] - before_stats[model]["success"]
     tokens = requests * args.output_tokens
+    if requests != args.requests:
+        raise SystemExit(f"{phase}: {requests} requests completed, {args.requests} sent")
+    if counted is not None and counted != tokens:
+        raise SystemExit(f"{phase}: the client counted {counted} tokens, expected {tokens}")
     post = after_stats[c.POSTPROCESSING]["inferences"] - before_stats[c.POSTPROCESSING]["inferences"]
     if model == c.ENSEMBLE and post != tokens:
         raise SystemExit(f"{phase}: postprocessing ran {post} times for {tokens} tokens; tokens are not one per streamed piece")
@@ -106,21 +130,103 @@ def run_phase(server, pa, phase: str, model: str, input_file: Path, args, out: P
                        post if model == c.ENSEMBLE else None)
 
 
+# --- the OpenAI API phase -----------------------------------------------------------------------
+API_PROMPT = "Count from one to one thousand, one number per line."
+
+
+async def drive_api(api_url: str, count: int, concurrency: int, output_tokens: int) -> int:
+    """`count` streaming /v1/completions over `concurrency` keep-alive connections; returns usage tokens.
+
+    A lean client on raw asyncio streams (HTTP/1.1, chunked): on a 2-core machine the client shares
+    the CPU with the server, so it only scans for the usage chunk and the end of each response.
+    """
+    host, port = api_url.rsplit(":", 1)
+    body = json.dumps({"model": c.ENGINE, "prompt": API_PROMPT, "max_tokens": output_tokens, "min_tokens": output_tokens,
+                       "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    remaining, total = [count], [0]
+
+    async def connection():
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                writer.write(head + body)
+                tokens = await read_stream(reader)  # not `total[0] += await ...`: that reads total before the await
+                total[0] += tokens
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(connection() for _ in range(min(concurrency, count))))
+    return total[0]
+
+
+async def read_stream(reader: asyncio.StreamReader) -> int:
+    """Read one chunked SSE response to its terminating chunk; returns usage.completion_tokens."""
+    status = await reader.readline()
+    if b" 200 " not in status:
+        raise SystemExit(f"API answered {status!r}: {await reader.read(2000)!r}")
+    while (await reader.readline()) not in (b"\r\n", b""):
+        pass
+    tail, tokens = b"", None
+    while True:
+        size = int((await reader.readline()).split(b";")[0], 16)
+        data = await reader.readexactly(size + 2)
+        if size == 0:
+            break
+        tail = (tail + data)[-4096:]
+        if tokens is None and b'"completion_tokens":' in tail:
+            part = tail.split(b'"completion_tokens":', 1)[1]
+            digits = part[: len(part) - len(part.lstrip(b"0123456789"))]
+            if len(digits) < len(part):
+                tokens = int(digits)
+    if tokens is None:
+        raise SystemExit("an API stream ended without usage")
+    return tokens
+
+
+def start_api(server, repo: Path, port: int, work: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "toolkit.cli.main", "api", "--triton-url", server.grpc_url, "--repo", str(repo),
+               "--port", str(port), "--max-in-flight", "1024", "--log-level", "warning"]
+    log = open(work / "api.log", "wb")
+    process = subprocess.Popen(command, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return process
+        except OSError:
+            pass
+        if process.poll() is not None:
+            raise SystemExit(f"toolkit api exited: {(work / 'api.log').read_text()[-2000:]}")
+        time.sleep(0.2)
+    stop_process(process)
+    raise SystemExit("toolkit api did not become healthy in 60 s")
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
 # --- profiling ----------------------------------------------------------------------------------
-def profile_phase(server, pa, model: str, input_file: Path, args, out: Path) -> dict:
-    """py-spy on every stub while the phase runs again (not counted: sampling costs CPU itself)."""
-    procs = {k: p for k, p in server_processes(server.pid).items() if k.startswith("stub:")}
+def profile_phase(server, phase: str, send, args, out: Path, extra: dict | None = None) -> dict:
+    """py-spy on every stub (and the API) while the phase runs again (not counted: sampling costs CPU itself)."""
+    procs = {k: p for k, p in {**server_processes(server.pid), **(extra or {})}.items() if k != "tritonserver"}
     spies = {}
     for label, proc in procs.items():
-        path = out / f"{args.name}.pyspy.{model}.{label.split(':', 1)[1]}.txt"
+        path = out / f"{args.name}.pyspy.{phase}.{label.split(':', 1)[-1]}.txt"
         spies[label] = (path, subprocess.Popen(
             [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.pid), "--format", "raw",
              "--rate", "250", "--nonblocking", "--output", str(path), "--duration", str(args.profile_seconds)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
-    pa_args = ["-m", model, "-i", "grpc", "--streaming", "-u", server.grpc_url, "--async", "--input-data", str(input_file),
-               "--concurrency-range", str(args.concurrency), "--stability-percentage", "999", "--measurement-interval", "600000",
-               "--request-count", str(args.requests)]
-    run_perf_analyzer(pa, pa_args, out / f"{args.name}.profile.{model}.perf_analyzer.log", 600)
+    send(args.requests, "profile")
     summary = {}
     for label, (path, spy) in spies.items():
         spy.wait(args.profile_seconds + 30)
@@ -152,17 +258,8 @@ def build_repository(model: str, step_time_ms: float, folder: Path) -> Path:
     return repo
 
 
-def batched_copy(repo: Path, folder: Path) -> Path:
-    """A copy of the repository whose text models batch requests across streams (dynamic_batching {})."""
-    import shutil
-
-    target = folder / "batched_repo"
-    shutil.copytree(repo, target, symlinks=True)
-    for name in (c.PREPROCESSING, c.POSTPROCESSING):
-        config = target / name / "config.pbtxt"
-        if "dynamic_batching" not in config.read_text():
-            config.write_text(config.read_text() + "dynamic_batching {\n}\n")
-    return target
+def median_by_key(rows: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in rows if k in r) for k in rows[0]}
 
 
 def main(argv=None) -> int:
@@ -170,90 +267,114 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="checkpoint whose tokenizer the repository carries")
     parser.add_argument("--repo", type=Path, default=None, help="an already-built synthetic repository")
     parser.add_argument("--step-time-ms", type=float, default=0.0, help="synthetic engine step (0: as fast as the stack takes)")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats of all phases; results are medians")
+    parser.add_argument("--phases", default="engine,ensemble,openai", help="comma-separated, engine first: engine,ensemble,bls,openai")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=192)
     parser.add_argument("--input-tokens", type=int, default=64)
     parser.add_argument("--output-tokens", type=int, default=128)
-    parser.add_argument("--port-base", type=int, default=18200, help="HTTP port; gRPC +1, metrics +2")
-    parser.add_argument("--profile", action="store_true", help="also sample every stub with py-spy")
+    parser.add_argument("--port-base", type=int, default=20200, help="HTTP port; gRPC +1, metrics +2, OpenAI API +3")
+    parser.add_argument("--profile", action="store_true", help="also sample every stub and the API with py-spy")
     parser.add_argument("--profile-seconds", type=int, default=8)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--name", default="stack_ceiling", help="result file stem")
-    parser.add_argument("--batch-text-models", action="store_true",
-                        help="experiment: give pre/postprocessing dynamic batching (many streams' pieces per stub call)")
     args = parser.parse_args(argv)
+    names = [p for p in args.phases.split(",") if p]
+    if names[0] != "engine":
+        parser.error("--phases must start with engine (the baseline every other phase is measured against)")
 
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="stack-ceiling-"))
-    repo = args.repo or build_repository(args.model, args.step_time_ms, work)
-    if args.batch_text_models:
-        repo = batched_copy(repo, work)
+    repo = (args.repo or build_repository(args.model, args.step_time_ms, work)).resolve()
     pa = find_perf_analyzer()
-    server = launch_server(ServerConfig(repo=repo.resolve(), http_port=args.port_base, grpc_port=args.port_base + 1,
+    server = launch_server(ServerConfig(repo=repo, http_port=args.port_base, grpc_port=args.port_base + 1,
                                         metrics_port=args.port_base + 2, log_file=work / "tritonserver.log"))
+    api = None
     try:
         prompts = make_prompts(find_tokenizer(repo), 32, args.input_tokens, seed=1)
         inputs = {m: write_input_data(work / f"{m}.json", prompts, args.output_tokens, m) for m in (c.ENGINE, c.ENSEMBLE)}
-        phases = [run_phase(server, pa, "engine", c.ENGINE, inputs[c.ENGINE], args, work),
-                  run_phase(server, pa, "ensemble", c.ENSEMBLE, inputs[c.ENSEMBLE], args, work),
-                  run_phase(server, pa, "bls", c.BLS, inputs[c.ENSEMBLE], args, work)]
+        extra = {}
+        loads = {"engine": (c.ENGINE, perf_analyzer_load(server, pa, c.ENGINE, inputs[c.ENGINE], args, work / "engine")),
+                 "ensemble": (c.ENSEMBLE, perf_analyzer_load(server, pa, c.ENSEMBLE, inputs[c.ENSEMBLE], args, work / "ensemble")),
+                 "bls": (c.BLS, perf_analyzer_load(server, pa, c.BLS, inputs[c.ENSEMBLE], args, work / "bls"))}
+        if "openai" in names:
+            api = start_api(server, repo, args.port_base + 3, work)
+            extra = {"api": psutil.Process(api.pid)}
+            loads["openai"] = (c.ENGINE, api_load(f"127.0.0.1:{args.port_base + 3}", args))
+        repeats = []
+        for _ in range(args.repeats):
+            repeats.append([run_phase(server, n, loads[n][0], loads[n][1], args, extra if n == "openai" else None) for n in names])
+            print(" ".join(f"{p.phase} {p.us_per_token['total']:.1f}" for p in repeats[-1]), "us/token", flush=True)
         profile = {}
         if args.profile:
-            profile = {m: profile_phase(server, pa, m, inputs[m], args, args.out) for m in (c.ENSEMBLE,)}
+            profile = {n: profile_phase(server, n, loads[n][1], args, args.out, extra if n == "openai" else None)
+                       for n in names if n in ("ensemble", "openai")}
     finally:
+        if api is not None:
+            stop_process(api)
         server.stop()
-    record(args, phases, profile, repo)
+    record(args, repeats, profile, repo)
     return 0
 
 
-def record(args, phases: list[PhaseResult], profile: dict, repo: Path) -> None:
-    by = {p.phase: p for p in phases}
-    engine, ensemble = by["engine"].us_per_token["total"], by["ensemble"].us_per_token["total"]
-    bls = by["bls"].us_per_token["total"] - engine if "bls" in by else None
-    beyond = ensemble - engine
-    engine_stub_in_ensemble = by["ensemble"].us_per_token.get("stub:tensorrt_llm", 0.0)
+def record(args, repeats: list[list[PhaseResult]], profile: dict, repo: Path) -> None:
+    """Per repeat: each phase's us/token minus the engine's from the same repeat; then medians."""
+    beyond_rows, total_rows, split_rows = [], [], {}
+    for phases in repeats:
+        engine = phases[0].us_per_token["total"]
+        beyond_rows.append({p.phase: p.us_per_token["total"] - engine for p in phases[1:]})
+        total_rows.append({p.phase: p.us_per_token["total"] for p in phases})
+        for p in phases:
+            split_rows.setdefault(p.phase, []).append(p.us_per_token)
+    beyond = median_by_key(beyond_rows)
+    totals = median_by_key(total_rows)
+    splits = {phase: median_by_key(rows) for phase, rows in split_rows.items()}
+    manifest = json.loads((repo / "manifest.json").read_text()) if (repo / "manifest.json").is_file() else {}
     result = {
         "command": "python perf/stack_ceiling.py " + " ".join(sys.argv[1:]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "phases": [asdict(p) for p in phases],
-        "us_per_token": {
-            "engine_alone": engine,
-            "ensemble_total": ensemble,
-            "beyond_engine": beyond,
-            "beyond_engine_upper_bound": ensemble - engine_stub_in_ensemble,
-            "beyond_engine_via_bls": bls,
-            "openai_api": None,  # hook: measured once toolkit/api streams (see perf/stack_ceiling.py docstring)
-        },
-        "tokens_per_s_per_core": {"beyond_engine": 1e6 / beyond if beyond > 0 else None,
-                                   "ensemble_total": 1e6 / ensemble},
+        "engine_parameters": manifest.get("engine_parameters"),
+        "repeats": [[asdict(p) for p in phases] for phases in repeats],
+        "median_us_per_token": totals,
+        "median_us_per_token_by_process": splits,
+        "median_beyond_engine_us_per_token": beyond,
+        "beyond_engine_per_repeat": beyond_rows,
+        "tokens_per_s_per_core_beyond_engine": {k: (1e6 / v if v > 0 else None) for k, v in beyond.items()},
         "target_us_per_token": TARGET_US_PER_TOKEN,
-        "meets_target": beyond <= TARGET_US_PER_TOKEN,
+        "meets_target": {k: v <= TARGET_US_PER_TOKEN for k, v in beyond.items()},
         "profile_top_frames": profile,
     }
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{args.name}.md").write_text(markdown(result, phases))
-    print(markdown(result, phases))
+    (args.out / f"{args.name}.md").write_text(markdown(result))
+    print(markdown(result))
 
 
-def markdown(result: dict, phases: list[PhaseResult]) -> str:
+def markdown(result: dict) -> str:
+    n = len(result["repeats"])
     lines = [f"# Stack ceiling ({result['when']})", "", f"`{result['command']}`", "",
-             f"machine: {result['machine']['cpus']} CPUs, 1-min load {result['machine']['load_avg_1m']:.2f} (shared)", "",
-             "| phase | requests | tokens | wall s | tokens/s | " + " | ".join(["CPU us/token: total", "tritonserver", "stubs"]) + " |",
-             "|---|---|---|---|---|---|---|---|"]
-    for p in phases:
-        stubs = ", ".join(f"{k[5:]} {v:.1f}" for k, v in p.us_per_token.items() if k.startswith("stub:") and v >= 0.05)
-        lines.append(f"| {p.phase} | {p.requests} | {p.tokens} | {p.wall_s:.1f} | {p.tokens_per_s:,.0f} | "
-                     f"{p.us_per_token['total']:.1f} | {p.us_per_token['tritonserver']:.1f} | {stubs} |")
-    u, t = result["us_per_token"], result["tokens_per_s_per_core"]
-    lines += ["", f"beyond the engine: **{u['beyond_engine']:.1f} us/token** "
-              f"(upper bound, only the engine stub taken away: {u['beyond_engine_upper_bound']:.1f}); "
-              f"one core carries {t['beyond_engine'] or 0:,.0f} tokens/s; target <= {result['target_us_per_token']:.0f} us/token: "
-              f"{'met' if result['meets_target'] else 'NOT met'}", ""]
-    for phase, stubs in (result.get("profile_top_frames") or {}).items():
+             f"machine: {result['machine']['cpus']} CPUs shared with other work (1-min load at the end "
+             f"{result['machine']['load_avg_1m']:.2f}); synthetic engine {result['engine_parameters']}; "
+             f"{result['settings']['concurrency']} streams, {result['settings']['input_tokens']} in / "
+             f"{result['settings']['output_tokens']} out tokens, {result['settings']['requests']} requests per phase; "
+             f"medians of {n} repeats, each phase minus the engine-alone phase of the same repeat.", "",
+             "| phase | CPU us/token: total | beyond engine | one core carries (beyond engine) | per process (us/token) |",
+             "|---|---|---|---|---|"]
+    beyond, per_core = result["median_beyond_engine_us_per_token"], result["tokens_per_s_per_core_beyond_engine"]
+    for phase, total in result["median_us_per_token"].items():
+        split = ", ".join(f"{k.removeprefix('stub:')} {v:.1f}" for k, v in result["median_us_per_token_by_process"][phase].items()
+                          if k != "total" and v >= 0.05)
+        b = f"**{beyond[phase]:.1f}**" if phase in beyond else "(baseline)"
+        core = f"{per_core[phase]:,.0f} tokens/s" if per_core.get(phase) else "-"
+        lines.append(f"| {phase} | {total:.1f} | {b} | {core} | {split} |")
+    lines += ["", "beyond the engine, per repeat: " + "; ".join(
+        ", ".join(f"{k} {v:.1f}" for k, v in row.items()) for row in result["beyond_engine_per_repeat"]), "",
+        f"target <= {result['target_us_per_token']:.0f} us/token beyond the engine: " +
+        ", ".join(f"{k} {'met' if ok else 'NOT met'}" for k, ok in result["meets_target"].items()), ""]
+    for phase, procs in (result.get("profile_top_frames") or {}).items():
         lines.append(f"## py-spy, {phase} phase (self time by leaf frame)")
-        for label, frames in stubs.items():
+        for label, frames in procs.items():
             lines.append(f"- {label}: " + "; ".join(f"{f} {s:.0%}" for f, s in frames[:6]))
         lines.append("")
     return "\n".join(lines) + "\n"
