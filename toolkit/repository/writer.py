@@ -193,6 +193,7 @@ def _render_engine(plan: RepositoryPlan, root: Path, sources: Path) -> None:
         "max_seq_len": limits.max_seq_len, "max_output_len": limits.max_output_len, "max_num_tokens": limits.max_num_tokens,
         "end_id": plan.end_id, "exclude_input_in_output": True, "vocab_size": plan.facts.vocab_size,
         "kv_block_size": limits.kv_block_size, "kv_cache_blocks": -(-limits.kv_cache_tokens // limits.kv_block_size),
+        "cancellation_check_period_ms": 100,
         **plan.engine_parameters,
     }
     if plan.target == "cpu":

@@ -21,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-CANCEL_POLL_S = 0.02
+RESULT_WAIT_S = 0.02
 UNSUPPORTED = {
     # input: (value that means "off", what to tell the client)
     "beam_width": (1, "beam search is not supported by the CPU engine; send beam_width 1"),
@@ -89,6 +89,8 @@ class TritonPythonModel:
         self.max_seq_len = int(_param(config, "max_seq_len", "4096"))
         self.default_end_id = int(_param(config, "end_id", "-1"))
         self.default_exclude_input = _param(config, "exclude_input_in_output", "true").lower() == "true"
+        # Same parameter as the tensorrtllm backend: each is_cancelled() is a round trip to the server.
+        self.cancel_check_s = int(_param(config, "cancellation_check_period_ms", "100")) / 1000
         checkpoint = os.path.join(here, _param(config, "checkpoint_dir", "weights"))
         model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="sdpa")
         self.vocab_size = model.config.vocab_size
@@ -218,11 +220,11 @@ class TritonPythonModel:
     def _route(self) -> None:
         last_poll = time.monotonic()
         while self._running:
-            result = self.manager.get_result(timeout=CANCEL_POLL_S)
+            result = self.manager.get_result(timeout=RESULT_WAIT_S)
             if result is not None:
                 self._on_result(result)
             now = time.monotonic()
-            if now - last_poll >= CANCEL_POLL_S:
+            if now - last_poll >= self.cancel_check_s:
                 last_poll = now
                 self._reap_cancelled()
 
