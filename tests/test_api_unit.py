@@ -324,3 +324,48 @@ def test_cli_refuses_a_folder_that_is_not_a_repository(tmp_path):
 
     result = CliRunner().invoke(cli, ["api", "--repo", str(tmp_path)])
     assert result.exit_code == 1 and "Error:" in result.output and "preprocessing" in result.output
+
+
+def test_min_tokens_over_max_tokens_is_400(client):
+    _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4, min_tokens=5)), 400, "min_tokens")
+    _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4, min_tokens=-1)), 400, "min_tokens")
+
+
+def test_min_tokens_goes_to_the_engine_contract():
+    names = {name for name, _, _ in Sampling(temperature=0, min_tokens=8).tensors(engine=True)}
+    assert names == {"runtime_top_k", "min_tokens"}
+    assert "min_tokens" not in {name for name, _, _ in Sampling(temperature=0).tensors(engine=True)}
+
+
+def test_coalesced_pieces_concatenate_to_the_text_and_close_the_source():
+    import asyncio
+
+    from toolkit.api.generation import Coalesced
+
+    class SlowBackend(_FakeBackend):
+        async def generate(self, *args):
+            finished = False
+            try:
+                for piece in self.pieces:
+                    await asyncio.sleep(0.01)
+                    yield piece
+                finished = True
+            finally:
+                self.closed_early = not finished
+
+    async def run(early: bool):
+        backend = SlowBackend([Piece(w.encode(), i + 1, i == 4) for i, w in enumerate(["a", "", "b", "c", "d"])])
+        generation = Generation(_job(max_tokens=5), backend, ApiMetrics())
+        pieces = Coalesced(generation.texts())
+        out = []
+        async for text in pieces:
+            assert text  # empty pieces are never sent
+            out.append(text)
+            if early:
+                break
+        await pieces.aclose()
+        return "".join(out), backend.closed_early
+
+    assert asyncio.run(run(False)) == ("abcd", False)
+    text, closed_early = asyncio.run(run(True))
+    assert "abcd".startswith(text) and closed_early

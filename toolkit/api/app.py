@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from toolkit.api.errors import ApiError, install_error_handlers
 from toolkit.api.gate import Gate
-from toolkit.api.generation import Generation, Job, SseFormatter
+from toolkit.api.generation import Coalesced, Generation, Job, SseFormatter
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.schemas import (
     ChatCompletion,
@@ -211,20 +211,21 @@ async def _collect(texts: AsyncIterator[str]) -> str:
 async def _sse(job: Job, generation: Generation, texts: AsyncIterator[str], first: str | None) -> AsyncIterator[bytes]:
     """The event stream; cancelled (client gone) at an await, which closes `texts` and cancels Triton."""
     sse = SseFormatter(job)
+    pieces = None
     try:
         opening = sse.first()
         if opening:
             yield opening
         if first:
             yield sse.text(first)
-        async for text in texts:
-            if text:
-                yield sse.text(text)
+        pieces = Coalesced(texts)  # what arrives while a chunk is being written goes out together in the next
+        async for text in pieces:
+            yield sse.text(text)
         yield sse.end(generation)
     except (TritonUnavailable, InferenceFailed) as exc:
         yield sse.error({"error": {"message": str(exc), "type": "server_error", "param": None, "code": "engine_error"}})
     finally:
-        await texts.aclose()
+        await (pieces.aclose() if pieces is not None else texts.aclose())
 
 
 def _whole_body(job: Job, text: str, generation: Generation) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -91,6 +93,64 @@ class Generation:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.job.prompt_tokens + self.completion_tokens,
         }
+
+
+class Coalesced:
+    """Iterate text pieces as they arrive, joined: each item is everything that came since the last one.
+
+    A task reads `source` (the engine's pieces, via Generation.texts) while the consumer writes the
+    previous item to the client. When the client side is behind (a busy event loop, a slow socket),
+    several pieces wait in the buffer and go out as one SSE chunk: one JSON encode, one trip down the
+    ASGI send chain and one socket write for all of them. Pieces still concatenate to the full text.
+    """
+
+    def __init__(self, source: AsyncIterator[str]):
+        self.source = source
+        self.buffer: list[str] = []
+        self.done = False
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future | None = None
+        self.task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            async for text in self.source:
+                if text:
+                    self.buffer.append(text)
+                    self._wake()
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it after the text before it
+            self.error = exc
+        finally:
+            self.done = True
+            self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> str:
+        while not self.buffer:
+            if self.done:
+                if self.error is not None:
+                    raise self.error
+                raise StopAsyncIteration
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+            await asyncio.sleep(0)  # one more turn of the loop: pieces already on their way join this chunk
+        text = self.buffer[0] if len(self.buffer) == 1 else "".join(self.buffer)
+        self.buffer.clear()
+        return text
+
+    async def aclose(self) -> None:
+        """Stop reading (the source's own cleanup cancels the Triton request) and close the source."""
+        if not self.task.done():
+            self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        await self.source.aclose()
 
 
 class SseFormatter:

@@ -186,13 +186,22 @@ class TritonBackend:
         return request
 
     def _engine_piece(self, result, total: int) -> Piece:
+        """Read the raw INT32 outputs straight from the protobuf (one per streamed token: kept cheap)."""
         response = result.get_response()
-        final = FINAL_FLAG in response.parameters and response.parameters[FINAL_FLAG].bool_param
-        if not response.outputs:
+        parameters = response.parameters
+        final = FINAL_FLAG in parameters and parameters[FINAL_FLAG].bool_param
+        ids = length = None
+        for output, raw in zip(response.outputs, response.raw_output_contents):
+            if output.name == "output_ids":  # [batch 1, beam 1, new tokens], INT32 little-endian
+                ids = raw
+            elif output.name == "sequence_length":
+                length = int.from_bytes(raw[:4], "little", signed=True)
+        if ids is None or not length:
             return Piece(b"", total, final)
-        ids = result.as_numpy("output_ids")  # [batch 1, beam 1, new tokens]
-        length = int(result.as_numpy("sequence_length").reshape(-1)[0])
-        tokens = ids.reshape(-1)[:length].tolist()
+        if length == 1:
+            tokens = (int.from_bytes(ids[:4], "little", signed=True),)
+        else:
+            tokens = np.frombuffer(ids, "<i4")[:length].tolist()
         return Piece(self.decoder.decode_bytes(tokens), total + len(tokens), final)
 
 

@@ -1,4 +1,10 @@
-"""postprocessing: token ids -> text as exact UTF-8 bytes (see textcodec for why bytes)."""
+"""postprocessing: token ids -> text as exact UTF-8 bytes (see textcodec for why bytes).
+
+It runs once per streamed piece (one engine response), batched across streams by the dynamic
+batcher, so the per-request work is kept to what the contract needs: one pass over the request's
+inputs, one table lookup per token, one BYTES tensor per response. The common streaming case
+(one sequence, one beam) skips the general [batch, beam] loop.
+"""
 
 from __future__ import annotations
 
@@ -20,16 +26,32 @@ class TritonPythonModel:
         self.codec = TextCodec(os.path.join(os.path.dirname(__file__), tokenizer))
 
     def execute(self, requests):
+        table = self.codec.token_bytes
+        size = len(table)
         decode = self.codec.decode_bytes
+        Tensor, Response = pb_utils.Tensor, pb_utils.InferenceResponse
         responses = []
         for request in requests:
-            tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
-            lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+            tokens = lengths = None
+            for tensor in request.inputs():  # one pass; get_input_tensor_by_name would scan once per name
+                name = tensor.name()
+                if name == "TOKENS_BATCH":
+                    tokens = tensor.as_numpy()
+                elif name == "SEQUENCE_LENGTH":
+                    lengths = tensor.as_numpy()
             # tokens: [batch, beam, tokens]; lengths: [batch, beam]
-            batch, beams = tokens.shape[0], tokens.shape[1]
-            text = np.empty((batch, beams), dtype=object)
-            for b in range(batch):
-                for k in range(beams):
-                    text[b, k] = decode(tokens[b, k, : lengths[b, k]].tolist())
-            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", text)]))
+            if tokens.shape[0] == 1 and tokens.shape[1] == 1:
+                ids = tokens[0, 0, : lengths[0, 0]].tolist()
+                if len(ids) == 1:
+                    i = ids[0]
+                    data = table[i] if 0 <= i < size else b""
+                else:
+                    data = decode(ids)
+                text = np.array([[data]], dtype=object)
+            else:
+                text = np.empty(tokens.shape[:2], dtype=object)
+                for b in range(tokens.shape[0]):
+                    for k in range(tokens.shape[1]):
+                        text[b, k] = decode(tokens[b, k, : lengths[b, k]].tolist())
+            responses.append(Response(output_tensors=[Tensor("OUTPUT", text)]))
         return responses
