@@ -113,6 +113,7 @@ class TritonPythonModel:
         self._streams: dict[str, Stream] = {}
         self._lock = threading.Lock()
         self._counter = 0
+        self._unreported_tokens = 0  # metric updates are round trips to the server: sent in batches
         self._running = True
         self._metrics()
         self._router = threading.Thread(target=self._route, name="cpu-engine-router", daemon=True)
@@ -227,6 +228,12 @@ class TritonPythonModel:
             if now - last_poll >= self.cancel_check_s:
                 last_poll = now
                 self._reap_cancelled()
+                self._report_tokens()
+
+    def _report_tokens(self) -> None:
+        if self._unreported_tokens:
+            self.generated.increment(self._unreported_tokens)
+            self._unreported_tokens = 0
 
     def _reap_cancelled(self) -> None:
         with self._lock:
@@ -266,7 +273,7 @@ class TritonPythonModel:
                 return True
             stream.tokens.append(token)
             stream.unsent += 1
-            self.generated.increment(1)
+            self._unreported_tokens += 1
             if len(stream.tokens) >= stream.max_tokens or _ends_with_stop(stream.tokens, stream.stop_words):
                 return True
         return False
