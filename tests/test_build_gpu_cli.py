@@ -69,6 +69,7 @@ def test_build_packages_the_engine_and_serve_preflights_it(monkeypatch, tmp_path
     assert data["repository"]["path"] == str(repo) and not data["repository"]["skipped"]
     manifest = check_repository(repo)
     assert manifest["target"] == "h100-sxm"
+    assert manifest["memory_plan"]["decode_step_ms_lower_bound"] == data["plan"]["decode_step_ms_lower_bound"]
     engine = parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
     assert engine.backend == "tensorrtllm" and engine.model_transaction_policy.decoupled
     assert engine.parameters["gpt_model_type"].string_value == "inflight_fused_batching"

@@ -40,6 +40,6 @@ def _package(data: dict, output: Path, allow_pickle: bool, engine_model_config) 
         max_num_tokens=int(memory["max_num_tokens"]), kv_cache_tokens=max(int(memory["kv_cache_tokens"]), int(memory["max_seq_len"])),
     )
     config = engine_model_config(Path(data["engine_dir"]))
-    plan = plan_repository(resolved, data["target"], output, limits, engine_config=config)
+    plan = plan_repository(resolved, data["target"], output, limits, engine_config=config, memory_plan=memory)
     result = write_repository(plan, progress=lambda step: note(f"writing {step}..."))
     return {"path": str(result.path), "skipped": result.skipped, "build_key": result.key}

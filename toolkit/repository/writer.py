@@ -62,6 +62,7 @@ class RepositoryPlan:
     preprocessing_instances: int = 1
     postprocessing_instances: int = 1
     engine_config: object = None  # GPU targets: the tensorrtllm ModelConfig of a compiled engine
+    memory_plan: dict | None = None  # GPU targets: the planner's numbers (bench compares against its bounds)
 
     @property
     def engine_pbtxt(self) -> str:
@@ -87,14 +88,14 @@ class RepositoryResult:
 
 
 def plan_repository(model: ResolvedModel, target: str, output: Path, limits: RepositoryLimits | None = None,
-                    engine_parameters: dict | None = None, engine_config=None) -> RepositoryPlan:
+                    engine_parameters: dict | None = None, engine_config=None, memory_plan: dict | None = None) -> RepositoryPlan:
     if target not in ENGINE_SOURCES and engine_config is None:
         raise RepositoryError(f"target {target!r} needs a compiled engine", hint=f"use toolkit build --target {target}, or one of: {', '.join(ENGINE_SOURCES)}")
     facts = read_model_facts(model.path)
     limits = _fit_limits(limits or RepositoryLimits(), facts)
     return RepositoryPlan(model=model, facts=facts, target=target, output=output.resolve(), limits=limits,
                           end_id=_end_id(model.path, facts), engine_parameters=dict(engine_parameters or {}),
-                          engine_config=engine_config)
+                          engine_config=engine_config, memory_plan=memory_plan)
 
 
 def write_repository(plan: RepositoryPlan, progress: Callable[[str], None] = lambda _: None) -> RepositoryResult:
@@ -269,6 +270,7 @@ def _manifest(plan: RepositoryPlan, key: str) -> dict:
         "limits": plan.limits.__dict__,
         "end_id": plan.end_id,
         "engine_parameters": plan.engine_parameters,
+        "memory_plan": plan.memory_plan,
         "versions": _library_versions(),
     }
 
