@@ -170,3 +170,11 @@ def codec_and_tokenizer(tiny):
 
 def test_special_tokens_are_skipped(codec):
     assert codec.decode_bytes([2, 1, 0]) == b""
+
+
+def test_serve_refuses_the_same_port_twice_and_out_of_range_ports(tiny, tmp_path):
+    build(tiny, tmp_path / "repo")
+    result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "repo"), "--http-port", "9123", "--grpc-port", "9123"])
+    assert result.exit_code == 1 and "--http-port and --grpc-port are both 9123" in result.output
+    result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "repo"), "--http-port", "0"])
+    assert result.exit_code == 2 and "'--http-port': 0 is not in the range" in result.output

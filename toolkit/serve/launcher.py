@@ -127,6 +127,7 @@ def server_command(binary: TritonBinary, config: ServerConfig, world_size: int =
 
 
 def launch_server(config: ServerConfig, on_wait: Callable[[str], None] = lambda _: None) -> RunningServer:
+    _check_distinct_ports(config)
     manifest = check_repository(config.repo)
     engine = engine_preflight(config.repo, manifest)
     for port in {config.http_port, config.grpc_port, config.metrics_port}:
@@ -199,6 +200,14 @@ def log_tail(path: Path, lines: int = 15) -> str:
     errors = [line for line in text if line[:1] == "E" and line[1:5].isdigit()][:10]
     tail = [line for line in text[-lines:] if line not in errors]
     return "--- tritonserver errors ---\n" + "\n".join(errors) + "\n--- tritonserver log (last lines) ---\n" + "\n".join(tail)
+
+
+def _check_distinct_ports(config: ServerConfig) -> None:
+    ports = {"--http-port": config.http_port, "--grpc-port": config.grpc_port, "--metrics-port": config.metrics_port}
+    for flag, port in ports.items():
+        others = [other for other, value in ports.items() if value == port and other != flag]
+        if others:
+            raise ServerError(f"{flag} and {others[0]} are both {port}", hint="give each endpoint its own port")
 
 
 def _check_port_free(host: str, port: int) -> None:
