@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Callable
 
 from toolkit import __version__
-from toolkit.client.chat import template_from_tokenizer_dir
 from toolkit.errors import RepositoryError
 from toolkit.fsutil import file_lock, sha256_file
+from toolkit.model.chat_template import template_from_tokenizer_dir
 from toolkit.model.facts import ModelFacts, read_model_facts
 from toolkit.model.sources import ResolvedModel
 from toolkit.repository import configs
@@ -75,6 +75,7 @@ class RepositoryPlan:
             "model": self.model.source, "revision": self.model.revision, "files": checkpoint_hashes(self.model.path),
             "limits": self.limits.__dict__, "end_id": self.end_id, "engine": self.engine_parameters,
             "instances": [self.preprocessing_instances, self.postprocessing_instances], "engine_config": self.engine_pbtxt,
+            "memory_plan": self.memory_plan,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
