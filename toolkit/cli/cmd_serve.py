@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.render import emit_json, note
+from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
 from toolkit.serve.launcher import ServerConfig, launch_server, log_tail, stop_process, write_server_record
 
@@ -31,8 +31,8 @@ def command(repo, host, http_port, grpc_port, metrics_port, ready_timeout, log_f
     """Serve a model repository with tritonserver."""
     config = ServerConfig(repo=repo.resolve(), host=host, http_port=http_port, grpc_port=grpc_port,
                           metrics_port=metrics_port, ready_timeout_s=ready_timeout, log_file=log_file)
-    note(f"starting tritonserver on {repo} ...")
-    server = launch_server(config, on_wait=lambda _: None)
+    with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
+        server = launch_server(config, on_wait=lambda message: status.update(f"tritonserver: {message}"))
     endpoints = {"http": server.http_url, "grpc": server.grpc_url, "metrics": server.metrics_url,
                  "pid": server.pid, "log": str(server.log_file)}
     api = None
