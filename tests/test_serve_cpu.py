@@ -202,3 +202,17 @@ def test_a_client_that_goes_away_cancels_its_request(served_repo):
     time.sleep(1.0)
     assert _metric(served_repo, "toolkit_engine_generated_tokens_total") == generated  # it stopped generating
     assert "Paris" in generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16)).text
+
+
+def test_toolkit_generate_answers_paris_over_grpc_and_http(served_repo):
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    for args in (["-u", served_repo.grpc_url], ["-p", "http", "-u", served_repo.http_url]):
+        result = CliRunner().invoke(cli, ["generate", "What is the capital of France?", *args])
+        assert result.exit_code == 0, result.output
+        assert "Paris" in result.stdout
+    result = CliRunner().invoke(cli, ["generate", "hi", "-u", served_repo.grpc_url, "-n", "5000"])
+    assert result.exit_code == 1
+    assert "max_tokens=5000 is over this engine's limit" in result.output and "fix: lower --max-tokens" in result.output

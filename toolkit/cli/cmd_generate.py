@@ -23,7 +23,7 @@ DEFAULT_URLS = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
 @click.option("--seed", type=int, default=None, help="Same seed, same sampled text.")
 @click.option("--stop", "stop_words", multiple=True, help="Stop when this text is generated (repeatable).")
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the model's chat template.")
-@click.option("--repo", type=click.Path(), default=None, help="Repository whose chat template to apply [default: ask the server's model].")
+@click.option("--repo", type=click.Path(exists=True, file_okay=False), default=None, help="Repository whose chat template to apply [default: ask the server's model].")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=600.0, help="Seconds to wait for the answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def command(prompt, url, protocol, model, max_tokens, temperature, top_k, top_p, seed, stop_words, raw, repo, timeout, as_json):
