@@ -44,6 +44,7 @@ from toolkit.bench.perf_analyzer import find_perf_analyzer, run_perf_analyzer
 from toolkit.bench.prompts import find_tokenizer, make_prompts, write_input_data
 from toolkit.repository import contract as c
 from toolkit.serve.launcher import ServerConfig, launch_server
+from toolkit.subprocs import stop_process
 
 HERE = Path(__file__).resolve().parent
 TARGET_US_PER_TOKEN = 36.0
@@ -204,15 +205,6 @@ def start_api(server, repo: Path, port: int, work: Path) -> subprocess.Popen:
         time.sleep(0.2)
     stop_process(process)
     raise SystemExit("toolkit api did not become healthy in 60 s")
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
 
 
 # --- profiling ----------------------------------------------------------------------------------

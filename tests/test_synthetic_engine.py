@@ -15,7 +15,8 @@ import pytest
 from toolkit.repository import configs
 from toolkit.repository import contract as c
 from toolkit.serve.binary import find_tritonserver
-from toolkit.serve.launcher import ServerConfig, log_tail, server_command, stop_process
+from toolkit.serve.launcher import ServerConfig, log_tail, server_command
+from toolkit.subprocs import stop_process
 
 pytestmark = pytest.mark.server
 

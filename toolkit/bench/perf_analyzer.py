@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.subprocs import stop_process
 from toolkit.errors import BenchError
 
 PINNED_CLIENT = "tritonclient[all]==2.51.0"
@@ -87,27 +88,17 @@ def run_perf_analyzer(pa: PerfAnalyzer, args: list[str], log_file: Path, timeout
         try:
             code = process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            _stop(process)
+            stop_process(process, 5)
             raise BenchError(
                 f"perf_analyzer ran past {timeout_s:.0f}s\n{log_tail(log_file)}",
                 hint="lower --requests or the load, or raise --timeout",
             ) from None
         except BaseException:
-            _stop(process)
+            stop_process(process, 5)
             raise
     if code != 0:
         raise BenchError(f"perf_analyzer exited with code {code}\n{log_tail(log_file)}", hint=f"full log: {log_file}")
     return PerfAnalyzerRun(argv, log_file, code)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

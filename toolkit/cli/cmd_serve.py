@@ -10,7 +10,8 @@ import click
 
 from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
-from toolkit.serve.launcher import ServerConfig, launch_server, log_tail, stop_process, write_server_record
+from toolkit.serve.launcher import ServerConfig, launch_server, log_tail, write_server_record
+from toolkit.subprocs import stop_process
 
 
 @click.command("serve")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -16,6 +15,7 @@ from toolkit.engine.build_plan import EngineBuildPlan
 from toolkit.engine.cache import RECORD, cache_key, checkpoint_hash, is_cached, read_record
 from toolkit.engine.tools import require_gpu_sm, require_trtllm
 from toolkit.engine.trtllm_flags import PINNED_TRTLLM_VERSION
+from toolkit.subprocs import stop_process
 from toolkit.errors import EngineBuildError
 from toolkit.fsutil import file_lock, write_text_atomic
 
@@ -96,24 +96,11 @@ def run_logged(argv: list[str], log_path: Path, name: str) -> None:
         try:
             code = process.wait()
         except BaseException:
-            _stop(process)
+            stop_process(process, 10)
             raise
     if code != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:])
         raise EngineBuildError(f"{name} failed with exit code {code} (log: {log_path}):\n{tail}", hint="read the log above; fix the input, then rebuild")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """terminate -> wait -> kill, for the whole session the tool started."""
-    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(process.pid, sig)
-            process.wait(timeout=wait_s)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _install(plan: EngineBuildPlan, key: str, version: str, sm: str) -> None:

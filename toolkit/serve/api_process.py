@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from toolkit.errors import ServerError
-from toolkit.serve.launcher import _check_port_free, _client_host, _http_ok, log_tail, stop_process
+from toolkit.serve.launcher import _check_port_free, _client_host, _http_ok, log_tail
+from toolkit.subprocs import stop_process
 from toolkit.settings import cache_dir
 
 

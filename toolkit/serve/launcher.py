@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -20,6 +19,7 @@ from toolkit.repository.sources import sources_digest
 from toolkit.repository.writer import MANIFEST_FORMAT, read_manifest
 from toolkit.serve.binary import TritonBinary, find_tritonserver
 from toolkit.settings import cache_dir
+from toolkit.subprocs import stop_process
 
 PYTHON_TARGETS = ("cpu", "synthetic")
 
@@ -171,24 +171,6 @@ def wait_until_ready(server: RunningServer, on_wait: Callable[[str], None]) -> N
         if pending:
             on_wait(f"waiting for {', '.join(pending)}")
             time.sleep(0.5)
-
-
-def stop_process(process: subprocess.Popen, timeout_s: float = 20.0) -> int:
-    if process.poll() is None:
-        _signal_group(process, signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            _signal_group(process, signal.SIGKILL)
-            process.wait(10)
-    return process.returncode
-
-
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
