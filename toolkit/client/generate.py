@@ -94,6 +94,7 @@ def generate_grpc(url: str, request: GenerateRequest, *, model: str = "ensemble"
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     result = GenerateResult(text="")
     start = time.perf_counter()
+    finished = False
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         client.async_stream_infer(model, grpc_inputs(request, stream), enable_empty_final_response=True)
@@ -108,10 +109,12 @@ def generate_grpc(url: str, request: GenerateRequest, *, model: str = "ensemble"
         if tail:
             result.pieces.append(tail)
             on_piece(tail)
+        finished = True
     except InferenceServerException as exc:
         raise ClientError(f"{model} at {url}: {exc.message()}", hint=_hint_for(exc.message())) from exc
     finally:
-        client.stop_stream(cancel_requests=True)
+        # Cancel only what is still running (an error, a timeout, Ctrl-C); a finished request needs no cancel.
+        client.stop_stream(cancel_requests=not finished)
         client.close()
     result.text = "".join(result.pieces)
     result.total_s = time.perf_counter() - start
