@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import os
+import re
 import platform
 import shlex
 import signal
@@ -31,25 +31,14 @@ import tritonclient.grpc.aio as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from toolkit.api.text import PromptCodec, read_repository_facts  # noqa: E402
+from toolkit.client.tensors import engine_inputs  # noqa: E402
 
 PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy decoding keeps counting: no early end
 
 
 async def direct_stream(client, model: str, ids: list[int], max_tokens: int, end_id: int) -> tuple[float, int]:
     """One streamed request straight to the engine; returns (TTFT s, tokens)."""
-    def tensor(name, value, dtype):
-        t = grpcclient.InferInput(name, list(value.shape), dtype)
-        t.set_data_from_numpy(value)
-        return t
-
-    inputs = [
-        tensor("input_ids", np.array([ids], np.int32), "INT32"),
-        tensor("input_lengths", np.array([[len(ids)]], np.int32), "INT32"),
-        tensor("request_output_len", np.array([[max_tokens]], np.int32), "INT32"),
-        tensor("end_id", np.array([[end_id]], np.int32), "INT32"),
-        tensor("streaming", np.array([[True]], bool), "BOOL"),
-        tensor("runtime_top_k", np.array([[1]], np.int32), "INT32"),
-    ]
+    inputs = engine_inputs(ids, max_tokens, end_id=end_id, streaming=True, runtime_top_k=1)
     done = asyncio.Event()
 
     async def requests():

@@ -7,12 +7,12 @@ import threading
 import time
 import urllib.request
 
-import numpy as np
 import pytest
 import torch
 
 from toolkit.client.chat import render_chat, template_from_repository
 from toolkit.client.generate import GenerateRequest, generate_grpc, generate_http
+from toolkit.client.tensors import engine_inputs
 from toolkit.errors import ClientError
 
 pytestmark = pytest.mark.server
@@ -48,7 +48,7 @@ def test_greedy_tokens_equal_transformers_generate(served_repo, reference_model,
     _, tokenizer = reference_model
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     expected = reference_ids(reference_model, prompt, 24)
-    inputs = _engine_inputs(ids, 24)
+    inputs = engine_inputs(ids, 24)
     results: queue.Queue = queue.Queue()
     with grpcclient.InferenceServerClient(served_repo.grpc_url) as client:
         client.start_stream(callback=lambda result, error: results.put((result, error)))
@@ -163,22 +163,6 @@ def _metric(served_repo, name: str) -> float:
     return 0.0
 
 
-def _engine_inputs(prompt_ids: list[int], max_tokens: int, **scalars):
-    import tritonclient.grpc as grpcclient
-
-    arrays = [
-        ("input_ids", np.array([prompt_ids], dtype=np.int32), "INT32"),
-        ("input_lengths", np.array([[len(prompt_ids)]], dtype=np.int32), "INT32"),
-        ("request_output_len", np.array([[max_tokens]], dtype=np.int32), "INT32"),
-    ] + [(name, np.array([[value]], dtype=dtype), triton) for name, (value, dtype, triton) in scalars.items()]
-    inputs = []
-    for name, array, dtype in arrays:
-        item = grpcclient.InferInput(name, list(array.shape), dtype)
-        item.set_data_from_numpy(array)
-        inputs.append(item)
-    return inputs
-
-
 def test_a_client_that_goes_away_cancels_its_request(served_repo):
     """Cancellation reaches the engine for requests sent to tensorrt_llm directly (Triton 2.51's
     ensemble and BLS do not forward a client's cancellation to the models they call)."""
@@ -188,7 +172,7 @@ def test_a_client_that_goes_away_cancels_its_request(served_repo):
     pieces: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(served_repo.grpc_url)
     client.start_stream(callback=lambda result, error: pieces.put((result, error)))
-    inputs = _engine_inputs([1, 9690, 198, 19556, 549], 250, streaming=(True, bool, "BOOL"), min_tokens=(250, np.int32, "INT32"))
+    inputs = engine_inputs([1, 9690, 198, 19556, 549], 250, streaming=True, min_tokens=250)
     client.async_stream_infer("tensorrt_llm", inputs)
     for _ in range(3):
         assert pieces.get(timeout=60)[1] is None

@@ -9,9 +9,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from toolkit.client.tensors import engine_inputs
 from toolkit.repository import configs
 from toolkit.repository import contract as c
 from toolkit.serve.binary import find_tritonserver
@@ -69,18 +69,7 @@ def _infer(url: str, *, output_len: int, streaming: bool, exclude_input: bool = 
     results: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
 
-    def tensor(name, array, dtype):
-        t = grpcclient.InferInput(name, list(array.shape), dtype)
-        t.set_data_from_numpy(array)
-        return t
-
-    inputs = [
-        tensor("input_ids", np.array([ids], np.int32), "INT32"),
-        tensor("input_lengths", np.array([[len(ids)]], np.int32), "INT32"),
-        tensor("request_output_len", np.array([[output_len]], np.int32), "INT32"),
-        tensor("streaming", np.array([[streaming]], bool), "BOOL"),
-        tensor("exclude_input_in_output", np.array([[exclude_input]], bool), "BOOL"),
-    ]
+    inputs = engine_inputs(list(ids), output_len, streaming=streaming, exclude_input_in_output=exclude_input)
     client.async_stream_infer(model, inputs, enable_empty_final_response=True)
     responses = []
     try:

@@ -17,6 +17,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from toolkit.client.tensors import infer_inputs
 from toolkit.errors import ClientError
 
 FINAL_FLAG = "triton_final_response"
@@ -169,14 +170,9 @@ class TritonBackend:
         return self._request(tensors, None)
 
     def _request(self, tensors, outputs: list[str] | None) -> dict:
-        inputs = []
-        for name, value, dtype in tensors:
-            tensor = grpcclient.InferInput(name, list(value.shape), dtype)
-            tensor.set_data_from_numpy(value)
-            inputs.append(tensor)
         request = {
             "model_name": self.model_name,
-            "inputs": inputs,
+            "inputs": infer_inputs(tensors),
             "request_id": f"api-{next(self._ids)}",
             # Decoupled models: an empty response carries the final flag when no data response does.
             "parameters": {"triton_enable_empty_final_response": True},

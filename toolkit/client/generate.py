@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from toolkit.client.tensors import infer_inputs, scalar
 from toolkit.errors import ClientError
 
 
@@ -59,27 +60,16 @@ def _optional_inputs(request: GenerateRequest) -> dict[str, tuple[object, str]]:
     return {name: pair for name, pair in values.items() if pair[0] is not None}
 
 
-_NP = {"FP32": np.float32, "INT32": np.int32, "UINT64": np.uint64, "BOOL": bool}
-
-
 def grpc_inputs(request: GenerateRequest, stream: bool):
-    import tritonclient.grpc as grpcclient
-
-    def tensor(name, array, dtype):
-        item = grpcclient.InferInput(name, list(array.shape), dtype)
-        item.set_data_from_numpy(array)
-        return item
-
-    inputs = [
-        tensor("text_input", np.array([[request.prompt.encode("utf-8")]], dtype=object), "BYTES"),
-        tensor("max_tokens", np.array([[request.max_tokens]], dtype=np.int32), "INT32"),
-        tensor("stream", np.array([[stream]], dtype=bool), "BOOL"),
+    tensors = [
+        ("text_input", np.array([[request.prompt.encode("utf-8")]], dtype=object), "BYTES"),
+        scalar("max_tokens", request.max_tokens, "INT32"),
+        scalar("stream", stream, "BOOL"),
     ]
     if request.stop_words:
-        inputs.append(tensor("stop_words", np.array([[w.encode() for w in request.stop_words]], dtype=object), "BYTES"))
-    for name, (value, dtype) in _optional_inputs(request).items():
-        inputs.append(tensor(name, np.array([[value]], dtype=_NP[dtype]), dtype))
-    return inputs
+        tensors.append(("stop_words", np.array([[w.encode() for w in request.stop_words]], dtype=object), "BYTES"))
+    tensors += [scalar(name, value, dtype) for name, (value, dtype) in _optional_inputs(request).items()]
+    return infer_inputs(tensors)
 
 
 def generate_grpc(url: str, request: GenerateRequest, *, model: str = "ensemble", stream: bool = True,
