@@ -119,6 +119,17 @@ def test_same_seed_same_sample_even_under_load(served_repo):
     assert len(other_seed | {first}) > 1  # it really samples
 
 
+@pytest.mark.parametrize("seed", [None, 7])
+def test_a_vanishing_temperature_decodes_greedily_instead_of_killing_the_engine(served_repo, seed):
+    """logits / 6e-43 overflows float32 to NaN probabilities, and a NaN draw once killed the
+    engine's generation loop for every later request (CI, found by the API fuzzer)."""
+    prompt = chat(served_repo, QUESTIONS[0])
+    greedy = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=16)).text
+    tiny = GenerateRequest(prompt=prompt, max_tokens=16, temperature=6.02e-43, top_k=50, top_p=0.9, seed=seed)
+    assert generate_grpc(served_repo.grpc_url, tiny).text == greedy
+    assert generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=16)).text == greedy
+
+
 def test_stop_words_end_generation(served_repo):
     prompt = chat(served_repo, QUESTIONS[0])
     full = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=32)).text

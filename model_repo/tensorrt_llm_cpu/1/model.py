@@ -10,6 +10,7 @@ end_id, min_tokens, stop words, request_output_len, streaming and cancellation.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -22,6 +23,9 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(__file__))
 
 RESULT_WAIT_S = 0.02
+# Below this a temperature divides logits past float32's range (NaN probabilities); sampling at it
+# is greedy decoding in all but name, so it is decoded greedily (vLLM draws the same line).
+GREEDY_BELOW_TEMPERATURE = 1e-5
 UNSUPPORTED = {
     # input: (value that means "off", what to tell the client)
     "beam_width": (1, "beam search is not supported by the CPU engine; send beam_width 1"),
@@ -201,10 +205,12 @@ class TritonPythonModel:
         top_k = int(_scalar(request, "runtime_top_k", 0) or 0)
         top_p = float(_scalar(request, "runtime_top_p", 0.0) or 0.0)
         seed = _scalar(request, "seed")
-        if temperature is not None and temperature < 0:
-            raise ValueError(f"temperature={temperature} must be >= 0")
+        if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature={temperature} must be a finite number >= 0")
         if top_k < 0 or not 0.0 <= top_p <= 1.0:
             raise ValueError(f"top_k={top_k} must be >= 0 and top_p={top_p} within [0, 1]")
+        if temperature is not None and temperature < GREEDY_BELOW_TEMPERATURE:
+            temperature = 0.0
         sampled = (top_k > 1 or top_p > 0.0 or (temperature or 0) > 0) and temperature != 0 and top_k != 1
         if not sampled:
             return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
@@ -224,11 +230,28 @@ class TritonPythonModel:
             result = self.manager.get_result(timeout=RESULT_WAIT_S)
             if result is not None:
                 self._on_result(result)
+            elif self.manager.background_thread_status.fatal_error is not None:
+                self._restart_generation_loop()
             now = time.monotonic()
             if now - last_poll >= self.cancel_check_s:
                 last_poll = now
                 self._reap_cancelled()
                 self._report_tokens()
+
+    def _restart_generation_loop(self) -> None:
+        """The manager's generation thread died (a step raised). It has already failed its requests,
+        and their errors have been routed above; fail any we still hold, then start a fresh loop so
+        one bad step costs the requests in that step, not the server."""
+        error = self.manager.background_thread_status.fatal_error
+        print(f"tensorrt_llm (CPU): a generation step failed ({error}); restarting the generation loop", file=sys.stderr, flush=True)
+        self.manager.join(time.perf_counter(), timeout=10)
+        with self._lock:
+            streams = list(self._streams.values())
+        for stream in streams:
+            self._drop(stream.request_id)
+            message = f"CPU engine: a generation step failed ({error}); the engine restarted, retry the request"
+            stream.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_final())
+        self.manager.start()
 
     def _report_tokens(self) -> None:
         if self._unreported_tokens:

@@ -48,7 +48,10 @@ class SeededSampler(ContinuousBatchingLogitsProcessor):
                 continue
             generator = torch.Generator().manual_seed(int(seed))
             probs = torch.softmax(scores[row].float(), dim=-1)
-            choice = torch.multinomial(probs, 1, generator=generator)
+            if torch.isfinite(probs).all() and probs.sum() > 0:
+                choice = torch.multinomial(probs, 1, generator=generator)
+            else:  # logits overflowed (an extreme temperature): the limit of sampling is the argmax
+                choice = torch.nan_to_num(scores[row].float(), nan=float("-inf")).argmax().view(1)
             masked = torch.full_like(scores[row], float("-inf"))
             masked[choice] = 0.0
             scores[row] = masked
