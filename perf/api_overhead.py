@@ -162,7 +162,7 @@ def summarize(phases: list[dict]) -> dict:
 
 def start_api(args) -> subprocess.Popen:
     command = [sys.executable, "-m", "toolkit.cli.main", "api", "--triton-url", args.triton_url, "--repo", str(args.repo),
-               "--port", str(args.api_port), "--model-name", args.model_name, "--max-in-flight", "256", "--log-level", "warning"]
+               "--port", str(args.api_port), "--model-name", args.model_name, "--max-in-flight", "256", "--log-level", "warning", *shlex.split(args.api_args)]
     process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -176,6 +176,25 @@ def start_api(args) -> subprocess.Popen:
         time.sleep(0.2)
     process.terminate()
     raise SystemExit("toolkit api did not become healthy in 60 s")
+
+
+SPLIT = {"admission": "toolkit_api_admission_seconds", "engine_first_response": "toolkit_api_engine_first_response_seconds",
+         "ttft_server_side": "toolkit_api_time_to_first_token_seconds"}
+
+
+async def split_totals(http, url: str) -> dict:
+    """(sum, count) of the API's TTFT histograms: arrival -> gRPC call -> first engine token."""
+    text = (await http.get(f"{url}/metrics")).text
+    out = {}
+    for key, name in SPLIT.items():
+        total = re.search(rf"^{name}_sum (\S+)$", text, re.M)
+        count = re.search(rf"^{name}_count (\S+)$", text, re.M)
+        out[key] = (float(total.group(1)), float(count.group(1)))
+    return out
+
+
+def split_means_ms(before: dict, after: dict) -> dict:
+    return {key: round(1000 * (after[key][0] - before[key][0]) / max(after[key][1] - before[key][1], 1), 3) for key in SPLIT}
 
 
 async def measure(args) -> dict:
@@ -194,10 +213,12 @@ async def measure(args) -> dict:
         results = {}
         for concurrency in args.concurrency:
             phases = {"direct": [], "api": []}
+            before = await split_totals(http, url)
             for _ in range(args.rounds):
                 for side, make in (("direct", direct), ("api", api)):
                     phases[side].append(await run_phase(make, concurrency, args.requests_per_stream))
             d, a = summarize(phases["direct"]), summarize(phases["api"])
+            a["server_side_mean_ms"] = split_means_ms(before, await split_totals(http, url))
             results[str(concurrency)] = {
                 "direct_grpc": d, "api": a,
                 "tokens_per_s_ratio": round(a["tokens_per_s"] / d["tokens_per_s"], 4),
@@ -226,6 +247,11 @@ def write_results(args, results: dict, manifest: dict) -> None:
     for concurrency, r in results.items():
         d, a = r["direct_grpc"], r["api"]
         rows.append(f"| {concurrency} | {d['tokens_per_s']} | {a['tokens_per_s']} | {r['tokens_per_s_lost_pct']} % | {d['ttft_p50_ms']} ms | {a['ttft_p50_ms']} ms | {r['ttft_p50_added_ms']} ms |")
+    rows += ["", "Inside the API (means from its own histograms over the API phases; TTFT here starts when the request passes the gate):", "",
+             "| streams | arrival -> gRPC call | gRPC call -> first engine token | server-side TTFT |", "|---|---|---|---|"]
+    for concurrency, r in results.items():
+        m = r["api"]["server_side_mean_ms"]
+        rows.append(f"| {concurrency} | {m['admission']} ms | {m['engine_first_response']} ms | {m['ttft_server_side']} ms |")
     text = [f"# OpenAI API overhead over direct Triton gRPC ({meta['target']} engine)", "", f"Command: `{meta['command']}`", "",
             f"Date {meta['date']}; {meta['machine']['cpus']} CPUs (shared); engine parameters {meta['engine_parameters']}; "
             f"model called: `{args.model_name}`; {args.max_tokens} tokens per request, {args.requests_per_stream} requests per stream, "
@@ -245,6 +271,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--client", choices=["lean", "httpx"], default="lean",
                         help="API-side load generator: raw asyncio streams (lean) or httpx with a JSON parse per chunk")
+    parser.add_argument("--api-args", default="", help="extra `toolkit api` options, e.g. '--loop asyncio --http h11'")
     parser.add_argument("--out", default="perf/results/api_overhead")
     args = parser.parse_args()
     manifest = json.loads((args.repo / "manifest.json").read_text()) if (args.repo / "manifest.json").is_file() else {}

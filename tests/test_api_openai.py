@@ -211,11 +211,32 @@ def test_client_disconnect_cancels_the_engine_request(api, client, model_id, ser
     assert after.choices[0].message.content and after.usage.completion_tokens > 0
 
 
+def test_a_non_streaming_client_that_goes_away_cancels_too(api, client, model_id, served_repo):
+    """Without streaming the API holds the request until the whole text is ready; a client that
+    gives up before then must still free the engine."""
+    cancelled_before = engine_metric(served_repo, "toolkit_engine_requests_cancelled_total")
+    body = {"model": model_id, "prompt": COUNTING, "max_tokens": 200, "min_tokens": 200, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{api.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=httpx.Timeout(60, read=1.5))
+    deadline = time.monotonic() + 20
+    while engine_metric(served_repo, "toolkit_engine_requests_cancelled_total") <= cancelled_before:
+        assert time.monotonic() < deadline, "the engine did not count the request as cancelled"
+        time.sleep(0.2)
+    assert engine_metric(served_repo, "toolkit_engine_requests_in_flight") == 0
+    after = client.completions.create(model=model_id, prompt=COUNTING, max_tokens=4, temperature=0)
+    assert after.choices[0].text and after.usage.completion_tokens == 4
+
+
 def test_metrics_count_requests_tokens_and_latency(api):
     text = httpx.get(f"{api.url}/metrics").text
     assert re.search(r'toolkit_api_requests_total\{endpoint="chat_completions",status="200"\} [1-9]', text)
     assert re.search(r"toolkit_api_completion_tokens_total [1-9]", text)
     assert re.search(r"toolkit_api_time_to_first_token_seconds_count [1-9]", text)
     assert re.search(r"toolkit_api_inter_token_latency_seconds_count [1-9]", text)
+    # TTFT's halves, each observed once per generation that produced a token, and adding up to at most TTFT.
+    counts = {name: float(re.search(rf"{name}_count (\S+)", text).group(1)) for name in ("toolkit_api_time_to_first_token_seconds", "toolkit_api_admission_seconds", "toolkit_api_engine_first_response_seconds")}
+    sums = {name: float(re.search(rf"{name}_sum (\S+)", text).group(1)) for name in counts}
+    assert counts["toolkit_api_engine_first_response_seconds"] == counts["toolkit_api_time_to_first_token_seconds"] <= counts["toolkit_api_admission_seconds"]
+    assert 0 < sums["toolkit_api_admission_seconds"] and 0 < sums["toolkit_api_engine_first_response_seconds"] < sums["toolkit_api_time_to_first_token_seconds"]
     assert re.search(r'toolkit_api_requests_total\{endpoint="chat_completions",status="401"\} [1-9]', text)
     assert "toolkit_api_requests_in_flight 0.0" in text

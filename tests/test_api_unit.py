@@ -317,6 +317,22 @@ def test_cli_dry_run_prints_settings_without_keys(tiny_repo, monkeypatch):
     assert "sk-secret" not in result.output
 
 
+def test_cli_loop_and_http_choices(tiny_repo, monkeypatch):
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["api", "--repo", str(tiny_repo), "--loop", "asyncio", "--http", "h11", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["loop"] == "asyncio" and json.loads(result.output)["http"] == "h11"
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real_find_spec(name, *a))
+    result = CliRunner().invoke(cli, ["api", "--repo", str(tiny_repo), "--loop", "uvloop", "--dry-run"])
+    assert result.exit_code == 2 and "pip install uvloop" in result.output and "--loop" in result.output
+
+
 def test_cli_refuses_a_folder_that_is_not_a_repository(tmp_path):
     from click.testing import CliRunner
 

@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from toolkit.api.errors import ApiError, install_error_handlers
-from toolkit.api.gate import Gate
+from toolkit.api.gate import ARRIVAL, Gate
 from toolkit.api.generation import Coalesced, Generation, Job, SseFormatter
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.schemas import (
@@ -112,14 +112,14 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
             prompt = state.codec.render_chat(messages)
         except Exception as exc:  # noqa: BLE001 - a template's own error (jinja2 or raise_exception) is the client's 400
             raise ApiError(400, f"The chat template refused these messages: {exc}", param="messages") from exc
-        job = _plan(state, "chat", body, prompt, body.requested_max_tokens(), "messages")
+        job = _plan(state, "chat", body, prompt, body.requested_max_tokens(), "messages", _arrival(request))
         return await _respond(state, job, bool(body.stream), request)
 
     @app.post("/v1/completions", response_model=Completion, responses=ERRORS)
     async def completions(body: CompletionRequest, request: Request):
         state.check_model(body.model)
         _refuse_unsupported(body)
-        job = _plan(state, "completion", body, body.prompt_text(), body.max_tokens, "prompt")
+        job = _plan(state, "completion", body, body.prompt_text(), body.max_tokens, "prompt", _arrival(request))
         return await _respond(state, job, bool(body.stream), request)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
@@ -153,7 +153,12 @@ def _refuse_unsupported(body) -> None:
         raise ApiError(400, reason, param=name, code="unsupported_parameter")
 
 
-def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | None, param: str) -> Job:
+def _arrival(request: Request) -> float:
+    """When the request came through the gate (before body parsing and validation), for TTFT."""
+    return request.scope.get("state", {}).get(ARRIVAL) or time.perf_counter()
+
+
+def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | None, param: str, arrival: float) -> Job:
     """Check the prompt and max_tokens against the engine's limits; a request over them is a 400 naming the limit."""
     try:
         prompt.encode("utf-8")
@@ -180,7 +185,7 @@ def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | None, 
     sampling = Sampling(temperature=body.temperature, top_p=body.top_p, seed=body.seed, min_tokens=body.min_tokens)
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
-    return Job(f"{prefix}-{uuid.uuid4().hex}", kind, body.model, prompt, prompt_ids, prompt_tokens, max_tokens, sampling, tuple(body.stop_list()), include_usage)
+    return Job(f"{prefix}-{uuid.uuid4().hex}", kind, body.model, prompt, prompt_ids, prompt_tokens, max_tokens, sampling, tuple(body.stop_list()), include_usage, arrival=arrival)
 
 
 async def _respond(state: ApiState, job: Job, stream: bool, request: Request):
@@ -246,22 +251,40 @@ def _engine_error(exc: InferenceFailed) -> ApiError:
 
 
 async def _until_disconnect(request: Request, awaitable):
-    """Await `awaitable` unless the client disconnects first; then cancel it and raise ClientGone."""
-    work = asyncio.ensure_future(awaitable)
+    """Await `awaitable` in this task unless the client disconnects first; then cancel it and raise ClientGone.
+
+    The work stays in the request's own task and only the disconnect watcher is a task of its own:
+    on a loaded event loop every hop to another task waits a whole turn of the loop (every other
+    stream's relay work), and two such hops here added about 2 ms to time-to-first-token at 16
+    streams (perf/results/api_overhead.md).
+    """
+    task = asyncio.current_task()
+    gone = False
+    waiting = True
+
+    def on_watch_done(watch: asyncio.Future) -> None:
+        nonlocal gone
+        if watch.cancelled():
+            return
+        watch.exception()  # retrieved: a receive error counts as the client gone
+        if not waiting:
+            return
+        gone = True
+        task.cancel()
+
     watch = asyncio.ensure_future(_disconnected(request))
+    watch.add_done_callback(on_watch_done)
     try:
-        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return await awaitable
     except asyncio.CancelledError:
-        work.cancel()
-        raise
+        if not gone:
+            raise
+        task.uncancel()
+        raise ClientGone() from None
     finally:
+        waiting = False
+        watch.remove_done_callback(on_watch_done)
         watch.cancel()
-    if work in done:
-        return work.result()
-    work.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await work
-    raise ClientGone()
 
 
 async def _disconnected(request: Request) -> None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hmac
 import json
+import time
 
 from toolkit.api.errors import error_body
 from toolkit.api.metrics import ApiMetrics
 
+ARRIVAL = "toolkit_arrival"
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 ENDPOINTS = {
     "/v1/chat/completions": "chat_completions",
@@ -46,6 +48,8 @@ class Gate:
             await send(message)
 
         generation = scope["method"] == "POST" and path in GENERATION_PATHS
+        if generation:  # where time-to-first-token starts (Starlette's request.state reads scope["state"])
+            scope.setdefault("state", {})[ARRIVAL] = time.perf_counter()
         try:
             if path.startswith("/v1/") and self.api_keys and not self._authorized(scope):
                 await self._refuse(send_and_record, 401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.", "invalid_request_error", "invalid_api_key", [(b"www-authenticate", b"Bearer")])

@@ -47,6 +47,8 @@ class Generation:
         """Text pieces (possibly empty) in order; one per engine response, then the held-back tail."""
         job, metrics = self.job, self.metrics
         scanner = StopScanner(list(job.stops))
+        sent = time.perf_counter()
+        metrics.admission.observe(sent - job.arrival)
         pieces = self.backend.generate(job.prompt, job.prompt_ids, job.max_tokens, job.sampling)
         last = None
         try:
@@ -61,6 +63,7 @@ class Generation:
                 if new:
                     if last is None:
                         metrics.ttft.observe(now - job.arrival)
+                        metrics.engine_first.observe(now - sent)
                     else:
                         gap = (now - last) / new
                         for _ in range(new):

@@ -17,6 +17,9 @@ class ApiMetrics:
         self.prompt_tokens = Counter("toolkit_api_prompt_tokens", "Prompt tokens of answered generation requests", registry=r)
         self.completion_tokens = Counter("toolkit_api_completion_tokens", "Tokens generated for API requests", registry=r)
         self.ttft = Histogram("toolkit_api_time_to_first_token_seconds", "Request arrival to first generated text", buckets=TTFT_BUCKETS, registry=r)
+        # TTFT's two halves: our own work before Triton sees the request, and the engine's wait to its first token.
+        self.admission = Histogram("toolkit_api_admission_seconds", "Request arrival to its gRPC call to Triton (HTTP parsing, validation, tokenization, event-loop waits)", buckets=ITL_BUCKETS, registry=r)
+        self.engine_first = Histogram("toolkit_api_engine_first_response_seconds", "gRPC call to Triton to the engine's first generated token", buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram("toolkit_api_inter_token_latency_seconds", "Time between generated tokens of one request", buckets=ITL_BUCKETS, registry=r)
         self.in_flight = Gauge("toolkit_api_requests_in_flight", "Generation requests being served now", registry=r)
         self.rejected = Counter("toolkit_api_rejected_requests", "Generation requests refused with 429 (in-flight bound reached)", registry=r)

@@ -23,13 +23,15 @@ def parse_api_keys(values: tuple[str, ...] | list[str], env_value: str | None = 
     return tuple(dict.fromkeys(k for k in keys if k))
 
 
-def _uvicorn_server(settings: ApiSettings, host: str, port: int, log_level: str):
+def _uvicorn_server(settings: ApiSettings, host: str, port: int, log_level: str, loop: str = "auto", http: str = "auto"):
     import uvicorn
 
     config = uvicorn.Config(
         create_app(settings),
         host=host,
         port=port,
+        loop=loop,  # auto: uvloop when installed (a dependency), else asyncio
+        http=http,  # auto: httptools when installed (a dependency), else h11
         log_level=log_level,
         access_log=False,  # the access log would show paths only, but keep request lines out of logs by default
         timeout_graceful_shutdown=5,
@@ -38,9 +40,10 @@ def _uvicorn_server(settings: ApiSettings, host: str, port: int, log_level: str)
     return uvicorn.Server(config)
 
 
-def run_api(settings: ApiSettings, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, log_level: str = "info") -> None:
+def run_api(settings: ApiSettings, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, log_level: str = "info",
+            loop: str = "auto", http: str = "auto") -> None:
     """Serve in the foreground until interrupted (Ctrl-C or SIGTERM)."""
-    server = _uvicorn_server(settings, host, port, log_level)
+    server = _uvicorn_server(settings, host, port, log_level, loop, http)
     server.run()
     if not server.started:
         raise ServerError(f"the API could not start on {host}:{port}", hint="is the port taken? pick another with --port")
