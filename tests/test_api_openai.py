@@ -100,6 +100,14 @@ def test_text_completion_streamed_and_not(client, model_id, hf_tokenizer):
     assert "".join(p.choices[0].text for p in pieces) == whole.choices[0].text
 
 
+def test_completions_default_to_16_tokens_also_for_an_explicit_null(api, model_id):
+    for extra in ({}, {"max_tokens": None}):
+        body = {"model": model_id, "prompt": COUNTING, "temperature": 0, "min_tokens": 16, **extra}
+        response = httpx.post(f"{api.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 16 and response.json()["choices"][0]["finish_reason"] == "length"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_stop_sequence_ends_the_text_before_it(client, model_id, stream):
     prompt = "Count: one, two, three, four, five, six,"

@@ -110,6 +110,8 @@ def test_metrics_expose_the_promised_series(client):
     "fields, param",
     [
         ({"n": 2}, "n"),
+        ({"n": True}, "n"),  # True == 1 in Python; not to us
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream: OpenAI refuses it too
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
@@ -137,7 +139,7 @@ def test_chat_refuses_what_it_cannot_honour_with_400(client, fields, param):
 @pytest.mark.parametrize(
     "fields, param",
     [({"echo": True}, "echo"), ({"best_of": 3}, "best_of"), ({"suffix": "x"}, "suffix"), ({"prompt": ["a", "b"]}, "prompt"),
-     ({"prompt": [1, 2, 3]}, None), ({"logprobs": 2}, "logprobs"), ({"n": 3}, "n")],
+     ({"prompt": [1, 2, 3]}, None), ({"logprobs": 2}, "logprobs"), ({"logprobs": 0}, "logprobs"), ({"n": 3}, "n")],
 )
 def test_completions_refuse_what_they_cannot_honour_with_400(client, fields, param):
     body = {"model": "Tiny-Test", "prompt": "hello", **fields}
@@ -169,10 +171,14 @@ def test_lone_surrogate_prompt_is_400(client):
     _assert_openai_error(client.post("/v1/completions", content=raw, headers={"content-type": "application/json"}), 400, "prompt")
 
 
-def test_a_valid_request_reaches_triton_and_gets_503_when_it_is_down(client):
-    error = _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4)), 503)
-    assert error["code"] == "triton_unavailable"
-    _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4, stream=True)), 503)
+def test_a_valid_request_reaches_triton_and_gets_503_when_it_is_down(tiny_repo):
+    with _client(tiny_repo) as client:
+        error = _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4)), 503)
+        assert error["code"] == "triton_unavailable"
+        _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4, stream=True)), 503)
+        metrics = client.get("/metrics").text
+    assert "toolkit_api_failed_requests_total 2.0" in metrics  # failures, not client cancellations
+    assert "toolkit_api_cancelled_requests_total 0.0" in metrics
 
 
 def test_openapi_schema_documents_the_routes(client):
@@ -233,9 +239,16 @@ def test_stop_scanner_equals_cutting_the_whole_text(text, stops, data):
     raw = text.encode()
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=6)))
     pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    expected = text[: min(found)] if found else text
+    found = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]
+    expected = text[: min(found)[1]] if found else text  # cut where the first stop to complete starts
     assert _scan(pieces, stops) == (expected, bool(found))
+    assert _scan(pieces, stops) == _scan([raw[i:i + 1] for i in range(len(raw))], stops)  # however the bytes are grouped
+
+
+def test_the_stop_that_completes_first_wins_whatever_the_grouping():
+    # "bcd" completes before "abcdx" does, though "abcdx" starts first: token by token the text is "a".
+    assert _scan([b"a", b"b", b"c", b"d", b"x"], ["bcd", "abcdx"]) == ("a", True)
+    assert _scan([b"abcdx"], ["bcd", "abcdx"]) == ("a", True)
 
 
 # --- generation bookkeeping and SSE format -------------------------------------------------------
@@ -285,6 +298,27 @@ def test_stop_string_ends_generation_and_cancels_the_engine_request():
     text, generation = asyncio.run(_run(_job(max_tokens=10, stops=("three",)), backend))
     assert text == "one two " and generation.finish_reason == "stop" and generation.completion_tokens == 4
     assert backend.closed_early
+
+
+def test_an_unexpected_error_mid_stream_ends_with_an_error_event_and_done():
+    import asyncio
+
+    from toolkit.api.app import _sse
+
+    class Broken(_FakeBackend):
+        async def generate(self, prompt, prompt_ids, max_tokens, sampling):
+            yield Piece(b"one ", 1, False)
+            raise RuntimeError("decoder blew up")
+
+    async def stream():
+        generation = Generation(_job(max_tokens=10), Broken([]), ApiMetrics())
+        texts = generation.texts()
+        first = await anext(texts)
+        return [chunk async for chunk in _sse(generation.job, generation, texts, first)]
+
+    body = b"".join(asyncio.run(stream())).decode()
+    assert '"content":"one "' in body and '"code":"internal_error"' in body and "decoder blew up" not in body
+    assert body.endswith("data: [DONE]\n\n")
 
 
 def test_sse_chunks_follow_openai_chunk_format():

@@ -74,6 +74,26 @@ def test_text_over_grpc_streaming_and_http_equals_reference(served_repo, referen
     assert generate_grpc(served_repo.grpc_url, request, model="tensorrt_llm_bls").text == expected
 
 
+def test_bls_serves_a_short_request_while_a_long_one_runs(served_repo):
+    """The BLS model blocks a thread per request while it waits for the engine; one long generation
+    must not hold up the others (it once served one request at a time)."""
+    prompt = chat(served_repo, "Count from one to one hundred in words.")
+    done: dict = {}
+
+    def long_request():
+        done["long"] = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=200, min_tokens=200), model="tensorrt_llm_bls")
+        done["long_at"] = time.monotonic()
+
+    runner = threading.Thread(target=long_request)
+    runner.start()
+    time.sleep(1.0)  # the long request is generating
+    short = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=8), model="tensorrt_llm_bls")
+    short_at = time.monotonic()
+    runner.join(timeout=300)
+    assert "Paris" in short.text
+    assert short_at < done["long_at"], "the short request waited for the long one"
+
+
 def test_sixteen_concurrent_streams_all_complete_with_the_right_text(served_repo):
     prompts = [chat(served_repo, QUESTIONS[i % len(QUESTIONS)]) for i in range(16)]
     alone = {p: generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=p, max_tokens=24)).text for p in set(prompts)}
@@ -163,6 +183,52 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served_repo
         generate_grpc(served_repo.grpc_url, request)
     with pytest.raises(ClientError, match=message.replace("(", r"\(")):
         generate_http(served_repo.http_url, request)
+    assert "Paris" in generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16)).text
+
+
+def _engine_error(served_repo, tensors) -> str | None:
+    """Send raw tensors to tensorrt_llm over a gRPC stream; the error message of its final response, if any."""
+    import tritonclient.grpc as grpcclient
+
+    from toolkit.client.tensors import infer_inputs
+
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(served_repo.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("tensorrt_llm", infer_inputs(tensors), enable_empty_final_response=True)
+        while True:
+            result, error = answers.get(timeout=60)
+            if error is not None:
+                return error.message()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return None
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"input_ids": [[1, 9690, 49152]]}, "token id 49152, outside this model's vocabulary [0, 49152)"),
+        ({"input_ids": [[1, -5, 198]]}, "token id -5"),
+        ({"input_lengths": [[0]]}, "input_lengths 0 must be between 1 and the 3 ids"),
+        ({"input_lengths": [[7]]}, "input_lengths 7 must be between 1 and the 3 ids"),
+        ({"input_ids": [[1, 9690, 198], [1, 9690, 198]], "input_lengths": [[3], [3]], "request_output_len": [[4], [4]]}, "batch of 2 prompts"),
+    ],
+)
+def test_malformed_engine_requests_are_refused_without_hurting_the_engine(served_repo, change, message):
+    """Raw clients of tensorrt_llm can send ids no tokenizer makes; they once crashed the whole generation step."""
+    import numpy as np
+
+    tensors = {"input_ids": [[1, 9690, 198]], "input_lengths": [[3]], "request_output_len": [[4]], "streaming": [[True]], **change}
+    dtypes = {"input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32", "streaming": "BOOL"}
+    sent = [(name, np.array(value, dtype=bool if dtypes[name] == "BOOL" else np.int32), dtypes[name]) for name, value in tensors.items()]
+    if "batch" in message:
+        sent = [(n, a, d) if n != "streaming" else (n, np.array([[True], [True]]), d) for n, a, d in sent]
+    error = _engine_error(served_repo, sent)
+    assert error is not None and message in error, error
     assert "Paris" in generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16)).text
 
 

@@ -14,11 +14,12 @@ from typing import AsyncIterator
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from toolkit.api.errors import ApiError, install_error_handlers
+from toolkit.api.errors import ApiError, install_error_handlers, log
 from toolkit.api.gate import ARRIVAL, Gate
 from toolkit.api.generation import Coalesced, Generation, Job, SseFormatter
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.schemas import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
     ChatCompletion,
     ChatCompletionRequest,
     Completion,
@@ -174,14 +175,17 @@ def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | None, 
     limit = limits.output_limit(prompt_tokens)
     if limit < 1:
         raise ApiError(400, f"The prompt is {prompt_tokens} tokens and leaves no room to generate within this model's maximum sequence length of {limits.max_seq_len} tokens.", param=param, code="context_length_exceeded")
-    max_tokens = min(requested, limit) if kind == "completion" and "max_tokens" not in body.model_fields_set else requested
-    if max_tokens is None:
-        max_tokens = limit
+    if kind == "completion" and (requested is None or "max_tokens" not in body.model_fields_set):
+        max_tokens = min(requested or COMPLETION_DEFAULT_MAX_TOKENS, limit)  # OpenAI's default (16), also for an explicit null
+    else:
+        max_tokens = requested if requested is not None else limit
     if max_tokens > limit:
         name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
         raise ApiError(400, f"{name}={max_tokens} is over this model's limit of {limit} tokens for a {prompt_tokens}-token prompt (max_output_len {limits.max_output_len}, max_seq_len {limits.max_seq_len}).", param=name, code="context_length_exceeded")
     if body.min_tokens is not None and body.min_tokens > max_tokens:
         raise ApiError(400, f"min_tokens={body.min_tokens} is over max_tokens={max_tokens}: ask for at most as many tokens as may be generated.", param="min_tokens", code="invalid_value")
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options", code="invalid_value")
     sampling = Sampling(temperature=body.temperature, top_p=body.top_p, seed=body.seed, min_tokens=body.min_tokens)
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
@@ -229,6 +233,9 @@ async def _sse(job: Job, generation: Generation, texts: AsyncIterator[str], firs
         yield sse.end(generation)
     except (TritonUnavailable, InferenceFailed) as exc:
         yield sse.error({"error": {"message": str(exc), "type": "server_error", "param": None, "code": "engine_error"}})
+    except Exception:  # noqa: BLE001 - headers are gone: the client still gets an error event and [DONE], not a cut stream
+        log.exception("unhandled error while streaming %s", job.id)
+        yield sse.error({"error": {"message": "The server had an error while streaming this response.", "type": "server_error", "param": None, "code": "internal_error"}})
     finally:
         await (pieces.aclose() if pieces is not None else texts.aclose())
 
@@ -279,7 +286,8 @@ async def _until_disconnect(request: Request, awaitable):
     except asyncio.CancelledError:
         if not gone:
             raise
-        task.uncancel()
+        if hasattr(task, "uncancel"):  # Python 3.11+: the cancel was ours, spent here
+            task.uncancel()
         raise ClientGone() from None
     finally:
         waiting = False

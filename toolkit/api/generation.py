@@ -51,6 +51,7 @@ class Generation:
         metrics.admission.observe(sent - job.arrival)
         pieces = self.backend.generate(job.prompt, job.prompt_ids, job.max_tokens, job.sampling)
         last = None
+        failed = False
         try:
             async for piece in pieces:
                 now = time.perf_counter()
@@ -77,9 +78,13 @@ class Generation:
             else:
                 yield scanner.flush()
             self._finish(scanner.stopped)
+        except Exception:
+            failed = True  # the engine or Triton failed it: not a cancellation
+            metrics.failed.inc()
+            raise
         finally:
             await pieces.aclose()  # cancels the Triton request if it is still running
-            if not self.done:
+            if not self.done and not failed:
                 metrics.cancelled.inc()
 
     def _finish(self, stopped: bool) -> None:

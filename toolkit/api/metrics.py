@@ -23,6 +23,7 @@ class ApiMetrics:
         self.itl = Histogram("toolkit_api_inter_token_latency_seconds", "Time between generated tokens of one request", buckets=ITL_BUCKETS, registry=r)
         self.in_flight = Gauge("toolkit_api_requests_in_flight", "Generation requests being served now", registry=r)
         self.rejected = Counter("toolkit_api_rejected_requests", "Generation requests refused with 429 (in-flight bound reached)", registry=r)
+        self.failed = Counter("toolkit_api_failed_requests", "Generation requests that Triton or the engine failed (errors, Triton unreachable)", registry=r)
         self.cancelled = Counter("toolkit_api_cancelled_requests", "Generation requests whose client went away before the end", registry=r)
         self.finished = Counter("toolkit_api_finished_requests", "Finished generations by finish_reason", ["finish_reason"], registry=r)
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 UINT64_MAX = 2**64 - 1
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 StopText = Annotated[str, Field(min_length=1)]
 Stop = Union[StopText, Annotated[list[StopText], Field(max_length=4)], None]
 
@@ -95,7 +96,7 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, Annotated[list[str], Field(min_length=1)]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(COMPLETION_DEFAULT_MAX_TOKENS, ge=1)
     echo: Any = None
     best_of: Any = None
     suffix: Any = None
@@ -104,32 +105,37 @@ class CompletionRequest(_Sampling):
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
 
+def _other_than(*allowed):
+    """A check that refuses any value but None and `allowed`, compared with their types (0 is not False, True is not 1)."""
+    return lambda v: v is not None and not any(type(v) is type(a) and v == a for a in allowed)
+
+
 def unsupported_fields(request: _Sampling) -> list[tuple[str, str]]:
     """(field, reason) for every field set to a value this server cannot honour."""
     checks = {
-        "n": lambda v: v not in (None, 1),
-        "presence_penalty": lambda v: v not in (None, 0),
-        "frequency_penalty": lambda v: v not in (None, 0),
-        "logit_bias": lambda v: v not in (None, {}),
-        "logprobs": lambda v: v not in (None, False),
-        "top_logprobs": lambda v: v is not None,
-        "tools": lambda v: v not in (None, []),
-        "tool_choice": lambda v: v not in (None, "none"),
-        "parallel_tool_calls": lambda v: v is not None,
-        "functions": lambda v: v not in (None, []),
-        "function_call": lambda v: v not in (None, "none"),
-        "response_format": lambda v: v not in (None, {"type": "text"}),
-        "audio": lambda v: v is not None,
-        "modalities": lambda v: v not in (None, ["text"]),
-        "prediction": lambda v: v is not None,
-        "reasoning_effort": lambda v: v is not None,
-        "store": lambda v: v not in (None, False),
-        "metadata": lambda v: v is not None,
-        "service_tier": lambda v: v not in (None, "auto", "default"),
-        "web_search_options": lambda v: v is not None,
-        "echo": lambda v: v not in (None, False),
-        "best_of": lambda v: v not in (None, 1),
-        "suffix": lambda v: v not in (None, ""),
+        "n": _other_than(1),
+        "presence_penalty": _other_than(0, 0.0),
+        "frequency_penalty": _other_than(0, 0.0),
+        "logit_bias": _other_than({}),
+        "logprobs": _other_than(False),  # completions' integer logprobs=0 still asks for logprobs
+        "top_logprobs": _other_than(),
+        "tools": _other_than([]),
+        "tool_choice": _other_than("none"),
+        "parallel_tool_calls": _other_than(),
+        "functions": _other_than([]),
+        "function_call": _other_than("none"),
+        "response_format": _other_than({"type": "text"}),
+        "audio": _other_than(),
+        "modalities": _other_than(["text"]),
+        "prediction": _other_than(),
+        "reasoning_effort": _other_than(),
+        "store": _other_than(False),
+        "metadata": _other_than(),
+        "service_tier": _other_than("auto", "default"),
+        "web_search_options": _other_than(),
+        "echo": _other_than(False),
+        "best_of": _other_than(1),
+        "suffix": _other_than(""),
     }
     found = []
     for name, refused in checks.items():

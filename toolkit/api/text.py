@@ -187,5 +187,11 @@ class StopScanner:
         return text
 
     def _first_stop(self, text: str) -> int | None:
-        found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-        return min(found) if found else None
+        """Where to cut: at the stop string that completes first (then starts first), as a token-by-token
+        scan would find it, so the text does not depend on how tokens were grouped into pieces."""
+        best = None
+        for stop in self.stops:
+            i = text.find(stop)
+            if i >= 0 and (best is None or (i + len(stop), i) < best):
+                best = (i + len(stop), i)
+        return best[1] if best else None

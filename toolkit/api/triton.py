@@ -137,8 +137,7 @@ class TritonBackend:
                     return
             finished = True  # the stream ended without a final flag: nothing more will come
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.CANCELLED:
-                raise
+            # Our own cancellations surface as asyncio.CancelledError; a CANCELLED status here came from the server.
             raise TritonUnavailable(f"Triton at {self.url}: {exc.code().name}: {exc.details()}") from exc
         finally:
             done.set()

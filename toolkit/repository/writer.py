@@ -173,7 +173,8 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> dict:
                   max_batch_size=limits.max_batch_size, instances=plan.postprocessing_instances, dynamic_batching=True,
                   parameters={"tokenizer_dir": "tokenizer", "skip_special_tokens": True}))
     _write_config(root, configs.python_model(c.BLS, c.TEXT_INPUTS, c.TEXT_OUTPUTS, max_batch_size=limits.max_batch_size,
-                  decoupled=True, parameters={**text_params, "tensorrt_llm_model_name": c.ENGINE}))
+                  decoupled=True, parameters={**text_params, "tensorrt_llm_model_name": c.ENGINE,
+                                              "max_concurrent_requests": limits.max_batch_size}))
     (root / c.ENSEMBLE / "1").mkdir(parents=True)
     _write_config(root, configs.ensemble_model(limits.max_batch_size))
     progress("engine")

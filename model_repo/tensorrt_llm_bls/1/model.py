@@ -2,7 +2,10 @@
 
 Tokenizing and detokenizing in-process saves the two extra model hops of the ensemble; the
 engine is called through BLS, streaming when the client streams. Same inputs and outputs as
-the ensemble.
+the ensemble. Each request is served on a thread of its own (a bounded pool): a BLS call blocks
+while it waits for the engine's next response, and one long generation must not hold up the
+others. (The Python backend's async execute does not help here: its decoupled BLS iterator
+still blocks.)
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -48,15 +52,23 @@ class TritonPythonModel:
         self.end_id = int(_param(config, "end_id", "-1"))
         self.add_special_tokens = _param(config, "add_special_tokens", "false").lower() == "true"
         self.limits = tuple(int(_param(config, k, d)) for k, d in (("max_input_len", "2048"), ("max_output_len", "2048"), ("max_seq_len", "4096")))
+        # As many requests in flight as the engine batches; more wait in the pool's queue.
+        self.pool = ThreadPoolExecutor(max_workers=max(1, int(_param(config, "max_concurrent_requests", "64"))), thread_name_prefix="bls")
 
     def execute(self, requests):
         for request in requests:
-            sender = request.get_response_sender()
-            try:
-                self._serve(request, sender)
-            except ValueError as exc:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=_final())
+            self.pool.submit(self._serve_one, request, request.get_response_sender())
         return None
+
+    def _serve_one(self, request, sender) -> None:
+        try:
+            self._serve(request, sender)
+        except Exception as exc:  # noqa: BLE001 - each request's failure is its own final error
+            message = str(exc) if isinstance(exc, ValueError) else f"tensorrt_llm_bls: {type(exc).__name__}: {exc}"
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_final())
+
+    def finalize(self):
+        self.pool.shutdown(wait=True, cancel_futures=False)
 
     def _serve(self, request, sender) -> None:
         text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0]

@@ -84,6 +84,7 @@ class TritonPythonModel:
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         from sampling import install_seeded_sampler
+        from scheduling import unblock_after_cancellation
 
         config = json.loads(args["model_config"])
         here = os.path.dirname(__file__)
@@ -98,6 +99,8 @@ class TritonPythonModel:
         checkpoint = os.path.join(here, _param(config, "checkpoint_dir", "weights"))
         model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="sdpa")
         self.vocab_size = model.config.vocab_size
+        self.embedding_rows = model.get_input_embeddings().num_embeddings  # valid input ids: [0, rows)
+        unblock_after_cancellation()
         # Defaults only make transformers create the temperature / top-k / top-p processors;
         # every request overrides all three (greedy is top_k=1).
         generation = GenerationConfig(
@@ -145,8 +148,9 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 self._admit(request, sender)
-            except ValueError as exc:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=_final())
+            except Exception as exc:  # noqa: BLE001 - every refusal is this request's final error, never the server's
+                message = str(exc) if isinstance(exc, ValueError) else f"the CPU engine could not take this request: {type(exc).__name__}: {exc}"
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_final())
         return None
 
     def _admit(self, request, sender) -> None:
@@ -159,18 +163,40 @@ class TritonPythonModel:
             self._streams[stream.request_id] = stream
             self.in_flight.set(len(self._streams))
         eos = stream.end_id if stream.min_tokens == 0 else -1  # with min_tokens we stop at end_id ourselves
-        added = self.manager.add_request(
-            stream.prompt, request_id=stream.request_id, max_new_tokens=stream.max_tokens,
-            streaming=True, eos_token_id=eos, **sampling,
-        )
-        if added is None:
+        try:
+            added = self.manager.add_request(
+                stream.prompt, request_id=stream.request_id, max_new_tokens=stream.max_tokens,
+                streaming=True, eos_token_id=eos, **sampling,
+            )
+        except BaseException:
             self._drop(stream.request_id)
-            raise ValueError("the CPU engine is not accepting requests (shutting down or its queue is full); retry")
+            raise
+        if added is None:
+            if self._drop(stream.request_id):  # else the router already answered it (a restart)
+                raise ValueError("the CPU engine is not accepting requests (restarting its generation loop, or its queue is full); retry")
+            return
+        with self._lock:
+            reaped = stream.request_id not in self._streams
+        if reaped:  # the client cancelled between registration and add_request: stop it in the engine too
+            self.manager.cancel_request(stream.request_id)
 
     def _parse(self, request, sender):
-        ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
+        tensor = pb_utils.get_input_tensor_by_name(request, "input_ids")
+        if tensor is None:
+            raise ValueError("input_ids is missing: send the prompt's token ids as input_ids [1, N]")
+        array = tensor.as_numpy()
+        if array.ndim == 2 and array.shape[0] != 1:
+            raise ValueError(f"input_ids holds a batch of {array.shape[0]} prompts; the CPU engine takes one prompt per request: send shape [1, N]")
+        ids = array.reshape(-1)
         length = int(_scalar(request, "input_lengths", len(ids)))
-        prompt = ids[:length].tolist()
+        if not 1 <= length <= len(ids):
+            raise ValueError(f"input_lengths {length} must be between 1 and the {len(ids)} ids sent in input_ids")
+        prompt_ids = ids[:length]
+        low, high = int(prompt_ids.min()), int(prompt_ids.max())
+        if low < 0 or high >= self.embedding_rows:
+            bad = low if low < 0 else high
+            raise ValueError(f"input_ids holds token id {bad}, outside this model's vocabulary [0, {self.embedding_rows}); tokenize with the repository's tokenizer")
+        prompt = prompt_ids.tolist()
         max_tokens = int(_scalar(request, "request_output_len"))
         if max_tokens <= 0:
             raise ValueError(f"request_output_len={max_tokens} must be at least 1")
@@ -227,16 +253,20 @@ class TritonPythonModel:
     def _route(self) -> None:
         last_poll = time.monotonic()
         while self._running:
-            result = self.manager.get_result(timeout=RESULT_WAIT_S)
-            if result is not None:
-                self._on_result(result)
-            elif self.manager.background_thread_status.fatal_error is not None:
-                self._restart_generation_loop()
-            now = time.monotonic()
-            if now - last_poll >= self.cancel_check_s:
-                last_poll = now
-                self._reap_cancelled()
-                self._report_tokens()
+            try:
+                result = self.manager.get_result(timeout=RESULT_WAIT_S)
+                if result is not None:
+                    self._on_result(result)
+                elif self.manager.background_thread_status.fatal_error is not None:
+                    self._restart_generation_loop()
+                now = time.monotonic()
+                if now - last_poll >= self.cancel_check_s:
+                    last_poll = now
+                    self._reap_cancelled()
+                    self._report_tokens()
+            except Exception as exc:  # noqa: BLE001 - this thread answers every request: it must outlive any one of them
+                print(f"tensorrt_llm (CPU): routing error, continuing: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                time.sleep(RESULT_WAIT_S)
 
     def _restart_generation_loop(self) -> None:
         """The manager's generation thread died (a step raised). It has already failed its requests,
@@ -244,14 +274,17 @@ class TritonPythonModel:
         one bad step costs the requests in that step, not the server."""
         error = self.manager.background_thread_status.fatal_error
         print(f"tensorrt_llm (CPU): a generation step failed ({error}); restarting the generation loop", file=sys.stderr, flush=True)
-        self.manager.join(time.perf_counter(), timeout=10)
-        with self._lock:
-            streams = list(self._streams.values())
-        for stream in streams:
-            self._drop(stream.request_id)
+        try:
+            self.manager.join(time.perf_counter(), timeout=10)
+            with self._lock:
+                streams = list(self._streams.values())
             message = f"CPU engine: a generation step failed ({error}); the engine restarted, retry the request"
-            stream.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_final())
-        self.manager.start()
+            for stream in streams:
+                if self._drop(stream.request_id):
+                    self.manager.cancel_request(stream.request_id)  # queued after the crash: nobody waits for it now
+                    stream.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_final())
+        finally:
+            self.manager.start()
 
     def _report_tokens(self) -> None:
         if self._unreported_tokens:
@@ -262,9 +295,8 @@ class TritonPythonModel:
         with self._lock:
             streams = list(self._streams.values())
         for stream in streams:
-            if stream.request.is_cancelled():
+            if stream.request.is_cancelled() and self._drop(stream.request_id):
                 self.manager.cancel_request(stream.request_id)
-                self._drop(stream.request_id)
                 self.cancelled.increment(1)
                 stream.sender.send(flags=_final())
 
@@ -274,16 +306,16 @@ class TritonPythonModel:
         if stream is None:
             return  # finished or cancelled already
         if result.error:
-            self._drop(stream.request_id)
-            stream.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"CPU engine: {result.error}")), flags=_final())
+            if self._drop(stream.request_id):
+                stream.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"CPU engine: {result.error}")), flags=_final())
             return
         done = self._take_tokens(stream, result.generated_tokens)
         done = done or result.is_finished()
         if done:
             if not result.is_finished():
                 self.manager.cancel_request(stream.request_id)
-            self._drop(stream.request_id)
-            self._respond(stream, final=True)
+            if self._drop(stream.request_id):
+                self._respond(stream, final=True)
         elif stream.streaming and stream.unsent:
             self._respond(stream, final=False)
 
@@ -320,15 +352,25 @@ class TritonPythonModel:
             outputs.append(pb_utils.Tensor("num_output_tokens", np.array([[len(stream.tokens)]], dtype=np.int32)))
         stream.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=_final() if final else 0)
 
-    def _drop(self, request_id: str) -> None:
+    def _drop(self, request_id: str) -> bool:
+        """Forget a request; True only for the one caller that removed it, which alone sends its final response."""
         with self._lock:
-            self._streams.pop(request_id, None)
+            removed = self._streams.pop(request_id, None) is not None
             self.in_flight.set(len(self._streams))
+        return removed
 
     def finalize(self):
         self._running = False
         self._router.join(timeout=5)
-        self.manager.stop(block=True, timeout=10)
+        self.manager.stop(block=True, timeout=10, hard_stop=True)
+        with self._lock:
+            streams = list(self._streams.values())
+        for stream in streams:  # whoever still waits gets a final answer, not a hang
+            if self._drop(stream.request_id):
+                try:
+                    stream.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("the CPU engine is shutting down")), flags=_final())
+                except Exception:  # noqa: BLE001 - the server may already have released the request
+                    pass
 
 
 def _words(request, name: str) -> list:
