@@ -159,6 +159,9 @@ def test_unknown_model_is_404(client):
 def test_too_long_prompt_is_400_naming_the_limit(client):
     error = _assert_openai_error(client.post("/v1/completions", json={"model": "Tiny-Test", "prompt": "hello " * 40}), 400, "prompt")
     assert error["code"] == "context_length_exceeded" and str(MAX_INPUT) in error["message"]
+    # A prompt long enough to be tokenized off the event loop gets the same answer.
+    error = _assert_openai_error(client.post("/v1/completions", json={"model": "Tiny-Test", "prompt": "hello " * 20000}), 400, "prompt")
+    assert error["code"] == "context_length_exceeded" and "20000 tokens" in error["message"]
 
 
 def test_max_tokens_over_the_engine_limit_is_400(client):

@@ -34,6 +34,7 @@ from toolkit.api.text import PromptCodec, RepositoryFacts, load_token_decoder, r
 from toolkit.api.triton import ENGINE_MODEL, InferenceFailed, Sampling, TritonBackend, TritonUnavailable
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 502, 503)}
+LONG_PROMPT_CHARS = 32768
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -113,14 +114,14 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
             prompt = state.codec.render_chat(messages)
         except Exception as exc:  # noqa: BLE001 - a template's own error (jinja2 or raise_exception) is the client's 400
             raise ApiError(400, f"The chat template refused these messages: {exc}", param="messages") from exc
-        job = _plan(state, "chat", body, prompt, body.requested_max_tokens(), "messages", _arrival(request))
+        job = await _plan(state, "chat", body, prompt, body.requested_max_tokens(), "messages", _arrival(request))
         return await _respond(state, job, bool(body.stream), request)
 
     @app.post("/v1/completions", response_model=Completion, responses=ERRORS)
     async def completions(body: CompletionRequest, request: Request):
         state.check_model(body.model)
         _refuse_unsupported(body)
-        job = _plan(state, "completion", body, body.prompt_text(), body.max_tokens, "prompt", _arrival(request))
+        job = await _plan(state, "completion", body, body.prompt_text(), body.max_tokens, "prompt", _arrival(request))
         return await _respond(state, job, bool(body.stream), request)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
@@ -159,14 +160,17 @@ def _arrival(request: Request) -> float:
     return request.scope.get("state", {}).get(ARRIVAL) or time.perf_counter()
 
 
-def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | None, param: str, arrival: float) -> Job:
+async def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | None, param: str, arrival: float) -> Job:
     """Check the prompt and max_tokens against the engine's limits; a request over them is a 400 naming the limit."""
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ApiError(400, "The prompt is not valid Unicode (it holds a lone surrogate).", param=param, code="invalid_value") from exc
     limits = state.facts.limits
-    prompt_ids = state.codec.encode(prompt)
+    if len(prompt) > LONG_PROMPT_CHARS:  # tokenizing megabytes takes a while: not on the loop every stream shares
+        prompt_ids = await asyncio.to_thread(state.codec.encode, prompt)
+    else:
+        prompt_ids = state.codec.encode(prompt)
     prompt_tokens = len(prompt_ids)
     if prompt_tokens == 0:
         raise ApiError(400, "The prompt is empty: it must hold at least one token.", param=param, code="invalid_value")
