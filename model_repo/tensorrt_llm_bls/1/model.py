@@ -68,7 +68,7 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_final())
 
     def finalize(self):
-        self.pool.shutdown(wait=True, cancel_futures=False)
+        self.pool.shutdown(wait=False, cancel_futures=True)  # never hang the unload on a request still waiting for the engine
 
     def _serve(self, request, sender) -> None:
         text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0]
