@@ -50,7 +50,7 @@ class SeededSampler(ContinuousBatchingLogitsProcessor):
             probs = torch.softmax(scores[row].float(), dim=-1)
             if torch.isfinite(probs).all() and probs.sum() > 0:
                 choice = torch.multinomial(probs, 1, generator=generator)
-            else:  # logits overflowed (an extreme temperature): the limit of sampling is the argmax
+            else:  # NaN or infinite logits (temperatures that overflow them are decoded greedily upstream)
                 choice = torch.nan_to_num(scores[row].float(), nan=float("-inf")).argmax().view(1)
             masked = torch.full_like(scores[row], float("-inf"))
             masked[choice] = 0.0
