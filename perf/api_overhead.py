@@ -30,7 +30,12 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from toolkit.api.text import PromptCodec, read_repository_facts  # noqa: E402
+from toolkit.api.app import ApiSettings  # noqa: E402
+from toolkit.api.prompt import PromptCodec  # noqa: E402
+from toolkit.client.sse import LeanStreamClient, sse_data  # noqa: E402
+from toolkit.repository.reader import open_repository  # noqa: E402
+from toolkit.serve.api_process import launch_api  # noqa: E402
+from toolkit.subprocs import stop_process  # noqa: E402
 from toolkit.client.tensors import engine_inputs  # noqa: E402
 
 PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy decoding keeps counting: no early end
@@ -73,67 +78,14 @@ async def api_stream(http: httpx.AsyncClient, url: str, model: str, max_tokens: 
     async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+            chunk = sse_data(line)
+            if not isinstance(chunk, dict):
                 continue
-            chunk = json.loads(line[6:])
             if ttft is None and chunk["choices"] and chunk["choices"][0]["text"]:
                 ttft = time.perf_counter() - start
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
     return ttft, tokens
-
-
-class LeanApiClient:
-    """Streaming /v1/completions over raw asyncio streams (HTTP/1.1 keep-alive, chunked SSE).
-
-    The load generator shares 2 cores with the server: httpx plus a json.loads per chunk cost the
-    client more per token than grpc.aio does on the direct side, which shows up as TTFT of the API.
-    This client only looks for the first non-empty text and the usage chunk.
-    """
-
-    FIRST_TEXT = re.compile(rb'"text":"[^"]')
-
-    def __init__(self, url: str, model: str, max_tokens: int):
-        self.host, port = url.removeprefix("http://").rsplit(":", 1)
-        self.port = int(port)
-        body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                           "stream_options": {"include_usage": True}}).encode()
-        self.request = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                        f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-        self.idle: list = []
-
-    async def stream(self) -> tuple[float, int]:
-        start = time.perf_counter()
-        reader, writer = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
-        writer.write(self.request)
-        status = await reader.readline()
-        if not status:  # the server closed an idle keep-alive connection: open a new one
-            writer.close()
-            reader, writer = await asyncio.open_connection(self.host, self.port)
-            writer.write(self.request)
-            status = await reader.readline()
-        if b" 200 " not in status:
-            raise RuntimeError(f"API answered {status!r}")
-        while (await reader.readline()) not in (b"\r\n", b""):
-            pass
-        ttft, tail, tokens = None, b"", 0
-        while True:
-            size = int((await reader.readline()).split(b";")[0], 16)
-            data = await reader.readexactly(size + 2)
-            if size == 0:
-                break
-            if ttft is None and self.FIRST_TEXT.search(data):
-                ttft = time.perf_counter() - start
-            tail = (tail + data)[-4096:]
-        self.idle.append((reader, writer))
-        match = re.search(rb'"completion_tokens":(\d+)', tail)
-        if match:
-            tokens = int(match.group(1))
-        return ttft, tokens
-
-    def close(self) -> None:
-        for _, writer in self.idle:
-            writer.close()
 
 
 async def run_phase(make_request, concurrency: int, requests_per_stream: int) -> dict:
@@ -160,22 +112,11 @@ def summarize(phases: list[dict]) -> dict:
             "ttft_p90_ms": round(float(np.percentile(ttfts, 90)) * 1000, 3)}
 
 
-def start_api(args) -> subprocess.Popen:
-    command = [sys.executable, "-m", "toolkit.cli.main", "api", "--triton-url", args.triton_url, "--repo", str(args.repo),
-               "--port", str(args.api_port), "--model-name", args.model_name, "--max-in-flight", "256", "--log-level", "warning", *shlex.split(args.api_args)]
-    process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{args.api_port}/health", timeout=2).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None:
-            raise SystemExit(f"toolkit api exited: {process.stderr.read().decode()[-2000:]}")
-        time.sleep(0.2)
-    process.terminate()
-    raise SystemExit("toolkit api did not become healthy in 60 s")
+def start_api(args):
+    """The API as `toolkit serve --openai-port` starts it (python -m toolkit.api), on its own port."""
+    settings = ApiSettings(args.triton_url, args.repo, model_name=args.model_name, max_in_flight=256)
+    process, _log = launch_api(settings, host="127.0.0.1", port=args.api_port)
+    return process
 
 
 SPLIT = {"admission": "toolkit_api_admission_seconds", "engine_first_response": "toolkit_api_engine_first_response_seconds",
@@ -198,15 +139,16 @@ def split_means_ms(before: dict, after: dict) -> dict:
 
 
 async def measure(args) -> dict:
-    facts = read_repository_facts(args.repo)
-    ids = PromptCodec(facts.tokenizer_dir, add_special_tokens=facts.add_special_tokens).encode(PROMPT)
+    repository = open_repository(args.repo)
+    ids = PromptCodec(repository).encode(PROMPT)
     url = f"http://127.0.0.1:{args.api_port}"
     client = grpcclient.InferenceServerClient(args.triton_url)
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
         model = (await http.get(f"{url}/v1/models")).json()["data"][0]["id"]
-        direct = lambda: direct_stream(client, args.model_name, ids, args.max_tokens, facts.end_id)  # noqa: E731
-        lean = LeanApiClient(url, model, args.max_tokens)
+        direct = lambda: direct_stream(client, args.model_name, ids, args.max_tokens, repository.tokens.end_id)  # noqa: E731
+        lean = LeanStreamClient(url, "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": args.max_tokens, "temperature": 0,
+                                                          "stream": True, "stream_options": {"include_usage": True}})
         api = (lambda: api_stream(http, url, model, args.max_tokens)) if args.client == "httpx" else lean.stream
         await run_phase(direct, 2, 1)  # warm-up, not counted
         await run_phase(api, 2, 1)
@@ -235,7 +177,7 @@ def write_results(args, results: dict, manifest: dict) -> None:
     meta = {
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "target": manifest.get("target"), "engine_parameters": manifest.get("engine_parameters"), "limits": manifest.get("limits"),
+        "target": manifest.get("target"), "engine_parameters": manifest.get("engine"), "limits": manifest.get("limits"),
         "model_called": args.model_name, "max_tokens": args.max_tokens, "requests_per_stream": args.requests_per_stream,
         "rounds": args.rounds, "client": args.client, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "targets": {"tokens_per_s_lost_pct_max": 5.0, "ttft_p50_added_ms_max": 5.0},
@@ -271,16 +213,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--client", choices=["lean", "httpx"], default="lean",
                         help="API-side load generator: raw asyncio streams (lean) or httpx with a JSON parse per chunk")
-    parser.add_argument("--api-args", default="", help="extra `toolkit api` options, e.g. '--loop asyncio --http h11'")
     parser.add_argument("--out", default="perf/results/api_overhead")
     args = parser.parse_args()
-    manifest = json.loads((args.repo / "manifest.json").read_text()) if (args.repo / "manifest.json").is_file() else {}
+    manifest = open_repository(args.repo).manifest.to_dict()
     api = start_api(args)
     try:
         results = asyncio.run(measure(args))
     finally:
-        os.killpg(api.pid, signal.SIGTERM)
-        api.wait(timeout=20)
+        stop_process(api)
     write_results(args, results, manifest)
 
 

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -27,12 +26,6 @@ PROMPTS = [
     "What makes a good cup of tea?", "Summarize the plot of a heist movie.", "How do airplanes fly?",
     "Give advice to a new programmer.", "Describe a walk through a forest.",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def baseline_tokens_per_s(checkpoint: Path, prompts: list[str], tokens: int) -> float:
@@ -88,12 +81,15 @@ def main() -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
 
     from toolkit.model.sources import resolve_model
-    from toolkit.repository.writer import RepositoryLimits, plan_repository, write_repository
+    from toolkit.repository.engines import CpuEngine
+    from toolkit.repository.limits import RepositoryLimits
+    from toolkit.repository.writer import plan_repository, write_repository
     from toolkit.serve.launcher import ServerConfig, launch_server
+    from toolkit.serve.net import free_port
 
     model = resolve_model("smollm2-135m-instruct", progress=False)
     workdir = Path(tempfile.mkdtemp(prefix="cpu-engine-bench-"))
-    write_repository(plan_repository(model, "cpu", workdir / "repo", RepositoryLimits(kv_cache_tokens=32768)))
+    write_repository(plan_repository(model, CpuEngine(), workdir / "repo", RepositoryLimits(kv_cache_tokens=32768)))
     server = launch_server(ServerConfig(repo=workdir / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()))
     rounds = []
     try:

@@ -40,9 +40,13 @@ from pathlib import Path
 
 import psutil
 
+from toolkit.api.app import ApiSettings
 from toolkit.bench.perf_analyzer import find_perf_analyzer, run_perf_analyzer
-from toolkit.bench.prompts import find_tokenizer, make_prompts, write_input_data
+from toolkit.bench.prompts import make_prompts, write_input_data
+from toolkit.client.sse import LeanStreamClient
 from toolkit.repository import contract as c
+from toolkit.repository.reader import open_repository
+from toolkit.serve.api_process import launch_api
 from toolkit.serve.launcher import ServerConfig, launch_server
 from toolkit.subprocs import stop_process
 
@@ -136,75 +140,32 @@ API_PROMPT = "Count from one to one thousand, one number per line."
 
 
 async def drive_api(api_url: str, count: int, concurrency: int, output_tokens: int) -> int:
-    """`count` streaming /v1/completions over `concurrency` keep-alive connections; returns usage tokens.
-
-    A lean client on raw asyncio streams (HTTP/1.1, chunked): on a 2-core machine the client shares
-    the CPU with the server, so it only scans for the usage chunk and the end of each response.
-    """
-    host, port = api_url.rsplit(":", 1)
-    body = json.dumps({"model": c.ENGINE, "prompt": API_PROMPT, "max_tokens": output_tokens, "min_tokens": output_tokens,
-                       "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    """`count` streaming /v1/completions over `concurrency` keep-alive connections; returns usage tokens."""
+    body = {"model": c.ENGINE, "prompt": API_PROMPT, "max_tokens": output_tokens, "min_tokens": output_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     remaining, total = [count], [0]
 
     async def connection():
-        reader, writer = await asyncio.open_connection(host, int(port))
+        client = LeanStreamClient(f"http://{api_url}", "/v1/completions", body)
         try:
             while remaining[0] > 0:
                 remaining[0] -= 1
-                writer.write(head + body)
-                tokens = await read_stream(reader)  # not `total[0] += await ...`: that reads total before the await
+                _first, tokens = await client.stream()
+                if tokens is None:
+                    raise SystemExit("an API stream ended without usage")
                 total[0] += tokens
         finally:
-            writer.close()
+            client.close()
 
     await asyncio.gather(*(connection() for _ in range(min(concurrency, count))))
     return total[0]
 
 
-async def read_stream(reader: asyncio.StreamReader) -> int:
-    """Read one chunked SSE response to its terminating chunk; returns usage.completion_tokens."""
-    status = await reader.readline()
-    if b" 200 " not in status:
-        raise SystemExit(f"API answered {status!r}: {await reader.read(2000)!r}")
-    while (await reader.readline()) not in (b"\r\n", b""):
-        pass
-    tail, tokens = b"", None
-    while True:
-        size = int((await reader.readline()).split(b";")[0], 16)
-        data = await reader.readexactly(size + 2)
-        if size == 0:
-            break
-        tail = (tail + data)[-4096:]
-        if tokens is None and b'"completion_tokens":' in tail:
-            part = tail.split(b'"completion_tokens":', 1)[1]
-            digits = part[: len(part) - len(part.lstrip(b"0123456789"))]
-            if len(digits) < len(part):
-                tokens = int(digits)
-    if tokens is None:
-        raise SystemExit("an API stream ended without usage")
-    return tokens
-
-
-def start_api(server, repo: Path, port: int, work: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "toolkit.cli.main", "api", "--triton-url", server.grpc_url, "--repo", str(repo),
-               "--port", str(port), "--max-in-flight", "1024", "--log-level", "warning"]
-    log = open(work / "api.log", "wb")
-    process = subprocess.Popen(command, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                if response.status == 200:
-                    return process
-        except OSError:
-            pass
-        if process.poll() is not None:
-            raise SystemExit(f"toolkit api exited: {(work / 'api.log').read_text()[-2000:]}")
-        time.sleep(0.2)
-    stop_process(process)
-    raise SystemExit("toolkit api did not become healthy in 60 s")
+def start_api(server, repo: Path, port: int, work: Path):
+    """The API as `toolkit serve --openai-port` starts it (python -m toolkit.api)."""
+    settings = ApiSettings(server.grpc_url, repo, max_in_flight=1024)
+    process, _log = launch_api(settings, host="127.0.0.1", port=port, log_file=work / "api.log")
+    return process
 
 
 # --- profiling ----------------------------------------------------------------------------------
@@ -283,7 +244,9 @@ def main(argv=None) -> int:
                                         metrics_port=args.port_base + 2, log_file=work / "tritonserver.log"))
     api = None
     try:
-        prompts = make_prompts(find_tokenizer(repo), 32, args.input_tokens, seed=1)
+        repository = open_repository(repo)
+        prompts = make_prompts(repository.tokenizer_json, 32, args.input_tokens, add_special_tokens=repository.tokens.add_special_tokens,
+                               bos_id=repository.tokens.bos_id, seed=1)
         inputs = {m: write_input_data(work / f"{m}.json", prompts, args.output_tokens, m) for m in (c.ENGINE, c.ENSEMBLE)}
         extra = {}
         loads = {"engine": (c.ENGINE, perf_analyzer_load(server, pa, c.ENGINE, inputs[c.ENGINE], args, work / "engine")),
@@ -321,13 +284,13 @@ def record(args, repeats: list[list[PhaseResult]], profile: dict, repo: Path) ->
     beyond = median_by_key(beyond_rows)
     totals = median_by_key(total_rows)
     splits = {phase: median_by_key(rows) for phase, rows in split_rows.items()}
-    manifest = json.loads((repo / "manifest.json").read_text()) if (repo / "manifest.json").is_file() else {}
+    manifest = open_repository(repo).manifest.to_dict()
     result = {
         "command": "python perf/stack_ceiling.py " + " ".join(sys.argv[1:]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "engine_parameters": manifest.get("engine_parameters"),
+        "engine_parameters": manifest.get("engine"),
         "repeats": [[asdict(p) for p in phases] for phases in repeats],
         "median_us_per_token": totals,
         "median_us_per_token_by_process": splits,

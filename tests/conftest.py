@@ -17,7 +17,7 @@ import os  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from tests_ports import free_port  # noqa: E402
+from toolkit.serve.net import free_port  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,9 @@ class ServedRepo:
 def served_repo(tmp_path_factory):
     """Build the embedded default's CPU repository once and serve it for the whole session."""
     from toolkit.model.sources import resolve_model
-    from toolkit.repository.writer import RepositoryLimits, plan_repository, write_repository
+    from toolkit.repository.engines import CpuEngine
+    from toolkit.repository.limits import RepositoryLimits
+    from toolkit.repository.writer import plan_repository, write_repository
     from toolkit.serve.launcher import ServerConfig, launch_server
 
     home = Path(os.environ.get("TOOLKIT_TEST_HOME") or tmp_path_factory.mktemp("served-home"))
@@ -45,7 +47,7 @@ def served_repo(tmp_path_factory):
         model = resolve_model("smollm2-135m-instruct", progress=False)
         limits = RepositoryLimits(max_input_len=512, max_output_len=256, max_seq_len=1024, kv_cache_tokens=16384)
         repo = tmp_path_factory.mktemp("served") / "repo"
-        write_repository(plan_repository(model, "cpu", repo, limits, {"num_threads": 0}))
+        write_repository(plan_repository(model, CpuEngine(num_threads=0), repo, limits))
         config = ServerConfig(repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                               ready_timeout_s=300, log_file=home / "tritonserver-test.log")
         server = launch_server(config)

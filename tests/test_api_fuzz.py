@@ -16,7 +16,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 
 from toolkit.api import ApiSettings, run_api_in_background
-from tests_ports import free_port
+from toolkit.serve.net import free_port
 
 pytestmark = pytest.mark.server
 

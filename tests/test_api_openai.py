@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from toolkit.api import ApiSettings, run_api_in_background
-from tests_ports import free_port
+from toolkit.serve.net import free_port
 
 pytestmark = pytest.mark.server
 
@@ -147,9 +147,9 @@ def test_wrong_or_missing_key_is_401(api, model_id):
 
 
 def test_too_long_prompt_is_400_naming_the_limit(client, model_id, served_repo):
-    from toolkit.api.text import read_repository_facts
+    from toolkit.repository.reader import open_repository
 
-    limit = read_repository_facts(served_repo.repo).limits.max_input_len
+    limit = open_repository(served_repo.repo).limits.max_input_len
     with pytest.raises(openai.BadRequestError) as caught:
         client.completions.create(model=model_id, prompt="hello " * (limit + 10), max_tokens=2)
     assert str(limit) in caught.value.body["message"]

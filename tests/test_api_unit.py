@@ -15,13 +15,15 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolkit.api import ApiSettings, create_app, parse_api_keys
+from toolkit.api import ApiSettings, create_app
 from toolkit.api.generation import Generation, Job, SseFormatter
 from toolkit.api.metrics import ApiMetrics
-from toolkit.api.text import StopScanner, read_repository_facts
+from toolkit.api.stops import StopScanner
 from toolkit.api.triton import Piece, Sampling
-from toolkit.repository import contract as c
-from toolkit.repository.configs import python_model, to_pbtxt
+from toolkit.repository.reader import open_repository
+from toolkit.settings import api_keys
+
+from repos import config_only_checkpoint, write_test_repository
 
 UNREACHABLE = "127.0.0.1:1"
 WORDS = ["hello", "world", "the", "capital", "of", "france", "is", "paris", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "\n"]
@@ -30,23 +32,18 @@ MAX_INPUT = 24
 
 
 def _write_tiny_repo(root: Path) -> Path:
+    """A synthetic-engine repository (written by the toolkit's writer) over a tiny word-level tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok_dir = root / "preprocessing" / "1" / "tokenizer"
-    tok_dir.mkdir(parents=True)
-    tokenizer.save(str(tok_dir / "tokenizer.json"))
-    (tok_dir / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}))
-    params = {"tokenizer_dir": "tokenizer", "max_input_len": MAX_INPUT, "max_output_len": 16, "max_seq_len": 32, "add_special_tokens": False}
-    config = python_model(c.PREPROCESSING, c.PREPROCESSING_INPUTS, c.PREPROCESSING_OUTPUTS, max_batch_size=8, parameters=params)
-    (root / "preprocessing" / "config.pbtxt").write_text(to_pbtxt(config))
-    post = root / "postprocessing" / "1"
-    shutil.copytree(tok_dir, post / "tokenizer")
-    shutil.copy2(Path(__file__).parents[1] / "model_repo" / "common" / "textcodec.py", post / "textcodec.py")
-    (root / "manifest.json").write_text(json.dumps({"model": {"name": "HuggingFaceTB/Tiny-Test"}}))
-    return root
+    checkpoint = config_only_checkpoint(root / "checkpoint", {
+        "tokenizer.json": tokenizer.to_str(),
+        "tokenizer_config.json": json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}),
+    }, vocab_size=len(vocab), eos_token_id=vocab["<|im_end|>"])
+    return write_test_repository(checkpoint, root / "repo", source="hf:HuggingFaceTB/Tiny-Test", synthetic=True,
+                                 max_input_len=MAX_INPUT, max_output_len=16, max_seq_len=32, kv_cache_tokens=64)
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +76,10 @@ def _assert_openai_error(response, status: int, param: str | None = None) -> dic
 
 
 # --- facts and models --------------------------------------------------------------------------
-def test_repository_facts_come_from_the_preprocessing_config(tiny_repo):
-    facts = read_repository_facts(tiny_repo)
-    assert facts.limits.max_input_len == MAX_INPUT and facts.limits.output_limit(20) == 12
-    assert facts.tokenizer_dir == tiny_repo / "preprocessing" / "1" / "tokenizer"
+def test_repository_limits_come_from_the_manifest(tiny_repo):
+    repository = open_repository(tiny_repo)
+    assert repository.limits.max_input_len == MAX_INPUT and repository.limits.output_limit(20) == 12
+    assert repository.tokenizer_dir == tiny_repo / "preprocessing" / "1" / "tokenizer"
 
 
 def test_models_lists_the_manifest_model(client):
@@ -216,8 +213,11 @@ def test_in_flight_bound_answers_429_with_retry_after(tiny_repo):
         assert client.post("/v1/chat/completions", json=_chat()).status_code == 503
 
 
-def test_parse_api_keys_merges_flags_and_env():
-    assert parse_api_keys(["a", " b ", ""], "c, a,,d") == ("a", "b", "c", "d")
+def test_api_keys_merge_key_files_and_env(tmp_path, monkeypatch):
+    keys = tmp_path / "keys"
+    keys.write_text("a\n # a comment\n b \n\n")
+    monkeypatch.setenv("TOOLKIT_API_KEYS", "c, a,,d")
+    assert api_keys([keys]) == ("a", "b", "c", "d")
 
 
 # --- stop strings and UTF-8 ----------------------------------------------------------------------
@@ -347,11 +347,23 @@ def test_cli_dry_run_prints_settings_without_keys(tiny_repo, monkeypatch):
     from toolkit.cli.main import cli
 
     monkeypatch.setenv("TOOLKIT_API_KEYS", "sk-secret-1,sk-secret-2")
-    result = CliRunner().invoke(cli, ["api", "--repo", str(tiny_repo), "--port", "19555", "-k", "sk-secret-3", "--dry-run"])
+    key_file = tiny_repo.parent / "api-keys"
+    key_file.write_text("sk-secret-3\n")
+    result = CliRunner().invoke(cli, ["api", "--repo", str(tiny_repo), "--port", "19555", "-k", str(key_file), "--dry-run"])
     assert result.exit_code == 0, result.output
     settings = json.loads(result.output)
     assert settings["api_keys"] == 3 and settings["port"] == 19555 and settings["host"] == "127.0.0.1"
     assert "sk-secret" not in result.output
+
+
+def test_a_key_on_the_command_line_is_refused_naming_the_file_option(tiny_repo):
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["api", "--repo", str(tiny_repo), "--api-key", "sk-visible-in-ps", "--dry-run"])
+    assert result.exit_code == 2
+    assert "--api-key-file" in result.output and "TOOLKIT_API_KEYS" in result.output
 
 
 def test_cli_loop_and_http_choices(tiny_repo, monkeypatch):
@@ -376,7 +388,8 @@ def test_cli_refuses_a_folder_that_is_not_a_repository(tmp_path):
     from toolkit.cli.main import cli
 
     result = CliRunner().invoke(cli, ["api", "--repo", str(tmp_path)])
-    assert result.exit_code == 1 and "Error:" in result.output and "preprocessing" in result.output
+    assert result.exit_code == 1 and "Error:" in result.output and "manifest.json" in result.output and "toolkit build" in result.output
+    assert "OpenAI API on" not in result.output  # refused before claiming to serve
 
 
 def test_min_tokens_over_max_tokens_is_400(client):

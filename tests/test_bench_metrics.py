@@ -10,7 +10,7 @@ import pytest
 
 from toolkit.bench.metrics import Distribution, flat_row, parse_profile_export, point_metrics
 from toolkit.bench.scrape import parse_samples, summarize
-from toolkit.bench.sweep import LoadPoint, Roofline, SweepPlan, parse_points, perf_analyzer_args, roofline_from_manifest
+from toolkit.bench.sweep import LoadPoint, Roofline, SweepPlan, parse_points, perf_analyzer_args
 from toolkit.errors import BenchError
 
 MS = 1_000_000  # ns
@@ -128,15 +128,11 @@ def test_perf_analyzer_args_stream_over_grpc_with_a_fixed_count(tmp_path: Path):
     assert args[args.index("--profile-export-file") + 1] == str(tmp_path / "pe.json")
 
 
-def test_roofline_bound_and_manifest_lookup(tmp_path: Path):
+def test_roofline_bound():
     roof = Roofline(decode_step_ms=2.0, max_batch_size=8)
     assert roof.tokens_per_s(LoadPoint("concurrency", 4)) == pytest.approx(2000.0)
     assert roof.tokens_per_s(LoadPoint("concurrency", 16)) == pytest.approx(4000.0)  # capped at the batch size
     assert roof.tokens_per_s(LoadPoint("request_rate", 1)) is None
-    (tmp_path / "manifest.json").write_text(json.dumps({"target": "h100-sxm", "plan": {"memory": {"decode_step_ms_lower_bound": 1.5, "max_batch_size": 64}}}))
-    assert roofline_from_manifest(tmp_path) == Roofline(1.5, 64)
-    (tmp_path / "manifest.json").write_text(json.dumps({"target": "cpu"}))
-    assert roofline_from_manifest(tmp_path) is None
 
 
 METRICS_T0 = """# TYPE nv_inference_request_success counter

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 from fakes import fake_checkpoint, install_fake_trtllm
 
+from toolkit.bench.sweep import Roofline, roofline_of
 from toolkit.cli.main import cli
 from toolkit.errors import ServerError
 from toolkit.repository.configs import parse_pbtxt
@@ -18,7 +19,7 @@ from toolkit.serve.binary import find_tritonserver
 from toolkit.serve.launcher import ServerConfig, check_repository, engine_preflight, launch_server, server_command
 
 from tiny import make_tiny_checkpoint
-from tests_ports import free_port
+from toolkit.serve.net import free_port
 
 LLAMA_8B = Path(__file__).parent / "data" / "llama-3.1-8b-instruct" / "config.json"
 
@@ -45,7 +46,7 @@ def test_dry_run_json_for_llama_8b_on_h100(dtype, kv_bytes, first_tool):
 
 def test_cpu_only_flags_are_named_when_used_with_a_gpu_flag_on_cpu():
     result = invoke("build", "--target", "cpu", "--dtype", "fp8")
-    assert result.exit_code != 0 and "--dtype only apply to GPU targets" in result.output
+    assert result.exit_code != 0 and "--dtype only applies to GPU targets" in result.output
 
 
 @pytest.fixture
@@ -66,10 +67,11 @@ def test_build_packages_the_engine_and_serve_preflights_it(monkeypatch, tmp_path
                     "--tp", str(tp), "--output", str(repo), "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data["repository"]["path"] == str(repo) and not data["repository"]["skipped"]
-    manifest = check_repository(repo)
-    assert manifest["target"] == "h100-sxm"
-    assert manifest["memory_plan"]["decode_step_ms_lower_bound"] == data["plan"]["decode_step_ms_lower_bound"]
+    assert data["path"] == str(repo) and not data["skipped"]
+    repository = check_repository(repo)
+    assert repository.target == "h100-sxm"
+    assert repository.memory_plan.decode_step_ms_lower_bound == data["plan"]["decode_step_ms_lower_bound"]
+    assert roofline_of(repository) == Roofline(data["plan"]["decode_step_ms_lower_bound"], data["plan"]["max_batch_size"])
     engine = parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
     assert engine.backend == "tensorrtllm" and engine.model_transaction_policy.decoupled
     assert engine.parameters["gpt_model_type"].string_value == "inflight_fused_batching"
@@ -77,7 +79,7 @@ def test_build_packages_the_engine_and_serve_preflights_it(monkeypatch, tmp_path
     assert engine.max_batch_size == data["plan"]["max_batch_size"]
     for name in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls"):
         assert parse_pbtxt((repo / name / "config.pbtxt").read_text()).name == name
-    info = engine_preflight(repo, manifest)
+    info = engine_preflight(repository)
     assert info.world_size == tp
     config = ServerConfig(repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     argv = server_command(find_tritonserver(), config, info.world_size)

@@ -8,17 +8,15 @@ from pathlib import Path
 import pytest
 from fakes import fake_checkpoint, install_fake_trtllm
 
-from toolkit.engine import (
-    build_gpu_command_result,
-    check_engine_compatible,
-    engine_model_config,
-    execute_engine_build,
-    plan_engine_build,
-    read_engine_info,
-)
+from toolkit.build import BuildRequest, plan_build
+from toolkit.engine import check_engine_compatible, execute_engine_build, read_engine_info
 from toolkit.errors import EngineBuildError
 from toolkit.repository import contract as c
 from toolkit.repository.configs import parse_pbtxt, to_pbtxt
+from toolkit.repository.engines import TrtllmEngine
+from toolkit.repository.limits import RepositoryLimits
+
+from repos import gpu_engine_plan
 
 DATA = Path(__file__).parent / "data"
 LLAMA_8B = DATA / "llama-3.1-8b-instruct" / "config.json"
@@ -39,9 +37,8 @@ def calls(path: Path) -> int:
 
 
 def test_dry_run_prints_plan_and_commands_and_runs_nothing(tmp_path):
-    data = build_gpu_command_result(str(LLAMA_8B), "h100-sxm", dtype="fp8", kv_dtype="fp8", dry_run=True)
+    data = plan_build(BuildRequest(model=str(LLAMA_8B), target="h100-sxm", dtype="fp8", kv_dtype="fp8")).to_dict()
     json.dumps(data)  # JSON-ready
-    assert data["dry_run"] is True and "result" not in data
     assert data["trtllm_version_pinned"] == "0.20.0"
     assert data["plan"]["kv_bytes_per_token"] == 65536
     assert [argv[0] for argv in data["commands"]] == ["python3", "trtllm-build"]
@@ -50,14 +47,14 @@ def test_dry_run_prints_plan_and_commands_and_runs_nothing(tmp_path):
 
 
 def test_dry_run_from_a_recipe_with_a_model_override():
-    data = build_gpu_command_result(str(LLAMA_8B), recipe="llama-3.1-8b-instruct-h100-sxm-bf16", dry_run=True)
+    data = plan_build(BuildRequest(model=str(LLAMA_8B), recipe="llama-3.1-8b-instruct-h100-sxm-bf16")).to_dict()
     assert data["target"] == "h100-sxm" and data["plan"]["dtype"] == "bf16"
     assert round(data["plan"]["decode_step_ms_lower_bound"], 1) == 4.8
     assert data["steps"] == ["convert", "trtllm-build"]
 
 
 def test_build_writes_an_engine_and_an_unchanged_rebuild_does_nothing(fakes, checkpoint):
-    plan = plan_engine_build(str(checkpoint), "h100-sxm", dtype="fp8", kv_dtype="fp8")
+    plan = gpu_engine_plan(str(checkpoint), "h100-sxm", dtype="fp8", kv_dtype="fp8")
     first = execute_engine_build(plan)
     assert not first.cached and calls(fakes) == 1
     engine = Path(first.engine_dir)
@@ -68,31 +65,37 @@ def test_build_writes_an_engine_and_an_unchanged_rebuild_does_nothing(fakes, che
     assert (engine / "rank0.engine").is_file() and (engine / "logs" / "trtllm-build.log").is_file()
     assert not Path(plan.work_dir).exists()
 
-    again = execute_engine_build(plan_engine_build(str(checkpoint), "h100-sxm", dtype="fp8", kv_dtype="fp8"))
+    again = execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm", dtype="fp8", kv_dtype="fp8"))
     assert again.cached and again.cache_key == first.cache_key and calls(fakes) == 1
 
 
 def test_cache_key_changes_with_weights_version_and_recipe(fakes, checkpoint, monkeypatch):
-    plan = plan_engine_build(str(checkpoint), "h100-sxm")
+    plan = gpu_engine_plan(str(checkpoint), "h100-sxm")
     key = execute_engine_build(plan).cache_key
     (checkpoint / "model.safetensors").write_bytes(b"\x01" * 64)
     assert execute_engine_build(plan).cache_key != key and calls(fakes) == 2
     monkeypatch.setenv("FAKE_TRTLLM_VERSION", "0.21.0")
     assert not execute_engine_build(plan).cached and calls(fakes) == 3
-    assert not execute_engine_build(plan_engine_build(str(checkpoint), "h100-sxm", max_seq_len=4096)).cached
+    assert not execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm", max_seq_len=4096)).cached
 
 
 def test_tp2_writes_one_engine_per_rank_and_serve_sees_world_size_2(fakes, checkpoint):
-    result = execute_engine_build(plan_engine_build(str(checkpoint), "h100-sxm", tp=2))
+    result = execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm", tp=2))
     info = read_engine_info(Path(result.engine_dir))
     assert (info.tp_size, info.pp_size, info.world_size) == (2, 1, 2)
     assert {p.name for p in Path(result.engine_dir).glob("rank*.engine")} == {"rank0.engine", "rank1.engine"}
 
 
 def test_tensorrt_llm_model_config_parses_and_matches_the_plan(fakes, checkpoint):
-    plan = plan_engine_build(str(checkpoint), "h100-sxm", dtype="fp8", kv_dtype="fp8")
+    from toolkit.model.facts import read_model_facts
+    from toolkit.model.tokens import TokenFacts
+
+    plan = gpu_engine_plan(str(checkpoint), "h100-sxm", dtype="fp8", kv_dtype="fp8")
     engine = Path(execute_engine_build(plan).engine_dir)
-    parsed = parse_pbtxt(to_pbtxt(engine_model_config(engine, plan)))
+    spec = TrtllmEngine.from_engine("h100-sxm", read_engine_info(engine))
+    tokens = TokenFacts(end_id=2, pad_id=2, stop_ids=(), bos_id=None, add_special_tokens=True)
+    config = spec.config(RepositoryLimits.from_memory_plan(plan.memory), tokens, read_model_facts(checkpoint), decoupled=True)
+    parsed = parse_pbtxt(to_pbtxt(config))
     params = {k: v.string_value for k, v in parsed.parameters.items()}
     assert parsed.name == c.ENGINE and parsed.backend == "tensorrtllm"
     assert parsed.max_batch_size == json.loads((engine / "config.json").read_text())["build_config"]["max_batch_size"]
@@ -105,12 +108,11 @@ def test_tensorrt_llm_model_config_parses_and_matches_the_plan(fakes, checkpoint
     assert params["kv_cache_free_gpu_mem_fraction"] == "0.9"
     assert params["enable_kv_cache_reuse"] == "true" and params["enable_chunked_context"] == "true"
     assert params["batch_scheduler_policy"] == "max_utilization" and params["exclude_input_in_output"] == "true"
-    # without the plan, the engine's build record gives the same config
-    assert to_pbtxt(engine_model_config(engine)) == to_pbtxt(engine_model_config(engine, plan))
+    assert spec.runtime == plan.runtime.to_dict()  # the build record carries what the plan decided
 
 
 def test_serve_preflight_accepts_a_matching_engine_and_refuses_others(fakes, checkpoint, monkeypatch):
-    engine = Path(execute_engine_build(plan_engine_build(str(checkpoint), "h100-sxm")).engine_dir)
+    engine = Path(execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm")).engine_dir)
     assert check_engine_compatible(engine).world_size == 1
     monkeypatch.setenv("FAKE_TRTLLM_VERSION", "0.19.0")
     with pytest.raises(EngineBuildError, match="built by TensorRT-LLM 0.20.0; this machine has 0.19.0") as err:
@@ -123,7 +125,7 @@ def test_serve_preflight_accepts_a_matching_engine_and_refuses_others(fakes, che
 
 
 def test_serve_preflight_without_trtllm_names_the_container(fakes, checkpoint, monkeypatch, tmp_path):
-    engine = Path(execute_engine_build(plan_engine_build(str(checkpoint), "h100-sxm")).engine_dir)
+    engine = Path(execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm")).engine_dir)
     bare = tmp_path / "bare"
     bare.mkdir()
     install_fake_trtllm(monkeypatch, bare, trtllm=False)
@@ -134,7 +136,7 @@ def test_serve_preflight_without_trtllm_names_the_container(fakes, checkpoint, m
 
 def test_build_refuses_without_trtllm_or_on_the_wrong_gpu(monkeypatch, tmp_path, checkpoint):
     install_fake_trtllm(monkeypatch, tmp_path, trtllm=False)
-    plan = plan_engine_build(str(checkpoint), "h100-sxm")
+    plan = gpu_engine_plan(str(checkpoint), "h100-sxm")
     with pytest.raises(EngineBuildError, match="not installed") as err:
         execute_engine_build(plan)
     assert "trtllm-python-py3" in err.value.hint
@@ -147,7 +149,7 @@ def test_build_refuses_without_trtllm_or_on_the_wrong_gpu(monkeypatch, tmp_path,
 
 
 def test_a_failing_tool_reports_its_log_tail(fakes, checkpoint, monkeypatch):
-    plan = plan_engine_build(str(checkpoint), "h100-sxm", max_input_len=100, max_seq_len=200)
+    plan = gpu_engine_plan(str(checkpoint), "h100-sxm", max_input_len=100, max_seq_len=200)
     # argparse keeps the last value: the fake trtllm-build then refuses input longer than max_seq_len
     bad = plan.commands[1] + ("--max_input_len", "300")
     broken = type(plan)(**{**plan.__dict__, "commands": (plan.commands[0], bad)})
@@ -158,6 +160,6 @@ def test_a_failing_tool_reports_its_log_tail(fakes, checkpoint, monkeypatch):
 
 
 def test_config_only_checkpoint_cannot_be_built(fakes):
-    plan = plan_engine_build(str(LLAMA_8B), "h100-sxm")
+    plan = gpu_engine_plan(str(LLAMA_8B), "h100-sxm")
     with pytest.raises(Exception, match="no weights"):
         execute_engine_build(plan)

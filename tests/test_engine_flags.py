@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.engine import plan_engine_build
 from toolkit.engine.trtllm_flags import PINNED_TRTLLM_VERSION, TOOL_FLAGS, argparser_for, check_argv, tool_of
 from toolkit.errors import EngineBuildError
+
+from repos import gpu_engine_plan
 
 LLAMA_8B = str(Path(__file__).parent / "data" / "llama-3.1-8b-instruct")
 
@@ -21,7 +22,7 @@ def flags_of(argv):
 @pytest.mark.parametrize("dtype,kv", [("bf16", "bf16"), ("fp8", "fp8"), ("fp8", "bf16"), ("int4-awq", "fp8"), ("bf16", "fp8")])
 @pytest.mark.parametrize("tp", [1, 2])
 def test_every_emitted_flag_is_in_the_pinned_release(dtype, kv, tp):
-    plan = plan_engine_build(LLAMA_8B, "h100-sxm", dtype=dtype, kv_dtype=kv, tp=tp)
+    plan = gpu_engine_plan(LLAMA_8B, "h100-sxm", dtype=dtype, kv_dtype=kv, tp=tp)
     for argv in plan.commands:
         tool, args = tool_of(list(argv))
         assert set(flags_of(args)) <= set(TOOL_FLAGS[tool]), tool
@@ -33,7 +34,7 @@ def test_pinned_release_is_named():
 
 
 def test_bf16_uses_the_converter_and_the_gemm_plugin():
-    plan = plan_engine_build(LLAMA_8B, "h100-sxm", dtype="bf16")
+    plan = gpu_engine_plan(LLAMA_8B, "h100-sxm", dtype="bf16")
     convert, build = (list(a) for a in plan.commands)
     assert convert[1].endswith("examples/models/core/llama/convert_checkpoint.py")
     assert convert[convert.index("--dtype") + 1] == "bfloat16"
@@ -42,7 +43,7 @@ def test_bf16_uses_the_converter_and_the_gemm_plugin():
 
 
 def test_fp8_uses_modelopt_quantize_with_fp8_kv_and_no_gemm_plugin():
-    plan = plan_engine_build(LLAMA_8B, "h100-sxm", dtype="fp8", kv_dtype="fp8")
+    plan = gpu_engine_plan(LLAMA_8B, "h100-sxm", dtype="fp8", kv_dtype="fp8")
     quantize, build = (list(a) for a in plan.commands)
     assert quantize[1].endswith("examples/quantization/quantize.py")
     assert quantize[quantize.index("--qformat") + 1] == "fp8"
@@ -52,13 +53,13 @@ def test_fp8_uses_modelopt_quantize_with_fp8_kv_and_no_gemm_plugin():
 
 
 def test_int4_awq_quantizes_with_awq_block_size():
-    quantize = list(plan_engine_build(LLAMA_8B, "h100-sxm", dtype="int4-awq").commands[0])
+    quantize = list(gpu_engine_plan(LLAMA_8B, "h100-sxm", dtype="int4-awq").commands[0])
     assert quantize[quantize.index("--qformat") + 1] == "int4_awq"
     assert quantize[quantize.index("--awq_block_size") + 1] == "128"
 
 
 def test_trtllm_build_has_the_serving_features_and_the_plan_limits():
-    plan = plan_engine_build(LLAMA_8B, "h100-sxm", dtype="bf16", tp=2)
+    plan = gpu_engine_plan(LLAMA_8B, "h100-sxm", dtype="bf16", tp=2)
     build = list(plan.commands[1])
     value = lambda flag: build[build.index(flag) + 1]  # noqa: E731
     assert value("--kv_cache_type") == "paged"

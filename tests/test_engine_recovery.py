@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests_ports import free_port
+from toolkit.serve.net import free_port
+
+from repos import write_test_repository
 from tiny import make_tiny_checkpoint
 from toolkit.client.generate import GenerateRequest, generate_grpc
 from toolkit.errors import ClientError
@@ -28,8 +30,6 @@ def poisoned_server(tmp_path_factory):
     from safetensors.torch import load_file, save_file
     from tokenizers import Tokenizer
 
-    from toolkit.model.sources import resolve_model
-    from toolkit.repository.writer import RepositoryLimits, plan_repository, write_repository
     from toolkit.serve.launcher import ServerConfig, launch_server
 
     root = tmp_path_factory.mktemp("poisoned")
@@ -44,10 +44,7 @@ def poisoned_server(tmp_path_factory):
     save_file(weights, checkpoint / "model.safetensors", metadata={"format": "pt"})
     assert torch.isnan(load_file(checkpoint / "model.safetensors")[embedding]).any()
 
-    model = resolve_model(str(checkpoint), progress=False)
-    limits = RepositoryLimits(max_input_len=64, max_output_len=32, max_seq_len=128, kv_cache_tokens=2048)
-    repo = root / "repo"
-    write_repository(plan_repository(model, "cpu", repo, limits, {"num_threads": 1}))
+    repo = write_test_repository(checkpoint, root / "repo", max_input_len=64, max_output_len=32, max_seq_len=128, kv_cache_tokens=2048)
     log = root / "tritonserver.log"
     server = launch_server(ServerConfig(repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                                         ready_timeout_s=300, log_file=log))

@@ -86,7 +86,7 @@ def test_hub_source_offline_from_the_cache(tiny, tmp_path, monkeypatch):
         assert resolved.source == "hf:acme/tiny-llama"
         assert resolved.revision == commit
         assert (resolved.path / "config.json").is_file()
-    with pytest.raises(ModelSourceError, match="(?s)not in the local cache.*HF_HUB_OFFLINE"):
+    with pytest.raises(ModelSourceError, match="(?s)not in the local Hugging Face cache.*HF_HUB_OFFLINE"):
         resolve_model("hf:acme/absent-model")
 
 

@@ -8,7 +8,7 @@ from toolkit.serve.mpi import mpirun_command, tritonserver_rank_argv
 
 
 def test_mpirun_for_tp2():
-    command = mpirun_command(2, lambda rank: tritonserver_rank_argv(rank, "/repo"))
+    command = mpirun_command(2, lambda rank: tritonserver_rank_argv(rank, "/repo", shm_prefix=f"prefix{rank}_"))
     assert command == [
         "mpirun", "--allow-run-as-root",
         "-n", "1", "tritonserver", "--model-repository=/repo", "--disable-auto-complete-config",
@@ -23,7 +23,7 @@ def test_mpirun_for_tp2():
 
 
 def test_world_size_4_has_four_ranks_and_distinct_prefixes():
-    command = mpirun_command(4, lambda rank: tritonserver_rank_argv(rank, "/repo"))
+    command = mpirun_command(4, lambda rank: tritonserver_rank_argv(rank, "/repo", shm_prefix=f"prefix{rank}_"))
     assert command.count(":") == 3 and command.count("tritonserver") == 4
     assert len({a for a in command if "shm-region-prefix-name" in a}) == 4
 

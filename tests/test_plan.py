@@ -82,7 +82,7 @@ def test_smollm2_numbers():
 
 def test_llama_70b_bf16_on_one_h100_is_refused_with_options():
     with pytest.raises(PlanError) as err:
-        plan_memory(facts(LLAMA_70B), get_gpu("h100-sxm"), model="llama-70b")
+        plan_memory(facts(LLAMA_70B), get_gpu("h100-sxm"), model="llama-70b", tp=1)
     message, hint = err.value.message, err.value.hint
     assert "does not fit on h100-sxm" in message and "141.11 GB of weights" in message
     assert "--dtype fp8 --tp 2" in hint and "--dtype int4-awq --tp 1" in hint and "--dtype bf16 --tp 4" in hint

@@ -64,7 +64,10 @@ def test_manifest_records_source_hashes_target_and_versions(tiny, tmp_path):
     manifest = json.loads((tmp_path / "repo" / "manifest.json").read_text())
     assert manifest["target"] == "cpu"
     assert manifest["model"]["source"] == f"local:{tiny.resolve()}"
-    assert len(manifest["files"]["model.safetensors"]) == 64
+    assert len(manifest["checkpoint_files"]["model.safetensors"]) == 64
+    size, _mtime, digest = manifest["files"]["tensorrt_llm/1/weights/model.safetensors"]
+    assert digest == manifest["checkpoint_files"]["model.safetensors"] and size > 0
+    assert manifest["generator"] == "toolkit" and manifest["tokens"]["end_id"] == 2
     assert manifest["versions"]["transformers"] and manifest["toolkit_version"]
     assert manifest["limits"]["max_seq_len"] == 256
 
@@ -86,7 +89,7 @@ def test_failed_build_leaves_the_previous_repository_whole(tiny, tmp_path, monke
     def broken(*_args, **_kwargs):
         raise OSError("disk full (simulated)")
 
-    monkeypatch.setattr(writer, "_render_engine", broken)
+    monkeypatch.setattr(writer, "_swap_into_place", broken)
     result = build(tiny, repo, "--max-batch-size", "4")
     assert result.exit_code != 0
     assert (repo / "manifest.json").read_text() == before
@@ -106,7 +109,7 @@ def test_bad_limits_name_the_flag(tiny, tmp_path):
     result = build(tiny, tmp_path / "r", "--max-seq-len", "100000")
     assert result.exit_code == 1 and "--max-seq-len=100000" in result.output and "max_position_embeddings 512" in result.output
     result = CliRunner().invoke(cli, ["build", "--model", str(tiny), "--output", str(tmp_path / "r"), "--tp", "2"])
-    assert result.exit_code != 0 and "--tp only apply to GPU targets" in result.output
+    assert result.exit_code != 0 and "--tp only applies to GPU targets" in result.output
 
 
 def test_serve_refuses_missing_foreign_and_stale_repositories(tiny, tmp_path):
@@ -131,16 +134,17 @@ def test_serve_refuses_a_port_in_use(tiny, tmp_path):
         port = busy.getsockname()[1]
         result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "repo"), "--grpc-port", str(port)])
     assert result.exit_code == 1
-    assert f"port {port} on 127.0.0.1 is in use" in result.output and "--grpc-port" in result.output
+    assert f"port {port} on 127.0.0.1 (--grpc-port) is in use" in result.output and "pass a free port with --grpc-port" in result.output
 
 
 def test_a_model_that_fails_to_load_exits_with_the_log_tail(tiny, tmp_path):
     build(tiny, tmp_path / "repo")
     (tmp_path / "repo" / "postprocessing" / "1" / "model.py").write_text("raise RuntimeError('broken on purpose')\n")
     from toolkit.errors import ServerError
-    from tests_ports import free_port
+    from toolkit.serve.net import free_port
 
-    config = ServerConfig(repo=tmp_path / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(), ready_timeout_s=120)
+    config = ServerConfig(repo=tmp_path / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                          ready_timeout_s=120, allow_modified=True)
     with pytest.raises(ServerError, match="(?s)exited with code.*broken on purpose"):
         launch_server(config)
 

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 import torch
 
-from toolkit.client.chat import render_chat, template_from_repository
+from toolkit.client.chat import template_from_repository
 from toolkit.client.generate import GenerateRequest, generate_grpc, generate_http
 from toolkit.client.tensors import engine_inputs
 from toolkit.errors import ClientError
@@ -26,7 +26,7 @@ QUESTIONS = [
 
 
 def chat(served_repo, question: str) -> str:
-    return render_chat(template_from_repository(served_repo.repo), [{"role": "user", "content": question}])
+    return template_from_repository(served_repo.repo).render([{"role": "user", "content": question}])
 
 
 def reference_ids(reference_model, prompt: str, max_tokens: int) -> list[int]:

@@ -3,62 +3,36 @@
 from __future__ import annotations
 
 import queue
-import shutil
-import subprocess
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from toolkit.client.tensors import engine_inputs
-from toolkit.repository import configs
 from toolkit.repository import contract as c
-from toolkit.serve.binary import find_tritonserver
-from toolkit.serve.launcher import ServerConfig, log_tail, server_command
-from toolkit.subprocs import stop_process
+from toolkit.repository.reader import open_repository
+from toolkit.serve.net import free_port
+
+from repos import write_test_repository
+from tiny import make_tiny_checkpoint
 
 pytestmark = pytest.mark.server
 
-SOURCE = Path(__file__).resolve().parent.parent / "model_repo" / "tensorrt_llm_synthetic" / "1" / "model.py"
-TOKEN_IDS = (11, 12, 13)
-PORT = 18310  # http; grpc +1, metrics +2
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A synthetic repository (built by the writer over a tiny checkpoint), served on its own ports."""
+    from toolkit.serve.launcher import ServerConfig, launch_server
+
+    root = tmp_path_factory.mktemp("synthetic")
+    repo = write_test_repository(make_tiny_checkpoint(root / "checkpoint"), root / "repo", synthetic=True)
+    server = launch_server(ServerConfig(repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                                        ready_timeout_s=120, log_file=root / "server.log"))
+    yield server.grpc_url, tuple(open_repository(repo).engine.token_ids)
+    server.stop()
 
 
 @pytest.fixture(scope="module")
-def engine_url(tmp_path_factory):
-    """A repository holding only the synthetic tensorrt_llm model, served on its own ports."""
-    repo = tmp_path_factory.mktemp("synthetic-repo")
-    (repo / c.ENGINE / "1").mkdir(parents=True)
-    shutil.copy(SOURCE, repo / c.ENGINE / "1" / "model.py")
-    config = configs.python_model(c.ENGINE, c.ENGINE_INPUTS, c.ENGINE_OUTPUTS, max_batch_size=16, decoupled=True,
-                                  parameters={"step_time_ms": 0, "token_ids": ",".join(map(str, TOKEN_IDS))})
-    (repo / c.ENGINE / "config.pbtxt").write_text(configs.to_pbtxt(config))
-    binary = find_tritonserver()
-    server_config = ServerConfig(repo=repo, http_port=PORT, grpc_port=PORT + 1, metrics_port=PORT + 2)
-    log = repo / "server.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(server_command(binary, server_config), stdout=out, stderr=subprocess.STDOUT,
-                                   env=binary.env, start_new_session=True)
-    try:
-        _wait_ready(f"http://127.0.0.1:{PORT}/v2/models/{c.ENGINE}/ready", process, log)
-        yield f"127.0.0.1:{PORT + 1}"
-    finally:
-        stop_process(process)
-
-
-def _wait_ready(url: str, process, log: Path, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"tritonserver exited\n{log_tail(log)}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    pytest.fail(f"synthetic engine not ready\n{log_tail(log)}")
+def engine_url(served):
+    return served[0]
 
 
 def _infer(url: str, *, output_len: int, streaming: bool, exclude_input: bool = True, ids=(5, 6, 7), model: str = c.ENGINE):
@@ -88,14 +62,15 @@ def _infer(url: str, *, output_len: int, streaming: bool, exclude_input: bool = 
         client.close()
 
 
-def test_streaming_sends_one_token_per_response_and_the_last_is_final(engine_url):
+def test_streaming_sends_one_token_per_response_and_the_last_is_final(served):
+    engine_url, token_ids = served
     responses = _infer(engine_url, output_len=5, streaming=True)
     assert len(responses) == 5  # no extra empty final response
     assert [r[2] for r in responses] == [False] * 4 + [True]
     assert all(r[1] == [[1]] for r in responses)
     tokens = [r[0][0][0][0] for r in responses]
-    assert set(tokens) <= set(TOKEN_IDS)
-    assert tokens[1] == TOKEN_IDS[(TOKEN_IDS.index(tokens[0]) + 1) % len(TOKEN_IDS)]  # cycles through the ids
+    assert set(tokens) <= set(token_ids)
+    assert tokens[1] == token_ids[(token_ids.index(tokens[0]) + 1) % len(token_ids)]  # cycles through the ids
 
 
 def test_non_streaming_returns_every_token_at_once_with_or_without_the_prompt(engine_url):

@@ -1,4 +1,4 @@
-"""File helpers: one lock per artifact, atomic writes, content hashes."""
+"""File helpers: one lock per artifact, atomic writes, owned copies, content hashes, deferred interrupts."""
 
 from __future__ import annotations
 
@@ -6,9 +6,16 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Iterator
+
+from toolkit.errors import ToolkitError
+
+FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int), clone a whole file (reflink) on btrfs, XFS, ...
 
 
 @contextlib.contextmanager
@@ -30,11 +37,27 @@ def write_text_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
+        os.chmod(tmp, 0o644 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def copy_file(source: Path, target: Path) -> None:
+    """A copy the target owns: a reflink where the filesystem clones files, else a byte copy.
+
+    Never a hard link: a repository that shares an inode with a cache or a user's checkpoint is
+    damaged by anything that damages the other (truncating one truncates both).
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(source, "rb") as src, open(target, "wb") as dst:
+        try:
+            fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
+        except OSError:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    os.chmod(target, 0o644 & ~_umask())
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -43,3 +66,53 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def make_world_readable(folder: Path) -> None:
+    """mkdtemp makes 0700 folders; a repository is read by servers running as other users (umask applies)."""
+    os.chmod(folder, 0o755 & ~_umask())
+
+
+def check_free_space(folder: Path, needed_bytes: int, what: str) -> None:
+    """Refuse before writing when the filesystem cannot hold `needed_bytes`, naming both numbers."""
+    free = shutil.disk_usage(folder).free
+    if free < needed_bytes:
+        raise ToolkitError(
+            f"{what} needs {needed_bytes / 1e6:,.1f} MB in {folder}, but only {free / 1e6:,.1f} MB are free",
+            hint="free some space there, or write somewhere else",
+        )
+
+
+def disk_full_error(exc: OSError, where: Path, what: str) -> ToolkitError:
+    """A readable error for ENOSPC/EDQUOT while writing `what` under `where`."""
+    return ToolkitError(f"{what} failed: the filesystem of {where} is full ({exc.strerror})",
+                        hint="free some space there, or write somewhere else; nothing was changed")
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[list[int]]:
+    """Hold SIGINT and SIGTERM until the block ends (a short, must-finish step, e.g. a swap into place).
+
+    Yields a list that holds, afterwards, the signals that arrived meanwhile and were consumed; the
+    caller decides what they mean (after a finished swap: nothing to undo). Main thread only;
+    elsewhere a no-op.
+    """
+    arrived: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield arrived
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield arrived
+    finally:
+        for signum in sorted(held & signal.sigpending()):
+            signal.sigtimedwait({signum}, 0)
+            arrived.append(signum)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current

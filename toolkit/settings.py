@@ -1,14 +1,29 @@
-"""Environment variables with the TOOLKIT_ prefix, parsed in one place."""
+"""Environment variables, parsed in one place.
+
+Ours carry the TOOLKIT_ prefix; the Hugging Face ones are read by huggingface_hub itself and only
+looked at here to phrase a hint. Secrets (API keys) are read here and handed on in memory: never
+on a command line, never into the environment of a child that does not need them.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+from toolkit.errors import ToolkitError
+
+HOME = "TOOLKIT_HOME"
+API_KEYS = "TOOLKIT_API_KEYS"  # comma-separated bearer keys for the OpenAI API
+TRTLLM_BIN_DIR = "TOOLKIT_TRTLLM_BIN_DIR"  # folder holding trtllm-build (default: PATH)
+TRTLLM_PYTHON = "TOOLKIT_TRTLLM_PYTHON"  # interpreter that imports tensorrt_llm (default: python3)
+TRTLLM_EXAMPLES_DIR = "TOOLKIT_TRTLLM_EXAMPLES_DIR"  # examples/ of a TensorRT-LLM checkout at the pinned tag
+SECRET_VARIABLES = (API_KEYS, "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
 def toolkit_home() -> Path:
-    """Where the toolkit keeps caches (converted checkpoints, build cache); TOOLKIT_HOME overrides."""
-    env = os.environ.get("TOOLKIT_HOME")
+    """Where the toolkit keeps caches (converted checkpoints, build cache, logs); TOOLKIT_HOME overrides."""
+    env = os.environ.get(HOME)
     if env:
         return Path(env).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "toolkit"
@@ -18,3 +33,51 @@ def cache_dir(*parts: str) -> Path:
     path = toolkit_home().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class TrtllmTools:
+    """Where the TensorRT-LLM tools are: TOOLKIT_TRTLLM_* or the defaults."""
+
+    trtllm_build: str
+    python: str
+    examples_dir: str
+
+
+def trtllm_tools() -> TrtllmTools:
+    bin_dir = os.environ.get(TRTLLM_BIN_DIR)
+    examples = os.environ.get(TRTLLM_EXAMPLES_DIR) or str(toolkit_home() / "TensorRT-LLM" / "examples")
+    return TrtllmTools(
+        trtllm_build=str(Path(bin_dir) / "trtllm-build") if bin_dir else "trtllm-build",
+        python=os.environ.get(TRTLLM_PYTHON) or "python3",
+        examples_dir=examples,
+    )
+
+
+def api_keys(key_files: tuple[Path, ...] | list[Path] = ()) -> tuple[str, ...]:
+    """Bearer keys from files (one per line, `#` comments) and TOOLKIT_API_KEYS, blanks dropped, order kept."""
+    keys: list[str] = []
+    for path in key_files:
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ToolkitError(
+                f"cannot read the API key file {path}: {exc.strerror}",
+                hint="pass a readable file with one key per line to --api-key-file",
+            ) from exc
+        keys += [line.strip() for line in lines if not line.lstrip().startswith("#")]
+    keys += [part.strip() for part in os.environ.get(API_KEYS, "").split(",")]
+    return tuple(dict.fromkeys(key for key in keys if key))
+
+
+def child_environment(base: dict | None = None, *, keep_secrets: tuple[str, ...] = ()) -> dict:
+    """A copy of the environment for a child process, without the secrets it does not need."""
+    env = dict(os.environ if base is None else base)
+    for name in SECRET_VARIABLES:
+        if name not in keep_secrets:
+            env.pop(name, None)
+    return env

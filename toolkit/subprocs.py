@@ -1,26 +1,141 @@
-"""Stopping what we started: every tool and server runs in its own session (process group)."""
+"""Starting and stopping what we started: every tool and server runs in its own session (process group).
+
+A child gets the parent-death signal (it is killed when the toolkit process dies, even by SIGKILL),
+and stopping it ends its whole group: the processes it started too (Python-backend stubs, MPI ranks),
+also when the leader has already exited.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+_GROUP_GONE_POLL_S = 0.1
+
+
+def start_process(argv: list[str], log_file: Path, env: dict | None = None, *, stdin=subprocess.DEVNULL,
+                  die_with_parent: bool = True) -> subprocess.Popen:
+    """Start `argv` in a new session, output appended to `log_file`; killed if we die, unless it is to outlive
+    us on purpose (`toolkit serve --background`). The parent-death signal follows the starting thread:
+    start long-lived children from the main thread."""
+    with open(log_file, "ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=stdin, env=env, start_new_session=True,
+                                preexec_fn=_die_with_parent if die_with_parent else None)
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the process group is still stopped on every exit we see
 
 
 def stop_process(process: subprocess.Popen, timeout_s: float = 20.0) -> int | None:
-    """terminate -> wait -> kill, for the whole process group the child leads (start_new_session=True)."""
+    """terminate -> wait -> kill, for the whole process group the child leads (start_new_session=True).
+
+    The group is ended even when the leader is gone already: a tritonserver killed by a signal leaves
+    its stubs behind in its group, and they must not outlive us.
+    """
     if process.poll() is None:
-        _signal_group(process, signal.SIGTERM)
+        signal_group(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            _signal_group(process, signal.SIGKILL)
+            signal_group(process.pid, signal.SIGKILL)
             process.wait(10)
+    end_group(process.pid, grace_s=min(timeout_s, 5.0))
     return process.returncode
 
 
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
+def end_group(pgid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM what is left of a process group, then SIGKILL what is still there after `grace_s`."""
+    if not group_alive(pgid):
+        return
+    signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(_GROUP_GONE_POLL_S)
+    signal_group(pgid, signal.SIGKILL)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group still runs (zombies of our own children excepted)."""
     try:
-        os.killpg(process.pid, sig)
+        os.killpg(pgid, 0)
     except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return any(_state(pid) not in ("Z", None) for pid in group_members(pgid))
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields and int(fields[2]) == pgid:
+                members.append(int(entry))
+    return members
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of `pid` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields and int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def command_line(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
         pass
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """state, ppid, pgrp, ... of /proc/PID/stat (the fields after the command name)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
+    return _state(pid) not in ("Z", "X", None)
+
+
+def _state(pid: int) -> str | None:
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
+def tail_lines(path: Path, lines: int = 20) -> list[str]:
+    """The last `lines` lines of a log file ([] when it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 256 * 1024))
+            text = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]

@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -33,16 +34,25 @@ def _byte_level_alphabet() -> dict[str, int]:
 class TextCodec:
     """Encode text to ids and map ids to bytes, as the checkpoint's tokenizer.json defines them."""
 
-    def __init__(self, tokenizer_dir: Path | str):
+    def __init__(self, tokenizer_dir: Path | str, skip_special_tokens: bool = True):
         path = Path(tokenizer_dir) / "tokenizer.json"
         self.tokenizer = Tokenizer.from_file(str(path))
         spec = json.loads(path.read_text(encoding="utf-8"))
-        self.special_ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+        self.special_ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")} if skip_special_tokens else set()
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.token_bytes = self._build_table(spec.get("decoder") or {})
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_prompt(self, text: str, add_special_tokens: bool, bos_id: int | None) -> list[int]:
+        """A prompt's ids: raw text gets the tokenizer's special tokens (its BOS, as NVIDIA's stock
+        preprocessing adds them), unless the text already starts with the BOS (a chat template that
+        writes it itself), so a prompt never carries two."""
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and bos_id is not None and len(ids) >= 2 and ids[0] == ids[1] == bos_id:
+            return ids[1:]
+        return ids
 
     def decode_bytes(self, ids) -> bytes:
         table = self.token_bytes
@@ -77,6 +87,33 @@ def _decoder_kinds(decoder: dict) -> set[str]:
     if decoder.get("type") == "Sequence":
         return {d.get("type") for d in decoder.get("decoders", [])}
     return {decoder.get("type")}
+
+
+def pack_word_lists(rows: list[list[list[int]]]) -> np.ndarray:
+    """Word lists in TensorRT-LLM's [batch, 2, N] INT32 layout: row 0 the concatenated ids of a request's
+    words, row 1 the offset where each word ends, both padded with -1. A request without words has
+    ids [0, -1, ...] and offsets all -1, as NVIDIA's stock preprocessing writes it."""
+    flat = [[i for word in words for i in word] for words in rows]
+    width = max([1] + [len(ids) for ids in flat])
+    out = np.full((len(rows), 2, width), -1, dtype=np.int32)
+    for row, (words, ids) in enumerate(zip(rows, flat)):
+        if not ids:
+            out[row, 0, 0] = 0
+            continue
+        out[row, 0, : len(ids)] = ids
+        ends = np.cumsum([len(word) for word in words if word])
+        out[row, 1, : len(ends)] = ends
+    return out
+
+
+def unpack_word_list(array: np.ndarray) -> list[list[int]]:
+    """One request's [2, N] (or [1, 2, N]) word list back into its words' token ids."""
+    data = np.asarray(array).reshape(2, -1)
+    ids, words, start = data[0].tolist(), [], 0
+    for end in (o for o in data[1].tolist() if o > 0):
+        words.append(ids[start:end])
+        start = end
+    return [w for w in words if w]
 
 
 def check_request_lengths(prompt_len: int, max_tokens: int, max_input_len: int, max_output_len: int, max_seq_len: int) -> None:

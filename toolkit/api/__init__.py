@@ -5,6 +5,6 @@ foreground, `run_api_in_background` to serve on a thread beside tritonserver.
 """
 
 from toolkit.api.app import ApiSettings, create_app
-from toolkit.api.server import ApiServerHandle, parse_api_keys, run_api, run_api_in_background
+from toolkit.api.server import ApiServerHandle, run_api, run_api_in_background
 
-__all__ = ["ApiSettings", "ApiServerHandle", "create_app", "parse_api_keys", "run_api", "run_api_in_background"]
+__all__ = ["ApiSettings", "ApiServerHandle", "create_app", "run_api", "run_api_in_background"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -30,8 +29,9 @@ from toolkit.api.schemas import (
     ModelList,
     unsupported_fields,
 )
-from toolkit.api.text import PromptCodec, RepositoryFacts, load_token_decoder, read_repository_facts
+from toolkit.api.prompt import PromptCodec
 from toolkit.api.triton import ENGINE_MODEL, InferenceFailed, Sampling, TritonBackend, TritonUnavailable
+from toolkit.repository.reader import Repository, open_repository
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 502, 503)}
 LONG_PROMPT_CHARS = 32768
@@ -56,14 +56,15 @@ class ClientGone(Exception):
 
 
 class ApiState:
-    def __init__(self, settings: ApiSettings, facts: RepositoryFacts):
+    def __init__(self, settings: ApiSettings, repository: Repository):
         self.settings = settings
-        self.facts = facts
-        self.codec = PromptCodec(facts.tokenizer_dir, add_special_tokens=facts.add_special_tokens)
-        decoder = load_token_decoder(Path(settings.repo)) if settings.model_name == ENGINE_MODEL else None
-        self.backend = TritonBackend(settings.triton_url, settings.model_name, decoder=decoder, end_id=facts.end_id, pad_id=facts.pad_id)
+        self.repository = repository
+        self.limits = repository.limits
+        self.codec = PromptCodec(repository)
+        decoder = self.codec if settings.model_name == ENGINE_MODEL else None
+        self.backend = TritonBackend(settings.triton_url, settings.model_name, decoder=decoder, tokens=repository.tokens)
         self.metrics = ApiMetrics()
-        self.model_id = settings.served_model_name or served_name(Path(settings.repo))
+        self.model_id = settings.served_model_name or repository.served_model_name
         self.created = int(time.time())
 
     def check_model(self, name: str) -> None:
@@ -71,22 +72,9 @@ class ApiState:
             raise ApiError(404, f"The model `{name}` does not exist; this server serves `{self.model_id}`.", param="model", code="model_not_found")
 
 
-def served_name(repo: Path) -> str:
-    """The model id to show: the manifest's model name when it has one, else the repository folder's name."""
-    manifest = repo / "manifest.json"
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        data = json.loads(manifest.read_text())
-        model = data.get("model")
-        source = model.get("source") if isinstance(model, dict) else model  # "hf:org/name", "local:/path", "embedded:name"
-        for value in (data.get("served_model_name"), model.get("name") if isinstance(model, dict) else None, source):
-            if isinstance(value, str) and value.strip(":/"):
-                return value.split(":", 1)[-1].rstrip("/").rsplit("/", 1)[-1]
-    return repo.resolve().name
-
-
 def create_app(settings: ApiSettings) -> FastAPI:
     """The ASGI app, wrapped in the gate (API keys, in-flight bound); its lifespan opens the gRPC channel."""
-    state = ApiState(settings, read_repository_facts(Path(settings.repo)))
+    state = ApiState(settings, open_repository(Path(settings.repo)))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -166,7 +154,7 @@ async def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | 
         prompt.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ApiError(400, "The prompt is not valid Unicode (it holds a lone surrogate).", param=param, code="invalid_value") from exc
-    limits = state.facts.limits
+    limits = state.limits
     if len(prompt) > LONG_PROMPT_CHARS:  # tokenizing megabytes takes a while: not on the loop every stream shares
         prompt_ids = await asyncio.to_thread(state.codec.encode, prompt)
     else:

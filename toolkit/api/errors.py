@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -32,10 +31,6 @@ class ApiError(ToolkitError):
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def error_bytes(status: int, message: str, type: str, code: str | None = None, param: str | None = None) -> bytes:
-    return json.dumps(error_body(message, type, param, code)).encode()
 
 
 def _validation_error(exc: RequestValidationError) -> ApiError:

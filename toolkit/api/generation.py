@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from toolkit.api.metrics import ApiMetrics
-from toolkit.api.text import StopScanner
+from toolkit.api.stops import StopScanner
 from toolkit.api.triton import Sampling, TritonBackend
 
 

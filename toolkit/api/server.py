@@ -12,15 +12,6 @@ from toolkit.errors import ServerError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9000
-API_KEYS_ENV = "TOOLKIT_API_KEYS"
-
-
-def parse_api_keys(values: tuple[str, ...] | list[str], env_value: str | None = None) -> tuple[str, ...]:
-    """Keys from repeated flags and from a comma-separated env value, blanks dropped, order kept."""
-    keys = [v.strip() for v in values]
-    if env_value:
-        keys += [v.strip() for v in env_value.split(",")]
-    return tuple(dict.fromkeys(k for k in keys if k))
 
 
 def _uvicorn_server(settings: ApiSettings, host: str, port: int, log_level: str, loop: str = "auto", http: str = "auto"):

@@ -19,9 +19,14 @@ from tritonclient.utils import InferenceServerException
 
 from toolkit.client.tensors import infer_inputs
 from toolkit.errors import ClientError
+from toolkit.model.tokens import TokenFacts
+from toolkit.repository import contract as c
+from toolkit.repository.sources import common_module
+
+pack_word_lists = common_module("textcodec").pack_word_lists
 
 FINAL_FLAG = "triton_final_response"
-ENGINE_MODEL = "tensorrt_llm"  # the engine contract: token ids in, token ids out
+ENGINE_MODEL = c.ENGINE  # the engine contract: token ids in, token ids out
 
 
 class TritonUnavailable(ClientError):
@@ -81,15 +86,15 @@ class TritonBackend:
     cancel a BLS sub-request, so an engine step already running keeps generating.
     """
 
-    def __init__(self, url: str, model_name: str = ENGINE_MODEL, *, decoder=None, end_id: int = -1, pad_id: int = -1):
+    def __init__(self, url: str, model_name: str = ENGINE_MODEL, *, decoder=None, tokens: TokenFacts | None = None):
         self.url = url
         self.model_name = model_name
         self.engine = model_name == ENGINE_MODEL
-        if self.engine and decoder is None:
-            raise ClientError(f"the `{model_name}` model takes token ids: a token decoder is needed", hint="pass the repository's TextCodec")
+        if self.engine and (decoder is None or tokens is None):
+            raise ClientError(f"the `{model_name}` model takes token ids: a token decoder and the end tokens are needed",
+                              hint="pass the repository's PromptCodec and TokenFacts")
         self.decoder = decoder
-        self.end_id = end_id
-        self.pad_id = pad_id
+        self.tokens = tokens
         self._client: grpcclient.InferenceServerClient | None = None
         self._ids = itertools.count(1)
 
@@ -149,12 +154,14 @@ class TritonBackend:
             ("input_ids", np.array([prompt_ids], np.int32), "INT32"),
             ("input_lengths", np.array([[len(prompt_ids)]], np.int32), "INT32"),
             ("request_output_len", np.array([[max_tokens]], np.int32), "INT32"),
-            ("end_id", np.array([[self.end_id]], np.int32), "INT32"),
-            ("pad_id", np.array([[self.pad_id]], np.int32), "INT32"),
+            ("end_id", np.array([[self.tokens.end_id]], np.int32), "INT32"),
+            ("pad_id", np.array([[self.tokens.pad_id]], np.int32), "INT32"),
             ("streaming", np.array([[True]], bool), "BOOL"),
             ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
             *sampling.tensors(engine=True),
         ]
+        if self.tokens.stop_ids and not sampling.min_tokens:  # the model's other end tokens, as preprocessing adds them
+            tensors.append(("stop_words_list", pack_word_lists([[[i] for i in self.tokens.stop_ids]]), "INT32"))
         return self._request(tensors, ["output_ids", "sequence_length"])
 
     def _text_request(self, prompt: str, max_tokens: int, sampling: Sampling) -> dict:

@@ -175,7 +175,3 @@ def flat_row(metrics: PointMetrics, extra: dict | None = None) -> dict:
             row[key] = value
     row.update(extra or {})
     return row
-
-
-def all_point_metrics(experiments: Iterable[Experiment]) -> list[PointMetrics]:
-    return [point_metrics(e) for e in experiments]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from toolkit.errors import BenchError
 from toolkit.repository import contract as c
+from toolkit.repository.sources import common_module
 
 _WORD = re.compile(r"^ [a-z]{3,10}$")
 
@@ -27,40 +28,19 @@ class PromptSet:
     input_tokens: int
 
 
-def find_tokenizer(repo: Path) -> Path:
-    """The tokenizer.json the repository's preprocessing loads."""
-    candidates = [repo / c.PREPROCESSING / "1" / "tokenizer" / "tokenizer.json", *sorted(repo.glob("*/1/tokenizer/tokenizer.json"))]
-    for path in candidates:
-        if path.is_file():
-            return path
-    raise BenchError(
-        f"no tokenizer.json in {repo} (looked in {c.PREPROCESSING}/1/tokenizer/)",
-        hint="pass --tokenizer PATH/tokenizer.json, or rebuild the repository with toolkit build",
-    )
-
-
-def preprocessing_adds_special_tokens(repo: Path) -> bool:
-    """Whether the repository's preprocessing encodes prompts with special tokens (its config parameter)."""
-    from toolkit.repository.configs import parse_pbtxt
-
-    path = repo / c.PREPROCESSING / "config.pbtxt"
-    if not path.is_file():
-        return False
-    params = parse_pbtxt(path.read_text()).parameters
-    return params["add_special_tokens"].string_value.lower() == "true" if "add_special_tokens" in params else False
-
-
-def make_prompts(tokenizer_json: Path, count: int, input_tokens: int, *, add_special_tokens: bool = False, seed: int = 0) -> PromptSet:
+def make_prompts(tokenizer_json: Path, count: int, input_tokens: int, *, add_special_tokens: bool = False,
+                 bos_id: int | None = None, seed: int = 0) -> PromptSet:
+    """`count` prompts of exactly `input_tokens` tokens as the repository's preprocessing encodes them
+    (the same TextCodec.encode_prompt, special tokens and BOS rule included)."""
     if count < 1 or input_tokens < 1:
         raise BenchError(f"--prompts={count} and --input-tokens={input_tokens} must be at least 1", hint="pass positive numbers")
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_json))
-    words = _word_pool(tokenizer)
+    codec = common_module("textcodec").TextCodec(tokenizer_json.parent)
+    words = _word_pool(codec.tokenizer)
     rng = random.Random(seed)
+    encode = lambda text: codec.encode_prompt(text, add_special_tokens, bos_id)  # noqa: E731
     prompts, ids = [], []
     for _ in range(count):
-        text, encoded = _exact_prompt(tokenizer, words, input_tokens, rng, add_special_tokens)
+        text, encoded = _exact_prompt(encode, words, input_tokens, rng)
         prompts.append(text)
         ids.append(tuple(encoded))
     return PromptSet(tuple(prompts), tuple(ids), input_tokens)
@@ -77,11 +57,11 @@ def _word_pool(tokenizer) -> list[str]:
     return words
 
 
-def _exact_prompt(tokenizer, words: list[str], n: int, rng: random.Random, special: bool) -> tuple[str, list[int]]:
+def _exact_prompt(encode, words: list[str], n: int, rng: random.Random) -> tuple[str, list[int]]:
     chosen = [rng.choice(words) for _ in range(n)]
     for _ in range(4 * n + 20):
         text = "".join(chosen).lstrip()
-        ids = tokenizer.encode(text, add_special_tokens=special).ids
+        ids = encode(text)
         if len(ids) == n:
             return text, ids
         if len(ids) > n and len(chosen) > 1:

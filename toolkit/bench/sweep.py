@@ -16,12 +16,11 @@ from typing import Callable
 
 from toolkit.bench.metrics import PointMetrics, parse_profile_export, point_metrics
 from toolkit.bench.perf_analyzer import PerfAnalyzer, find_perf_analyzer, run_perf_analyzer
-from toolkit.bench.prompts import find_tokenizer, make_prompts, preprocessing_adds_special_tokens, write_input_data
+from toolkit.bench.prompts import make_prompts, write_input_data
 from toolkit.bench.scrape import MetricsScraper, ScrapeSummary
 from toolkit.errors import BenchError
 from toolkit.repository import contract as c
-
-MODES = ("concurrency", "request_rate")
+from toolkit.repository.reader import Repository, open_repository
 
 
 @dataclass(frozen=True)
@@ -60,6 +59,7 @@ class SweepPlan:
     out_dir: Path
     tokenizer: Path
     add_special_tokens: bool = False
+    bos_id: int | None = None
     metrics_url: str | None = None
     roofline: Roofline | None = None
     timeout_s: float = 600.0
@@ -136,48 +136,33 @@ def plan_sweep(grpc_url: str, points: tuple[LoadPoint, ...], *, input_tokens: in
                model: str = c.ENSEMBLE, prompts: int = 16, requests: int | None = None, repo: Path | None = None,
                tokenizer: Path | None = None, metrics_url: str | None = None, roofline: Roofline | None = None,
                timeout_s: float = 600.0, seed: int = 0) -> SweepPlan:
+    """The sweep: prompts are made with the served repository's tokenizer, encoded the way its preprocessing encodes."""
+    repository = open_repository(repo) if repo is not None else None
     if tokenizer is None:
-        if repo is None:
-            raise BenchError("no tokenizer: pass --repo DIR (the served repository) or --tokenizer PATH", hint="--repo ./repo")
-        tokenizer = find_tokenizer(repo)
+        if repository is None:
+            raise BenchError("no tokenizer: pass --repo DIR (the served repository) or --tokenizer PATH",
+                             hint="--repo ./model_repository, or start the server with toolkit serve (bench finds what it serves)")
+        tokenizer = repository.tokenizer_json
     if not tokenizer.is_file():
         raise BenchError(f"tokenizer {tokenizer} does not exist", hint="pass --tokenizer PATH/tokenizer.json")
     if requests is not None and requests < 1:
         raise BenchError(f"--requests={requests} must be at least 1", hint="or leave it out for an automatic count")
     counts = tuple(requests or default_request_count(p, prompts) for p in points)
-    special = preprocessing_adds_special_tokens(repo) if repo is not None else False
-    if roofline is None and repo is not None:
-        roofline = roofline_from_manifest(repo)
+    tokens = repository.tokens if repository is not None else None
+    if roofline is None and repository is not None:
+        roofline = roofline_of(repository)
     return SweepPlan(grpc_url=grpc_url, model=model, points=points, input_tokens=input_tokens, output_tokens=output_tokens,
-                     prompts=prompts, requests=counts, out_dir=out_dir, tokenizer=tokenizer, add_special_tokens=special,
+                     prompts=prompts, requests=counts, out_dir=out_dir, tokenizer=tokenizer,
+                     add_special_tokens=tokens.add_special_tokens if tokens else False, bos_id=tokens.bos_id if tokens else None,
                      metrics_url=metrics_url, roofline=roofline, timeout_s=timeout_s, seed=seed)
 
 
-def roofline_from_manifest(repo: Path) -> Roofline | None:
+def roofline_of(repository: Repository) -> Roofline | None:
     """The planner's decode-step bound recorded in a GPU repository's manifest, if any."""
-    path = repo / "manifest.json"
-    if not path.is_file():
+    memory = repository.memory_plan
+    if memory is None:
         return None
-    found = _find_keys(json.loads(path.read_text()), ("decode_step_ms_lower_bound", "max_batch_size"))
-    step = found.get("decode_step_ms_lower_bound")
-    if not step:
-        return None
-    batch = found.get("max_batch_size")
-    return Roofline(float(step), int(batch) if batch else None)
-
-
-def _find_keys(node, keys: tuple[str, ...], found: dict | None = None) -> dict:
-    found = {} if found is None else found
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key in keys and key not in found and isinstance(value, (int, float)):
-                found[key] = value
-            else:
-                _find_keys(value, keys, found)
-    elif isinstance(node, list):
-        for item in node:
-            _find_keys(item, keys, found)
-    return found
+    return Roofline(memory.decode_step_ms_lower_bound, memory.max_batch_size)
 
 
 def perf_analyzer_args(plan: SweepPlan, point: LoadPoint, requests: int, input_file: Path, export_file: Path) -> list[str]:
@@ -198,7 +183,8 @@ def run_sweep(plan: SweepPlan, on_point: OnPoint = lambda i, p, r: None, pa: Per
     pa = pa or find_perf_analyzer()
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
-    prompts = make_prompts(plan.tokenizer, plan.prompts, plan.input_tokens, add_special_tokens=plan.add_special_tokens, seed=plan.seed)
+    prompts = make_prompts(plan.tokenizer, plan.prompts, plan.input_tokens, add_special_tokens=plan.add_special_tokens,
+                           bos_id=plan.bos_id, seed=plan.seed)
     input_file = write_input_data(plan.out_dir / "inputs.json", prompts, plan.output_tokens, plan.model)
     results = []
     for index, (point, requests) in enumerate(zip(plan.points, plan.requests)):
@@ -250,18 +236,6 @@ def _with_bounds(result: PointResult, roofline: Roofline | None) -> PointResult:
         throughput_bound_fraction=result.metrics.output_tokens_per_s / bound if bound else None,
         itl_bound_fraction=roofline.decode_step_ms / itl if itl and math.isfinite(itl) else None,
     )
-
-
-def recorded_server(grpc_url: str) -> dict | None:
-    """What `toolkit serve --background` recorded for the server on this gRPC port (repo, metrics URL)."""
-    from toolkit.settings import toolkit_home
-
-    port = grpc_url.rsplit(":", 1)[-1]
-    path = toolkit_home() / "servers" / f"{port}.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def default_metrics_url(grpc_url: str) -> str:

@@ -5,16 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from toolkit.bench.report import write_report
-from toolkit.bench.sweep import (
-    Roofline, SweepResult, default_metrics_url, parse_points, plan_sweep, recorded_server, run_sweep,
-)
-from toolkit.cli.render import emit_json, note, stderr_console
+from toolkit.bench.sweep import Roofline, SweepResult, default_metrics_url, parse_points, plan_sweep, run_sweep
+from toolkit.cli.render import emit_json, note, stderr_console, stdout_console
 from toolkit.repository import contract as c
+from toolkit.serve.launcher import read_server_record
 
 
 @click.command("bench")
@@ -27,7 +25,7 @@ from toolkit.repository import contract as c
 @click.option("--prompts", type=click.IntRange(1), default=16, help="Distinct prompts.")
 @click.option("--requests", type=click.IntRange(1), default=None, help="Requests per point [default: max(prompts, 8, 4 x load)].")
 @click.option("-r", "--repo", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="The served repository (its tokenizer) [default: as `toolkit serve --background` recorded].")
+              help="The served repository (its tokenizer) [default: the one `toolkit serve` serves on --url].")
 @click.option("--tokenizer", type=click.Path(path_type=Path, dir_okay=False), default=None, help="tokenizer.json to use instead of the repository's.")
 @click.option("--metrics-url", default=None, help="Triton metrics endpoint [default: recorded, else http://HOST:8002/metrics].")
 @click.option("--decode-step-ms", type=float, default=None, help="Roofline decode step (ms) to compare against [default: the GPU repository's plan].")
@@ -39,7 +37,7 @@ def command(url, model, concurrency, request_rate, input_tokens, output_tokens, 
             metrics_url, decode_step_ms, out_dir, timeout, seed, as_json) -> None:
     """Sweep load points with perf_analyzer (gRPC streaming) and report LLM latency and throughput."""
     points = parse_points(concurrency, request_rate)
-    record = recorded_server(url) or {}
+    record = read_server_record(url) or {}
     repo = repo or (Path(record["repo"]) if record.get("repo") else None)
     plan = plan_sweep(
         url, points, input_tokens=input_tokens, output_tokens=output_tokens, out_dir=out_dir.resolve(), model=model,
@@ -70,23 +68,24 @@ def _run_with_progress(plan) -> SweepResult:
 
 
 def _print_summary(result: SweepResult) -> None:
+    """One row per load point; compact enough for 80 columns (rich wraps cells rather than cut them)."""
     plan = result.plan
-    table = Table(title=f"{plan.model} @ {plan.grpc_url}  ({plan.input_tokens} in / {plan.output_tokens} out tokens)")
-    for header in ("load", "req", "out tok/s", "req/s", "TTFT p50/p99 ms", "ITL p50/p99 ms", "latency p50/p99 ms", "out len"):
+    table = Table(title=f"{plan.model} @ {plan.grpc_url} ({plan.input_tokens} in / {plan.output_tokens} out)", title_justify="left")
+    for header in ("load", "req", "tok/s", "req/s", "TTFT ms\np50/p99", "ITL ms\np50/p99", "latency ms\np50/p99"):
         table.add_column(header, justify="right")
     with_bound = any(p.throughput_bound_fraction is not None or p.itl_bound_fraction is not None for p in result.points)
     if with_bound:
-        table.add_column("of bound", justify="right")
+        table.add_column("of\nbound", justify="right")
     for p in result.points:
         m = p.metrics
         row = [
-            f"{'c' if p.point.mode == 'concurrency' else 'rate '}{p.point.value:g}", str(m.requests),
-            f"{m.output_tokens_per_s:,.1f}", f"{m.requests_per_s:.2f}",
-            f"{m.ttft_ms.p50:.1f}/{m.ttft_ms.p99:.1f}", f"{m.itl_ms.p50:.2f}/{m.itl_ms.p99:.2f}",
-            f"{m.latency_ms.p50:.0f}/{m.latency_ms.p99:.0f}", f"{m.output_len.mean:g}",
+            f"{'c' if p.point.mode == 'concurrency' else 'r'}{p.point.value:g}", str(m.requests),
+            f"{m.output_tokens_per_s:,.0f}", f"{m.requests_per_s:.2f}",
+            f"{m.ttft_ms.p50:.0f}/{m.ttft_ms.p99:.0f}", f"{m.itl_ms.p50:.1f}/{m.itl_ms.p99:.1f}",
+            f"{m.latency_ms.p50:.0f}/{m.latency_ms.p99:.0f}",
         ]
         if with_bound:
             fraction = p.throughput_bound_fraction if p.throughput_bound_fraction is not None else p.itl_bound_fraction
             row.append("-" if fraction is None else f"{fraction:.0%}")
         table.add_row(*row)
-    Console().print(table)
+    stdout_console.print(table)

@@ -9,6 +9,8 @@ from toolkit.client.chat import render_chat_prompt
 from toolkit.client.generate import GenerateRequest, generate_grpc, generate_http
 
 DEFAULT_URLS = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
+INT32_MAX = 2**31 - 1  # max_tokens, top_k: INT32 tensors
+UINT64_MAX = 2**64 - 1  # seed: a UINT64 tensor
 
 
 @click.command("generate")
@@ -16,11 +18,11 @@ DEFAULT_URLS = {"grpc": "127.0.0.1:8001", "http": "127.0.0.1:8000"}
 @click.option("-u", "--url", default=None, help="Server address [grpc: 127.0.0.1:8001, http: 127.0.0.1:8000].")
 @click.option("-p", "--protocol", type=click.Choice(["grpc", "http"]), default="grpc", help="grpc streams; http uses Triton's generate endpoint.")
 @click.option("-m", "--model", default="ensemble", help="ensemble or tensorrt_llm_bls.")
-@click.option("-n", "--max-tokens", type=int, default=128, help="Most tokens to generate.")
-@click.option("--temperature", type=float, default=None, help="0 or unset: greedy.")
-@click.option("--top-k", type=int, default=None)
-@click.option("--top-p", type=float, default=None)
-@click.option("--seed", type=int, default=None, help="Same seed, same sampled text.")
+@click.option("-n", "--max-tokens", type=click.IntRange(1, INT32_MAX), default=128, help="Most tokens to generate.")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None, help="Sampling temperature; 0 or unset: greedy.")
+@click.option("--top-k", type=click.IntRange(0, INT32_MAX), default=None, help="Sample from the k most likely tokens (0: off).")
+@click.option("--top-p", type=click.FloatRange(0, 1), default=None, help="Sample from the smallest set of tokens whose probability reaches p.")
+@click.option("--seed", type=click.IntRange(0, UINT64_MAX), default=None, help="Same seed, same sampled text.")
 @click.option("--stop", "stop_words", multiple=True, help="Stop when this text is generated (repeatable).")
 @click.option("--raw", is_flag=True, help="Send the prompt as is, without the model's chat template.")
 @click.option("--repo", type=click.Path(exists=True, file_okay=False), default=None, help="Repository whose chat template to apply [default: ask the server's model].")

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 stderr_console = Console(stderr=True)
+stdout_console = Console()
 
 
 def emit_json(data: Any) -> None:
@@ -22,7 +23,7 @@ def emit_table(title: str, rows: list[tuple[str, Any]]) -> None:
     table.add_column("value")
     for key, value in rows:
         table.add_row(key, str(value))
-    Console().print(table)
+    stdout_console.print(table)
 
 
 def note(message: str) -> None:

@@ -1,25 +1,24 @@
-"""Chat templates: the repository carries its tokenizer's template; clients render prompts with it.
+"""Chat templates for clients: from a local repository, or from the served preprocessing model's config.
 
-The template reaches a client either from a local repository folder or from the served
-preprocessing model's config (parameter `chat_template`), so `toolkit generate` needs nothing
-but the server's address.
+The template reaches a client either from a repository folder or from the served preprocessing
+model's config (parameter `chat_template`), so `toolkit generate` needs nothing but the server's address.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
 from toolkit.errors import ClientError
-from toolkit.model.chat_template import template_from_tokenizer_dir
+from toolkit.model.chat_template import ChatTemplate
 
 
-def template_from_repository(repo: Path) -> str | None:
-    return template_from_tokenizer_dir(Path(repo) / "preprocessing" / "1" / "tokenizer")
+def template_from_repository(repo: Path) -> ChatTemplate | None:
+    from toolkit.repository.reader import open_repository
+
+    return ChatTemplate.from_tokenizer_dir(open_repository(Path(repo)).tokenizer_dir)
 
 
-def template_from_server(url: str, protocol: str) -> str | None:
+def template_from_server(url: str, protocol: str) -> ChatTemplate | None:
     """The served preprocessing model's `chat_template` parameter, or None."""
     try:
         if protocol == "grpc":
@@ -34,18 +33,14 @@ def template_from_server(url: str, protocol: str) -> str | None:
             config = client.get_model_config("preprocessing")
             client.close()
     except Exception as exc:  # noqa: BLE001 - any transport failure means: cannot reach the server
-        raise ClientError(f"cannot read the chat template from {url}: {exc}", hint="start the server (toolkit serve) or pass --raw") from exc
-    return config.get("parameters", {}).get("chat_template", {}).get("string_value") or None
-
-
-def render_chat(template: str, messages: list[dict], *, add_generation_prompt: bool = True, **extra) -> str:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt, **extra)
+        raise ClientError(f"cannot read the chat template from {url}: {exc}", hint="start the server (toolkit serve), fix --url, or pass --raw") from exc
+    source = config.get("parameters", {}).get("chat_template", {}).get("string_value")
+    return ChatTemplate(source) if source else None
 
 
 def render_chat_prompt(prompt: str, *, repo: str | None = None, url: str = "127.0.0.1:8001", protocol: str = "grpc") -> tuple[str, bool]:
     """(text to send, whether a template was applied)."""
     template = template_from_repository(Path(repo)) if repo else template_from_server(url, protocol)
-    if not template:
+    if template is None:
         return prompt, False
-    return render_chat(template, [{"role": "user", "content": prompt}]), True
+    return template.render([{"role": "user", "content": prompt}]), True

@@ -121,7 +121,8 @@ def _pieces(responses: queue.Queue, timeout_s: float) -> Iterator[bytes]:
         except queue.Empty as exc:
             raise ClientError(f"no response within {timeout_s:.0f}s", hint="raise --timeout, or check the server log") from exc
         if err is not None:
-            raise err if isinstance(err, InferenceServerException) else ClientError(str(err))
+            message = err.message() if isinstance(err, InferenceServerException) else str(err)
+            raise ClientError(message, hint=_hint_for(message))
         output = res.as_numpy("text_output")
         if output is not None:
             for piece in output.reshape(-1):
@@ -162,11 +163,14 @@ def _error_message(exc: urllib.error.HTTPError) -> str:
         return str(exc)
 
 
-def _hint_for(message: str) -> str | None:
+def _hint_for(message: str) -> str:
+    lowered = message.lower()
     if "max_tokens" in message:
         return "lower --max-tokens"
     if "max_input_len" in message:
         return "shorten the prompt, or rebuild with a larger --max-input-len"
-    if "unavailable" in message.lower() or "connect" in message.lower():
+    if "unavailable" in lowered or "connect" in lowered or "refused" in lowered:
         return "start the server with toolkit serve, or fix --url"
-    return None
+    if "queue" in lowered:
+        return "the server is at its queue bound; retry later or rebuild with a larger --max-queue-size"
+    return "read the server log (toolkit serve prints where it is), or retry"

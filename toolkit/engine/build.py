@@ -38,7 +38,10 @@ class EngineBuildResult:
 
 
 def execute_engine_build(plan: EngineBuildPlan, *, progress: Progress | None = None) -> EngineBuildResult:
-    """Run quantize/convert and trtllm-build unless an engine with the same cache key is already there."""
+    """Run quantize/convert and trtllm-build unless an engine with the same cache key is already there.
+
+    The plan's checkpoint must be on local disk with its weights (toolkit.build downloads hub models first).
+    """
     say = progress or (lambda _message: None)
     started = time.monotonic()
     version = require_trtllm()
@@ -59,17 +62,10 @@ def execute_engine_build(plan: EngineBuildPlan, *, progress: Progress | None = N
 
 
 def _checkpoint_with_weights(plan: EngineBuildPlan) -> Path:
-    """The checkpoint folder the commands read, downloading the weights of a hub model first."""
-    from toolkit.model.sources import check_weights, resolve_model
+    from toolkit.model.sources import check_weights
 
-    if plan.model_source.startswith("hf:") or not Path(plan.model_source).expanduser().exists():
-        resolved = resolve_model(plan.model_source).path
-        if resolved.resolve() != Path(plan.checkpoint_dir).resolve():
-            raise EngineBuildError(
-                f"the checkpoint moved while planning: {plan.checkpoint_dir} vs {resolved}",
-                hint="plan again (the hub revision changed between plan and build)",
-            )
-        return resolved
+    if plan.checkpoint_dir is None:
+        raise EngineBuildError(f"the checkpoint of {plan.model_source} is not on local disk", hint="build with toolkit build (it downloads the weights first)")
     path = Path(plan.checkpoint_dir)
     check_weights(path, allow_pickle=False)
     return path
@@ -118,7 +114,7 @@ def _install(plan: EngineBuildPlan, key: str, version: str, sm: str) -> None:
         "model_source": plan.model_source,
         "recipe": plan.recipe.to_dict(),
         "memory": plan.memory.to_dict(),
-        "kv_cache_free_gpu_mem_fraction": plan.kv_cache_free_gpu_mem_fraction,
+        "runtime": plan.runtime.to_dict(),
         "commands": [list(argv) for argv in plan.commands],
     }
     write_text_atomic(built / RECORD, json.dumps(record, indent=2) + "\n")
@@ -146,7 +142,3 @@ def check_engine_layout(engine_dir: Path, world_size: int | None = None) -> dict
     if missing:
         raise EngineBuildError(f"{engine_dir} lacks {', '.join(missing)}", hint="rebuild the engine; trtllm-build writes one file per rank")
     return config
-
-
-def engine_record(engine_dir: Path) -> dict | None:
-    return read_record(engine_dir)

@@ -6,8 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from toolkit.fsutil import sha256_file, write_text_atomic
-from toolkit.settings import cache_dir
+from toolkit.model.verify import checked_sha256
 
 # Files whose bytes decide the engine; tokenizer files do not.
 CHECKPOINT_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json")
@@ -19,22 +18,8 @@ def checkpoint_hash(checkpoint: Path) -> str:
     digest = hashlib.sha256()
     files = sorted({p for pattern in CHECKPOINT_PATTERNS for p in checkpoint.glob(pattern)})
     for path in files:
-        digest.update(f"{path.name}\0{_file_digest(path)}\n".encode())
+        digest.update(f"{path.name}\0{checked_sha256(path)}\n".encode())
     return digest.hexdigest()
-
-
-def _file_digest(path: Path) -> str:
-    """A file's sha256; a Hugging Face cache symlink already names it (blobs/<sha256>)."""
-    target = path.resolve()
-    if path.is_symlink() and target.parent.name == "blobs" and len(target.name) == 64:
-        return target.name
-    stat = target.stat()
-    memo = cache_dir("hashes") / hashlib.sha256(f"{target}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
-    if memo.is_file():
-        return memo.read_text().strip()
-    value = sha256_file(target)  # weights are read once; the memo keys on path, size and mtime
-    write_text_atomic(memo, value)
-    return value
 
 
 def cache_key(checkpoint_digest: str, build_inputs: dict, trtllm_version: str, gpu_sm: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.engine.tools import ToolPaths
+from toolkit.settings import TrtllmTools
 from toolkit.engine.trtllm_flags import LLAMA_CONVERT_SCRIPT, QUANTIZE_SCRIPT
 from toolkit.plan.memory import MemoryPlan
 
@@ -36,13 +36,13 @@ def needs_quantizer(plan: MemoryPlan) -> bool:
     return plan.dtype != "bf16" or plan.kv_dtype != "bf16"
 
 
-def checkpoint_argv(plan: MemoryPlan, settings: StepSettings, tools: ToolPaths) -> list[str]:
+def checkpoint_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
     if needs_quantizer(plan):
         return quantize_argv(plan, settings, tools)
     return convert_argv(plan, settings, tools)
 
 
-def convert_argv(plan: MemoryPlan, settings: StepSettings, tools: ToolPaths) -> list[str]:
+def convert_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
     return [
         tools.python, f"{tools.examples_dir}/{LLAMA_CONVERT_SCRIPT}",
         "--model_dir", str(settings.model_dir),
@@ -54,7 +54,7 @@ def convert_argv(plan: MemoryPlan, settings: StepSettings, tools: ToolPaths) -> 
     ]
 
 
-def quantize_argv(plan: MemoryPlan, settings: StepSettings, tools: ToolPaths) -> list[str]:
+def quantize_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
     argv = [
         tools.python, f"{tools.examples_dir}/{QUANTIZE_SCRIPT}",
         "--model_dir", str(settings.model_dir),
@@ -72,7 +72,7 @@ def quantize_argv(plan: MemoryPlan, settings: StepSettings, tools: ToolPaths) ->
     return argv
 
 
-def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: ToolPaths) -> list[str]:
+def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
     argv = [
         tools.trtllm_build,
         "--checkpoint_dir", str(settings.checkpoint_dir),

@@ -1,21 +1,15 @@
 """Where the TensorRT-LLM tools are, which TensorRT-LLM is installed, which GPU is here.
 
-Environment (parsed here only):
-  TOOLKIT_TRTLLM_BIN_DIR       folder holding trtllm-build (default: found on PATH)
-  TOOLKIT_TRTLLM_PYTHON        interpreter that imports tensorrt_llm (default: python3 on PATH)
-  TOOLKIT_TRTLLM_EXAMPLES_DIR  examples/ of a TensorRT-LLM checkout at the pinned tag
-                               (default: $TOOLKIT_HOME/TensorRT-LLM/examples)
-Detection runs the real things: `python3 -c "import tensorrt_llm"` and `nvidia-smi`; tests put
+The tools' locations come from toolkit.settings (TOOLKIT_TRTLLM_BIN_DIR, TOOLKIT_TRTLLM_PYTHON,
+TOOLKIT_TRTLLM_EXAMPLES_DIR). Detection runs the real things: `python3 -c "import tensorrt_llm"` and `nvidia-smi`; tests put
 fakes of both on PATH / PYTHONPATH, the same seam.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.engine.trtllm_flags import (
@@ -24,25 +18,10 @@ from toolkit.engine.trtllm_flags import (
     TRITON_TRTLLM_CONTAINER,
 )
 from toolkit.errors import EngineBuildError
-from toolkit.settings import toolkit_home
+from toolkit.settings import trtllm_tools
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)")
 _DETECT_TIMEOUT_S = 120  # importing tensorrt_llm loads CUDA libraries: seconds, not minutes
-
-
-@dataclass(frozen=True)
-class ToolPaths:
-    trtllm_build: str
-    python: str
-    examples_dir: str
-
-
-def tool_paths() -> ToolPaths:
-    bin_dir = os.environ.get("TOOLKIT_TRTLLM_BIN_DIR")
-    build = str(Path(bin_dir) / "trtllm-build") if bin_dir else "trtllm-build"
-    python = os.environ.get("TOOLKIT_TRTLLM_PYTHON") or "python3"
-    examples = os.environ.get("TOOLKIT_TRTLLM_EXAMPLES_DIR") or str(toolkit_home() / "TensorRT-LLM" / "examples")
-    return ToolPaths(trtllm_build=build, python=python, examples_dir=examples)
 
 
 def container_hint() -> str:
@@ -51,7 +30,7 @@ def container_hint() -> str:
 
 def detect_trtllm_version(python: str | None = None) -> str | None:
     """The installed tensorrt_llm's __version__, or None when the interpreter cannot import it."""
-    python = python or tool_paths().python
+    python = python or trtllm_tools().python
     if shutil.which(python) is None:
         return None
     code = "import tensorrt_llm, sys; sys.stdout.write('\\n' + tensorrt_llm.__version__ + '\\n')"

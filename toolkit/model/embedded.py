@@ -7,16 +7,18 @@ so every later step sees the same kind of checkpoint as a hub download.
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import tempfile
 from pathlib import Path
 
 from toolkit.errors import ModelSourceError
-from toolkit.fsutil import file_lock
+from toolkit.fsutil import file_lock, write_text_atomic
 from toolkit.settings import cache_dir
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER = "smollm2-135m-instruct"
+RECORD = "toolkit_checkpoint.json"  # sha256 of every file the conversion wrote; checked before each reuse
 
 
 def embedded_gguf() -> Path:
@@ -33,21 +35,42 @@ def embedded_gguf() -> Path:
 
 
 def materialize_embedded(*, progress: bool = True) -> Path:
-    """Return the converted checkpoint folder, converting it first if this is the first use."""
+    """Return the converted checkpoint folder, converting it first if this is the first use.
+
+    A cached conversion is reused only while every file still has the hash it was written with; a
+    damaged one (truncated, edited) is converted again instead of being packaged.
+    """
     target = cache_dir("models") / FOLDER
-    if (target / "config.json").is_file():
-        return target
     with file_lock(target.with_suffix(".lock")):
-        if (target / "config.json").is_file():
+        if _intact(target):
             return target
         gguf = embedded_gguf()
         tmp = Path(tempfile.mkdtemp(prefix=f".{FOLDER}-", dir=target.parent))
         try:
             convert_gguf(gguf, tmp, progress=progress)
+            _record(tmp)
+            shutil.rmtree(target, ignore_errors=True)
             tmp.rename(target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _record(folder: Path) -> None:
+    from toolkit.fsutil import sha256_file
+
+    hashes = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    write_text_atomic(folder / RECORD, json.dumps(hashes, indent=2) + "\n")
+
+
+def _intact(folder: Path) -> bool:
+    from toolkit.model.verify import matches_recorded_hash
+
+    try:
+        recorded = json.loads((folder / RECORD).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(recorded) and all(matches_recorded_hash(folder / name, digest) for name, digest in recorded.items())
 
 
 def convert_gguf(gguf: Path, out: Path, *, progress: bool = True) -> None:

@@ -51,10 +51,6 @@ class ModelFacts:
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return embeddings + self.num_layers * per_layer + h + lm_head
 
-    @property
-    def dtype_bytes(self) -> int:
-        return _DTYPE_BYTES[self.dtype]
-
     def to_dict(self) -> dict:
         data = asdict(self)
         data["eos_token_ids"] = list(self.eos_token_ids)

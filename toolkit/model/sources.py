@@ -1,15 +1,20 @@
-"""Model sources: a Hugging Face repo, a local folder, or the embedded default, resolved to a local checkpoint."""
+"""Model sources: a --model value resolved to a checkpoint folder on local disk (weights included).
+
+The hub is asked only after a quick reachability probe (seconds): without a network the cache is
+used on its own instead of huggingface_hub retrying for half a minute.
+"""
 
 from __future__ import annotations
 
-import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 from toolkit.errors import ModelSourceError, UnsupportedModelError
-
-EMBEDDED_DEFAULT = "smollm2-135m-instruct"
+from toolkit.model.spec import EMBEDDED_DEFAULT, ModelSpec, parse_model_spec
+from toolkit.settings import hub_offline
 
 # What a checkpoint needs to be served: weights as safetensors, configs, tokenizer, chat template.
 HUB_ALLOW_PATTERNS = [
@@ -25,7 +30,9 @@ HUB_ALLOW_PATTERNS = [
     "chat_template.json",
 ]
 PICKLE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.bin.index.json"]
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_PROBE_TIMEOUT_S = 3.0
+
+__all__ = ["EMBEDDED_DEFAULT", "ResolvedModel", "check_weights", "resolve_model", "hub_reachable"]
 
 
 @dataclass(frozen=True)
@@ -33,28 +40,24 @@ class ResolvedModel:
     """A checkpoint on local disk and where it came from."""
 
     path: Path
-    source: str  # what the user asked for, normalised: "hf:org/name", "local:/abs/path", "embedded:name"
+    source: str  # normalised: "hf:org/name", "local:/abs/path", "embedded:name"
     revision: str | None  # the hub commit, when known
 
 
-def resolve_model(spec: str, *, allow_pickle: bool = False, progress: bool = True) -> ResolvedModel:
+def resolve_model(spec: str | ModelSpec, *, allow_pickle: bool = False, progress: bool = True) -> ResolvedModel:
     """Turn a --model value into a local checkpoint folder, downloading or converting when needed."""
-    spec = spec.strip()
-    if spec == EMBEDDED_DEFAULT or spec == f"embedded:{EMBEDDED_DEFAULT}":
+    parsed = spec if isinstance(spec, ModelSpec) else parse_model_spec(spec)
+    if parsed.kind == "embedded":
         from toolkit.model.embedded import materialize_embedded
 
-        return ResolvedModel(materialize_embedded(progress=progress), f"embedded:{EMBEDDED_DEFAULT}", None)
-    if spec.startswith("hf:"):
-        return _resolve_hub(spec[3:], allow_pickle=allow_pickle)
-    path = Path(spec).expanduser()
-    if path.exists():
-        return _resolve_local(path, allow_pickle=allow_pickle)
-    if _HUB_ID.match(spec.split("@", 1)[0]):
-        return _resolve_hub(spec, allow_pickle=allow_pickle)
-    raise ModelSourceError(
-        f"unknown model source {spec!r}: not a folder, not a Hugging Face id, not the embedded default",
-        hint=f"use --model {EMBEDDED_DEFAULT}, --model hf:ORG/NAME[@REVISION], or --model /path/to/checkpoint",
-    )
+        return ResolvedModel(materialize_embedded(progress=progress), parsed.source, None)
+    if parsed.kind == "local":
+        return _resolve_local(Path(parsed.value), allow_pickle=allow_pickle)
+    if parsed.kind == "catalog":
+        from toolkit.model.catalog import catalog_entry
+
+        parsed = ModelSpec("hub", catalog_entry(parsed.value).hub_id)
+    return _resolve_hub(parsed, allow_pickle=allow_pickle)
 
 
 def check_weights(path: Path, *, allow_pickle: bool) -> None:
@@ -68,14 +71,10 @@ def check_weights(path: Path, *, allow_pickle: bool) -> None:
             hint="convert the checkpoint to safetensors, or pass --allow-pickle if you trust its author",
         )
     if not pickles:
-        raise UnsupportedModelError(
-            f"no weights (*.safetensors) in {path}",
-            hint="point --model at a complete checkpoint folder",
-        )
+        raise UnsupportedModelError(f"no weights (*.safetensors) in {path}", hint="point --model at a complete checkpoint folder")
 
 
 def _resolve_local(path: Path, *, allow_pickle: bool) -> ResolvedModel:
-    path = path.resolve()
     if not path.is_dir():
         raise ModelSourceError(f"--model {path} is a file, not a checkpoint folder", hint="pass the folder that holds config.json")
     if not (path / "config.json").is_file():
@@ -84,40 +83,89 @@ def _resolve_local(path: Path, *, allow_pickle: bool) -> ResolvedModel:
     return ResolvedModel(path, f"local:{path}", None)
 
 
-def _resolve_hub(spec: str, *, allow_pickle: bool) -> ResolvedModel:
-    repo_id, _, revision = spec.partition("@")
-    if not _HUB_ID.match(repo_id):
-        raise ModelSourceError(f"{repo_id!r} is not a Hugging Face model id", hint="write it as ORG/NAME, e.g. hf:HuggingFaceTB/SmolLM2-135M-Instruct")
+def _resolve_hub(spec: ModelSpec, *, allow_pickle: bool) -> ResolvedModel:
     patterns = HUB_ALLOW_PATTERNS + (PICKLE_PATTERNS if allow_pickle else [])
-    local = download_snapshot(repo_id, revision or None, patterns)
+    local = download_snapshot(spec.value, spec.revision, patterns)
     check_weights(local, allow_pickle=allow_pickle)
-    commit = local.name if re.fullmatch(r"[0-9a-f]{40}", local.name) else (revision or None)
-    return ResolvedModel(local, f"hf:{repo_id}", commit)
+    commit = local.name if re.fullmatch(r"[0-9a-f]{40}", local.name) else spec.revision
+    return ResolvedModel(local, spec.source, commit)
+
+
+def hub_reachable() -> str | None:
+    """None when the hub answers a TCP connect within seconds, else why not (offline mode, DNS, refused)."""
+    from huggingface_hub import constants
+
+    if hub_offline():
+        return "HF_HUB_OFFLINE is set"
+    url = urlparse(constants.ENDPOINT)
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=HUB_PROBE_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        return f"{url.hostname} cannot be reached ({exc.strerror or exc})"
 
 
 def download_snapshot(repo_id: str, revision: str | None, patterns: list[str]) -> Path:
-    """Download (or, with HF_HUB_OFFLINE=1, find in the cache) the files of a hub repo.
+    """Download (or, offline, find in the cache) the files of a hub repo.
 
     huggingface_hub reads HF_TOKEN itself, resumes interrupted downloads from its .incomplete
     files, and shows a progress bar per file; the token is never passed through our code.
     """
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
 
-    try:
-        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
-    except GatedRepoError as exc:
-        raise ModelSourceError(f"hf:{repo_id} is gated", hint="accept its licence on the hub and set HF_TOKEN") from exc
-    except RepositoryNotFoundError as exc:
-        raise ModelSourceError(f"hf:{repo_id} was not found (or is private)", hint="check the id; for a private repo set HF_TOKEN") from exc
-    except RevisionNotFoundError as exc:
-        raise ModelSourceError(f"revision {revision!r} of hf:{repo_id} was not found", hint="use a branch, tag or commit that exists") from exc
-    except LocalEntryNotFoundError as exc:
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-        hint = "download it once with network access, or unset HF_HUB_OFFLINE" if offline else "check the network and the id"
-        raise ModelSourceError(f"hf:{repo_id} is not in the local cache and cannot be downloaded", hint=hint) from exc
+    offline_reason = hub_reachable()
+    with _hub_errors(repo_id, revision, offline_reason):
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns,
+                                      local_files_only=offline_reason is not None))
+
+
+def download_config(repo_id: str, revision: str | None) -> Path:
+    """Only config.json (planning needs no weights); its snapshot folder is where the weights will land."""
+    from huggingface_hub import hf_hub_download
+
+    offline_reason = hub_reachable()
+    with _hub_errors(repo_id, revision, offline_reason):
+        return Path(hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=offline_reason is not None))
+
+
+class _hub_errors:
+    """Map huggingface_hub's errors to ModelSourceError with the id, the revision and the next step."""
+
+    def __init__(self, repo_id: str, revision: str | None, offline_reason: str | None):
+        self.repo_id, self.revision, self.offline_reason = repo_id, revision, offline_reason
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        from huggingface_hub.errors import (
+            GatedRepoError,
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
+        if exc is None:
+            return False
+        name = f"hf:{self.repo_id}"
+        if isinstance(exc, GatedRepoError):
+            raise ModelSourceError(f"{name} is gated", hint="accept its licence on the hub and set HF_TOKEN") from exc
+        if isinstance(exc, RepositoryNotFoundError):
+            raise ModelSourceError(f"{name} was not found (or is private)", hint="check the id; for a private repo set HF_TOKEN") from exc
+        if isinstance(exc, RevisionNotFoundError):
+            raise ModelSourceError(f"revision {self.revision!r} of {name} was not found", hint="use a branch, tag or commit that exists") from exc
+        if isinstance(exc, LocalEntryNotFoundError):
+            why = self.offline_reason or "the download failed"
+            raise ModelSourceError(f"{name} is not in the local Hugging Face cache, and {why}", hint=_offline_hint(self.repo_id)) from exc
+        if isinstance(exc, HfHubHTTPError):
+            raise ModelSourceError(f"cannot fetch {name}: {exc}", hint="check the id; for a gated repo set HF_TOKEN") from exc
+        return False
+
+
+def _offline_hint(repo_id: str) -> str:
+    from toolkit.model.catalog import entry_for_hub_id
+
+    entry = entry_for_hub_id(repo_id)
+    planning = f"; to plan without a network use the catalog name: -m {entry.name}" if entry else ""
+    return "download it once with network access (or unset HF_HUB_OFFLINE)" + planning

@@ -189,9 +189,11 @@ def compute_plan(
 
 
 def plan_memory(facts: ModelFacts, gpu: GpuProfile, **options) -> MemoryPlan:
-    """The plan for these options, with the smallest fitting TP filled in; PlanError if it cannot fit."""
-    plan = compute_plan(facts, gpu, **options)
+    """The plan for these options; `tp=None` (or absent) takes the smallest TP that fits. PlanError if it cannot fit."""
+    options = {k: v for k, v in options.items() if v is not None or k != "tp"}
     smallest = _smallest_tp(facts, gpu, options)
+    options.setdefault("tp", smallest or 1)
+    plan = compute_plan(facts, gpu, **options)
     plan = MemoryPlan(**{**plan.to_dict(), "min_tp_that_fits": smallest})
     if not plan.fits:
         raise PlanError(_refusal(plan), hint=_options_hint(facts, gpu, options))

@@ -86,6 +86,7 @@ PREPROCESSING_INPUTS = (
     _opt("EMBEDDING_BIAS_WEIGHTS", "FP32", (-1,)),
     _opt("END_ID", "INT32"),
     _opt("PAD_ID", "INT32"),
+    _opt("MIN_TOKENS", "INT32"),  # ours: with min_tokens the model's other end tokens are not added as stop words
 )
 PREPROCESSING_OUTPUTS = (
     Tensor("INPUT_ID", "INT32", (-1,)),
@@ -156,6 +157,7 @@ PREPROCESSING_INPUT_MAP = {
     "EMBEDDING_BIAS_WEIGHTS": "embedding_bias_weights",
     "END_ID": "end_id",
     "PAD_ID": "pad_id",
+    "MIN_TOKENS": "min_tokens",
 }
 PREPROCESSING_OUTPUT_MAP = {
     "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",

@@ -1,11 +1,22 @@
-"""Where the Python sources of the repository's models live (model_repo/ in a checkout, or in the wheel)."""
+"""Where the Python sources of the repository's models live (model_repo/ in a checkout, or in the wheel).
+
+`model_repo/common/` holds what several models share (the text codec, parameter and tensor helpers);
+the writer copies those modules into each Python model's version folder, so a repository is
+self-contained, and the toolkit imports the same files through `common_module`.
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 from toolkit.errors import RepositoryError
+
+COMMON_MODULES = ("textcodec", "params")
 
 
 def model_repo_sources() -> Path:
@@ -17,6 +28,20 @@ def model_repo_sources() -> Path:
         "the model sources (model_repo/) are missing from this toolkit install",
         hint="reinstall the toolkit: pip install -e '.[cpu]' from a checkout",
     )
+
+
+@functools.lru_cache(maxsize=None)
+def common_module(name: str) -> ModuleType:
+    """A module of model_repo/common/ (e.g. textcodec), imported once from the toolkit's own sources."""
+    if name not in COMMON_MODULES:
+        raise ValueError(f"{name!r} is not one of the shared model modules {COMMON_MODULES}")
+    path = model_repo_sources() / "common" / f"{name}.py"
+    qualified = f"toolkit._model_common.{name}"
+    spec = importlib.util.spec_from_file_location(qualified, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[qualified] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def sources_digest(root: Path | None = None) -> str:

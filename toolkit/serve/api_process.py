@@ -1,40 +1,42 @@
 """The OpenAI API as its own process beside tritonserver (`toolkit serve --openai-port`).
 
 A process of its own, not a thread: it keeps running after `toolkit serve --background`
-returns, it gets its own GIL, and it stops with the server.
+returns, it gets its own GIL, and it stops with the server. It is started as
+`python -m toolkit.api` with its settings (API keys included) on stdin: no key on a command line.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import subprocess
 import sys
-import time
+from dataclasses import asdict
 from pathlib import Path
 
+from toolkit.api.app import ApiSettings
 from toolkit.errors import ServerError
-from toolkit.serve.launcher import _check_port_free, _client_host, _http_ok, log_tail
-from toolkit.subprocs import stop_process
-from toolkit.settings import cache_dir
+from toolkit.serve.net import check_port_free, client_host, wait_http_ok
+from toolkit.settings import cache_dir, child_environment
+from toolkit.subprocs import start_process, stop_process, tail_lines
 
 
-def launch_api(*, triton_grpc_url: str, repo: Path, host: str, port: int, api_keys: tuple[str, ...],
-               max_in_flight: int, timeout_s: float = 60.0) -> tuple[subprocess.Popen, Path]:
-    _check_port_free(host, port)
-    log_file = cache_dir("logs") / f"openai-api-{port}.log"
-    env = dict(os.environ)
-    if api_keys:  # through the environment, never on a command line that `ps` shows
-        env["TOOLKIT_API_KEYS"] = ",".join(api_keys)
-    argv = [sys.executable, "-m", "toolkit.cli.main", "api", "--triton-url", triton_grpc_url, "--repo", str(repo),
-            "--host", host, "--port", str(port), "--max-in-flight", str(max_in_flight), "--log-level", "warning"]
-    with open(log_file, "wb") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://{_client_host(host)}:{port}/health"
-    deadline = time.monotonic() + timeout_s
-    while not _http_ok(url):
-        if process.poll() is not None or time.monotonic() > deadline:
-            stop_process(process)
-            raise ServerError(f"the OpenAI API on port {port} did not become healthy\n{log_tail(log_file)}", hint=f"see {log_file}")
-        time.sleep(0.3)
+def launch_api(settings: ApiSettings, *, host: str, port: int, timeout_s: float = 60.0,
+               log_file: Path | None = None, detached: bool = False) -> tuple[subprocess.Popen, Path]:
+    check_port_free(host, port, "--openai-port")
+    log_file = log_file or cache_dir("logs") / f"openai-api-{port}.log"
+    log_file.write_bytes(b"")
+    payload = {**asdict(settings), "repo": str(settings.repo), "api_keys": list(settings.api_keys),
+               "host": host, "port": port, "log_level": "warning"}
+    process = start_process([sys.executable, "-m", "toolkit.api"], log_file, env=child_environment(), stdin=subprocess.PIPE,
+                            die_with_parent=not detached)
+    try:
+        process.stdin.write(json.dumps(payload).encode())
+        process.stdin.close()
+        wait_http_ok(f"http://{client_host(host)}:{port}/health", timeout_s, process, "the OpenAI API")
+    except BaseException as exc:
+        stop_process(process)
+        if isinstance(exc, (ServerError, OSError)):
+            tail = "\n".join(tail_lines(log_file, 15))
+            raise ServerError(f"the OpenAI API on port {port} did not become healthy\n{tail}", hint=f"see {log_file}") from exc
+        raise
     return process, log_file
-

@@ -2,18 +2,15 @@
 
 Rank 0 serves every model and the HTTP/gRPC/metrics endpoints; ranks above 0 load only the
 engine model (they join its MPI world) and open no endpoints. Each rank gets its own Python
-backend shared-memory prefix so their stubs do not collide.
+backend shared-memory prefix (unique per server too, see launcher.shm_prefix) so no stubs collide.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
-ENGINE_MODEL = "tensorrt_llm"
+from toolkit.repository.contract import ENGINE as ENGINE_MODEL
 
-
-def shm_prefix(rank: int) -> str:
-    return f"prefix{rank}_"
 
 
 def tritonserver_rank_argv(
@@ -21,14 +18,13 @@ def tritonserver_rank_argv(
     model_repository: str,
     *,
     tritonserver: str = "tritonserver",
-    http_port: int = 8000,
-    grpc_port: int = 8001,
-    metrics_port: int = 8002,
+    endpoints: Sequence[str] = ("--http-port=8000", "--grpc-port=8001", "--metrics-port=8002"),
+    shm_prefix: str,
     extra: Sequence[str] = (),
 ) -> list[str]:
     argv = [tritonserver, f"--model-repository={model_repository}", "--disable-auto-complete-config"]
     if rank == 0:
-        argv += [f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}"]
+        argv += list(endpoints)
     else:
         argv += [
             "--model-control-mode=explicit",
@@ -37,7 +33,7 @@ def tritonserver_rank_argv(
             "--allow-grpc=false",
             "--allow-metrics=false",
         ]
-    argv.append(f"--backend-config=python,shm-region-prefix-name={shm_prefix(rank)}")
+    argv.append(f"--backend-config=python,shm-region-prefix-name={shm_prefix}")
     return argv + list(extra)
 
 

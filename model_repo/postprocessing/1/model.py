@@ -8,7 +8,6 @@ inputs, one table lookup per token, one BYTES tensor per response. The common st
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -16,14 +15,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
+from params import ModelParams  # noqa: E402
 from textcodec import TextCodec  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        tokenizer = config.get("parameters", {}).get("tokenizer_dir", {}).get("string_value", "tokenizer")
-        self.codec = TextCodec(os.path.join(os.path.dirname(__file__), tokenizer))
+        params = ModelParams(args)
+        self.codec = TextCodec(os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir")), params.flag("skip_special_tokens"))
 
     def execute(self, requests):
         table = self.codec.token_bytes

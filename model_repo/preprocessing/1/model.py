@@ -7,7 +7,6 @@ the limit; the error goes to that request only and the server keeps serving.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -15,24 +14,23 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
-from textcodec import TextCodec, check_request_lengths  # noqa: E402
-
-
-def _param(config: dict, key: str, default: str) -> str:
-    return config.get("parameters", {}).get(key, {}).get("string_value", default)
+from params import ModelParams  # noqa: E402
+from textcodec import TextCodec, check_request_lengths, pack_word_lists  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        here = os.path.dirname(__file__)
-        self.codec = TextCodec(os.path.join(here, _param(config, "tokenizer_dir", "tokenizer")))
-        self.add_special_tokens = _param(config, "add_special_tokens", "false").lower() == "true"
-        self.end_id = int(_param(config, "end_id", "-1"))
-        self.pad_id = int(_param(config, "pad_id", str(self.end_id)))
-        self.max_input_len = int(_param(config, "max_input_len", "2048"))
-        self.max_output_len = int(_param(config, "max_output_len", "2048"))
-        self.max_seq_len = int(_param(config, "max_seq_len", "4096"))
+        params = ModelParams(args)
+        self.codec = TextCodec(os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir")))
+        self.add_special_tokens = params.flag("add_special_tokens")
+        bos = params.integer("bos_id")
+        self.bos_id = None if bos < 0 else bos
+        self.end_id = params.integer("end_id")
+        self.pad_id = params.integer("pad_id")
+        self.stop_ids = params.ids("stop_ids")  # the model's other end tokens: default one-token stop words
+        self.max_input_len = params.integer("max_input_len")
+        self.max_output_len = params.integer("max_output_len")
+        self.max_seq_len = params.integer("max_seq_len")
 
     def execute(self, requests):
         responses = []
@@ -47,7 +45,7 @@ class TritonPythonModel:
         queries = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
         output_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy().reshape(-1)
         batch = queries.shape[0]
-        ids = [self.codec.encode(_text(q), self.add_special_tokens) for q in queries.reshape(batch, -1)[:, 0]]
+        ids = [self.codec.encode_prompt(_text(q), self.add_special_tokens, self.bos_id) for q in queries.reshape(batch, -1)[:, 0]]
         for prompt, max_tokens in zip(ids, output_len):
             self._check_lengths(len(prompt), int(max_tokens))
         lengths = np.array([[len(p)] for p in ids], dtype=np.int32)
@@ -60,39 +58,30 @@ class TritonPythonModel:
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len.reshape(batch, 1).astype(np.int32)),
-            pb_utils.Tensor("STOP_WORDS_IDS", self._word_lists(request, "STOP_WORDS_DICT", batch)),
+            pb_utils.Tensor("STOP_WORDS_IDS", self._word_lists(request, "STOP_WORDS_DICT", batch, self._default_stops(request, batch))),
             pb_utils.Tensor("BAD_WORDS_IDS", self._word_lists(request, "BAD_WORDS_DICT", batch)),
             pb_utils.Tensor("EMBEDDING_BIAS", self._embedding_bias(request, batch)),
             pb_utils.Tensor("OUT_END_ID", end_id),
             pb_utils.Tensor("OUT_PAD_ID", pad_id),
         ]
 
+    def _default_stops(self, request, batch: int) -> list[tuple[int, ...]]:
+        """The model's other end tokens stop a request as its end_id does; under min_tokens (which holds
+        end_id back) they are left out, since the engine's stop words do not wait for min_tokens."""
+        tensor = pb_utils.get_input_tensor_by_name(request, "MIN_TOKENS")
+        floors = tensor.as_numpy().reshape(-1).tolist() if tensor is not None else [0] * batch
+        return [() if floor > 0 else self.stop_ids for floor in floors]
+
     def _check_lengths(self, prompt_len: int, max_tokens: int) -> None:
         check_request_lengths(prompt_len, max_tokens, self.max_input_len, self.max_output_len, self.max_seq_len)
 
-    def _word_lists(self, request, name: str, batch: int) -> np.ndarray:
-        """TensorRT-LLM's [batch, 2, N] layout: row 0 the concatenated ids, row 1 the end offsets, -1 padded."""
+    def _word_lists(self, request, name: str, batch: int, defaults: list[tuple[int, ...]] | None = None) -> np.ndarray:
+        """The request's words as TensorRT-LLM's [batch, 2, N] lists, plus each row's `defaults` as one-token words."""
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         rows = tensor.as_numpy().reshape(batch, -1) if tensor is not None else [[] for _ in range(batch)]
-        flat, offsets = [], []
-        for words in rows:
-            ids, ends = [], []
-            for word in words:
-                text = _text(word)
-                if text:
-                    ids.extend(self.codec.encode(text, False))
-                    ends.append(len(ids))
-            flat.append(ids)
-            offsets.append(ends)
-        width = max([1] + [len(ids) for ids in flat])
-        out = np.full((batch, 2, width), -1, dtype=np.int32)
-        for row, (ids, ends) in enumerate(zip(flat, offsets)):
-            if ids:
-                out[row, 0, : len(ids)] = ids
-                out[row, 1, : len(ends)] = ends
-            else:
-                out[row, 0, 0] = 0  # an empty list, as the stock model writes it: no words, offsets all -1
-        return out
+        words = [[self.codec.encode(_text(w), False) for w in row if _text(w)] for row in rows]
+        extra = defaults or [()] * batch
+        return pack_word_lists([row + [[i] for i in ids] for row, ids in zip(words, extra)])
 
     def _embedding_bias(self, request, batch: int) -> np.ndarray:
         words = pb_utils.get_input_tensor_by_name(request, "EMBEDDING_BIAS_WORDS")

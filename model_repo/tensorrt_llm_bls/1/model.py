@@ -10,7 +10,6 @@ still blocks.)
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
-from textcodec import TextCodec, check_request_lengths  # noqa: E402
+from params import ModelParams, final_flag, scalar  # noqa: E402
+from textcodec import TextCodec, check_request_lengths, pack_word_lists  # noqa: E402
 
 # ensemble input -> tensorrt_llm input, for the scalars passed through unchanged
 PASSTHROUGH = {
@@ -36,24 +36,22 @@ ENGINE_OUTPUTS = ["output_ids", "sequence_length", "num_input_tokens", "num_outp
 
 
 def _final() -> int:
-    # The flag lives in the C++ half of pb_utils, present only once the stub runs the model.
-    return pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-def _param(config: dict, key: str, default: str) -> str:
-    return config.get("parameters", {}).get(key, {}).get("string_value", default)
+    return final_flag(pb_utils)
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        self.codec = TextCodec(os.path.join(os.path.dirname(__file__), _param(config, "tokenizer_dir", "tokenizer")))
-        self.engine = _param(config, "tensorrt_llm_model_name", "tensorrt_llm")
-        self.end_id = int(_param(config, "end_id", "-1"))
-        self.add_special_tokens = _param(config, "add_special_tokens", "false").lower() == "true"
-        self.limits = tuple(int(_param(config, k, d)) for k, d in (("max_input_len", "2048"), ("max_output_len", "2048"), ("max_seq_len", "4096")))
+        params = ModelParams(args)
+        self.codec = TextCodec(os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir")))
+        self.engine = params.text("tensorrt_llm_model_name")
+        self.end_id = params.integer("end_id")
+        self.stop_ids = params.ids("stop_ids")
+        self.add_special_tokens = params.flag("add_special_tokens")
+        bos = params.integer("bos_id")
+        self.bos_id = None if bos < 0 else bos
+        self.limits = tuple(params.integer(k) for k in ("max_input_len", "max_output_len", "max_seq_len"))
         # As many requests in flight as the engine batches; more wait in the pool's queue.
-        self.pool = ThreadPoolExecutor(max_workers=max(1, int(_param(config, "max_concurrent_requests", "64"))), thread_name_prefix="bls")
+        self.pool = ThreadPoolExecutor(max_workers=max(1, params.integer("max_concurrent_requests")), thread_name_prefix="bls")
 
     def execute(self, requests):
         for request in requests:
@@ -73,15 +71,15 @@ class TritonPythonModel:
     def _serve(self, request, sender) -> None:
         text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0]
         max_tokens = int(pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0])
-        prompt = self.codec.encode(text.decode("utf-8") if isinstance(text, bytes) else str(text), self.add_special_tokens)
+        prompt = self.codec.encode_prompt(text.decode("utf-8") if isinstance(text, bytes) else str(text), self.add_special_tokens, self.bos_id)
         check_request_lengths(len(prompt), max_tokens, *self.limits)
-        stream = _flag(request, "stream")
+        stream = bool(scalar(pb_utils, request, "stream", False))
         inputs = [
             pb_utils.Tensor("input_ids", np.array([prompt], dtype=np.int32)),
             pb_utils.Tensor("input_lengths", np.array([[len(prompt)]], dtype=np.int32)),
             pb_utils.Tensor("request_output_len", np.array([[max_tokens]], dtype=np.int32)),
             pb_utils.Tensor("streaming", np.array([[stream]], dtype=bool)),
-            pb_utils.Tensor("stop_words_list", self._stop_words(request)),
+            pb_utils.Tensor("stop_words_list", self._stop_words(request, int(scalar(pb_utils, request, "min_tokens", 0) or 0) > 0)),
         ]
         if pb_utils.get_input_tensor_by_name(request, "end_id") is None:
             inputs.append(pb_utils.Tensor("end_id", np.array([[self.end_id]], dtype=np.int32)))
@@ -119,21 +117,9 @@ class TritonPythonModel:
                 outputs.append(pb_utils.Tensor(name, tensor.as_numpy()))
         return outputs
 
-    def _stop_words(self, request) -> np.ndarray:
+    def _stop_words(self, request, under_min_tokens: bool) -> np.ndarray:
+        """The request's stop words, plus the model's other end tokens unless min_tokens holds ends back."""
         words = pb_utils.get_input_tensor_by_name(request, "stop_words")
-        ids, ends = [], []
-        for word in (words.as_numpy().reshape(-1) if words is not None else []):
-            text = word.decode("utf-8") if isinstance(word, bytes) else str(word)
-            if text:
-                ids.extend(self.codec.encode(text, False))
-                ends.append(len(ids))
-        width = max(1, len(ids))
-        out = np.full((1, 2, width), -1, dtype=np.int32)
-        out[0, 0, : len(ids)] = ids if ids else [0]
-        out[0, 1, : len(ends)] = ends
-        return out
-
-
-def _flag(request, name: str) -> bool:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return bool(tensor.as_numpy().reshape(-1)[0]) if tensor is not None else False
+        texts = [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in (words.as_numpy().reshape(-1) if words is not None else [])]
+        ids = [self.codec.encode(t, False) for t in texts if t]
+        return pack_word_lists([ids + ([] if under_min_tokens else [[i] for i in self.stop_ids])])

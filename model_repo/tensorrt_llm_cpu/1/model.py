@@ -9,7 +9,6 @@ end_id, min_tokens, stop words, request_output_len, streaming and cancellation.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -21,6 +20,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
+from params import ModelParams, final_flag, scalar  # noqa: E402
+from textcodec import unpack_word_list  # noqa: E402
 
 RESULT_WAIT_S = 0.02
 # Below this a temperature divides logits past float32's range (NaN probabilities); sampling at it
@@ -41,19 +42,11 @@ UNSUPPORTED = {
 
 
 def _final() -> int:
-    # The flag lives in the C++ half of pb_utils, present only once the stub runs the model.
-    return pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-def _param(config: dict, key: str, default: str) -> str:
-    return config.get("parameters", {}).get(key, {}).get("string_value", default)
+    return final_flag(pb_utils)
 
 
 def _scalar(request, name: str, default=None):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return default
-    return tensor.as_numpy().reshape(-1)[0].item()
+    return scalar(pb_utils, request, name, default)
 
 
 @dataclass
@@ -86,17 +79,17 @@ class TritonPythonModel:
         from sampling import install_seeded_sampler
         from scheduling import unblock_after_cancellation
 
-        config = json.loads(args["model_config"])
+        params = ModelParams(args)
         here = os.path.dirname(__file__)
-        threads = int(_param(config, "num_threads", "0"))
+        threads = params.integer("num_threads")
         if threads > 0:
             torch.set_num_threads(threads)
-        self.max_seq_len = int(_param(config, "max_seq_len", "4096"))
-        self.default_end_id = int(_param(config, "end_id", "-1"))
-        self.default_exclude_input = _param(config, "exclude_input_in_output", "true").lower() == "true"
+        self.max_seq_len = params.integer("max_seq_len")
+        self.default_end_id = params.integer("end_id")
+        self.default_exclude_input = params.flag("exclude_input_in_output")
         # Same parameter as the tensorrtllm backend: each is_cancelled() is a round trip to the server.
-        self.cancel_check_s = int(_param(config, "cancellation_check_period_ms", "100")) / 1000
-        checkpoint = os.path.join(here, _param(config, "checkpoint_dir", "weights"))
+        self.cancel_check_s = params.integer("cancellation_check_period_ms") / 1000
+        checkpoint = os.path.join(here, params.text("checkpoint_dir"))
         model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="sdpa")
         self.vocab_size = model.config.vocab_size
         self.embedding_rows = model.get_input_embeddings().num_embeddings  # valid input ids: [0, rows)
@@ -105,14 +98,14 @@ class TritonPythonModel:
         # every request overrides all three (greedy is top_k=1).
         generation = GenerationConfig(
             do_sample=True, temperature=0.5, top_k=self.vocab_size, top_p=0.5,
-            max_new_tokens=int(_param(config, "max_output_len", "1024")), eos_token_id=self.default_end_id,
+            max_new_tokens=params.integer("max_output_len"), eos_token_id=self.default_end_id,
         )
         batching = ContinuousBatchingConfig(
             per_request_processors=True,
-            max_batch_tokens=int(_param(config, "max_num_tokens", "256")),
-            num_blocks=int(_param(config, "kv_cache_blocks", "0")) or None,
-            page_size=int(_param(config, "kv_block_size", "64")),
-            max_queue_size=int(_param(config, "max_queue_size", "0")),
+            max_batch_tokens=params.integer("max_num_tokens"),
+            num_blocks=params.integer("kv_cache_blocks"),
+            page_size=params.integer("kv_block_size"),
+            max_queue_size=params.integer("max_queue_size"),
         )
         self.manager = model.init_continuous_batching(generation_config=generation, continuous_batching_config=batching)
         install_seeded_sampler(self.manager)
@@ -376,15 +369,7 @@ class TritonPythonModel:
 def _words(request, name: str) -> list:
     """Decode TensorRT-LLM's [1, 2, N] word list (ids row, end-offsets row) into token-id lists."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return []
-    data = tensor.as_numpy().reshape(2, -1)
-    ids, offsets = data[0].tolist(), [o for o in data[1].tolist() if o > 0]
-    words, start = [], 0
-    for end in offsets:
-        words.append(ids[start:end])
-        start = end
-    return [w for w in words if w]
+    return [] if tensor is None else unpack_word_list(tensor.as_numpy())
 
 
 def _ends_with_stop(tokens: list, stop_words: list) -> bool:

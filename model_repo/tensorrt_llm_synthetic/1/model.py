@@ -11,15 +11,16 @@ token as the contract allows:
 - cancellation is polled every `cancel_check_steps` steps, not per token (each poll is an IPC call).
 
 Model parameters (config.pbtxt `parameters`, all strings):
-  step_time_ms        time of one decode step in ms (float, default 0: as fast as the stack takes tokens)
-  token_ids           comma-separated token ids cycled through as output (default: 1000..1063);
-                      pick ids that decode to plain text and are never the end id
-  cancel_check_steps  poll request.is_cancelled() every this many steps (default 64)
+  step_time_ms        time of one decode step in ms (float; 0: as fast as the stack takes tokens)
+  token_ids           comma-separated token ids cycled through as output; ids that decode to plain
+                      text and are never an end id (the writer picks them from the tokenizer)
+  cancel_check_steps  poll request.is_cancelled() every this many steps
 """
 
 from __future__ import annotations
 
-import json
+import os
+import sys
 import threading
 import time
 from collections import deque
@@ -27,8 +28,10 @@ from collections import deque
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+sys.path.insert(0, os.path.dirname(__file__))
+from params import ModelParams, scalar  # noqa: E402
+
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL_FLAG; pb_utils only gets its constants after import
-DEFAULT_TOKEN_IDS = tuple(range(1000, 1064))
 
 
 class _Stream:
@@ -49,20 +52,17 @@ class _Stream:
 
 
 def _scalar(request, name: str, default):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return default
-    return tensor.as_numpy().reshape(-1)[0].item()
+    return scalar(pb_utils, request, name, default)
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        self.step_s = float(params.get("step_time_ms", "0") or 0) / 1000.0
-        ids = params.get("token_ids", "").strip()
-        self.token_ids = np.array([int(x) for x in ids.split(",")] if ids else DEFAULT_TOKEN_IDS, dtype=np.int32)
-        self.cancel_every = max(1, int(params.get("cancel_check_steps", "64") or 64))
+        params = ModelParams(args)
+        self.step_s = params.number("step_time_ms") / 1000.0
+        self.token_ids = np.array(params.ids("token_ids"), dtype=np.int32)
+        if not self.token_ids.size:
+            raise ValueError("synthetic engine: parameter token_ids is empty; rebuild the repository with toolkit build")
+        self.cancel_every = max(1, params.integer("cancel_check_steps"))
         # Prebuilt per-token response tensors, shapes with the batch dim: output_ids [1, beam 1, 1 token].
         self.id_tensors = [pb_utils.Tensor("output_ids", np.full((1, 1, 1), t, np.int32)) for t in self.token_ids]
         self.one_length = pb_utils.Tensor("sequence_length", np.ones((1, 1), np.int32))

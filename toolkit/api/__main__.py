@@ -1,0 +1,39 @@
+"""`python -m toolkit.api`: the OpenAI API as a process of its own (what `toolkit serve --openai-port` starts).
+
+It reads its settings as one JSON object on stdin, API keys included, so no secret is ever on a
+command line (`ps`) or in an environment. Keys: the fields of toolkit.api.ApiSettings (repo as a
+path, api_keys as a list) plus host, port, log_level, loop, http. People start the API with
+`toolkit api`; this entry point is for the toolkit's own launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from toolkit.api.app import ApiSettings
+from toolkit.api.server import run_api
+from toolkit.errors import ToolkitError
+
+RUN_KEYS = ("host", "port", "log_level", "loop", "http")
+
+
+def main() -> int:
+    try:
+        data = json.loads(sys.stdin.read())
+        run = {key: data.pop(key) for key in RUN_KEYS if key in data}
+        settings = ApiSettings(**{**data, "repo": Path(data["repo"]), "api_keys": tuple(data.get("api_keys", ()))})
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"Error: python -m toolkit.api needs its settings as JSON on stdin ({exc})", file=sys.stderr)
+        return 2
+    try:
+        run_api(settings, **run)
+    except ToolkitError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

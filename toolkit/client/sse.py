@@ -1,0 +1,87 @@
+"""Server-sent events of the OpenAI API, read in one place: by tests (any line iterator) and by the perf
+scripts' lean load generator (raw asyncio streams, HTTP/1.1 chunked, keep-alive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Iterable, Iterator
+
+DONE = "[DONE]"
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)[,}]')
+_FIRST_TEXT = re.compile(rb'"(?:text|content)":"[^"]')
+
+
+def sse_data(line: str | bytes) -> dict | str | None:
+    """One SSE line: its JSON payload, DONE for `data: [DONE]`, None for anything else (other fields, blanks)."""
+    text = line.decode() if isinstance(line, bytes) else line
+    if not text.startswith("data:"):
+        return None
+    data = text[5:].strip()
+    return DONE if data == DONE else json.loads(data)
+
+
+def sse_events(lines: Iterable[str | bytes]) -> Iterator[dict]:
+    """The JSON payload of each `data:` line, up to `data: [DONE]`."""
+    for line in lines:
+        payload = sse_data(line)
+        if payload == DONE:
+            return
+        if payload is not None:
+            yield payload
+
+
+class SseProtocolError(RuntimeError):
+    """The API answered something other than a 200 event stream."""
+
+
+class LeanStreamClient:
+    """Streaming POSTs over raw asyncio streams: the cheapest load generator for a 2-core machine.
+
+    httpx and a json.loads per chunk cost the client more CPU per token than the server spends on
+    it; this client only looks for the first text and the usage chunk. `stream()` returns
+    (seconds to the first text or None, usage.completion_tokens or None).
+    """
+
+    def __init__(self, url: str, path: str, body: dict):
+        self.host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.port = int(port)
+        payload = json.dumps(body).encode()
+        self.request = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+        self.idle: list = []
+
+    async def stream(self) -> tuple[float | None, int | None]:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        reader, writer = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
+        writer.write(self.request)
+        status = await reader.readline()
+        if not status:  # the server closed an idle keep-alive connection: open a new one
+            writer.close()
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+            writer.write(self.request)
+            status = await reader.readline()
+        if b" 200 " not in status:
+            raise SseProtocolError(f"the API answered {status!r}: {await reader.read(2000)!r}")
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        first, tail = None, b""
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            data = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            if first is None and _FIRST_TEXT.search(data):
+                first = loop.time() - start
+            tail = (tail + data)[-4096:]
+        self.idle.append((reader, writer))
+        match = _COMPLETION_TOKENS.search(tail)
+        return first, int(match.group(1)) if match else None
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()

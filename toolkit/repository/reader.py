@@ -1,0 +1,238 @@
+"""The one reader of a built repository: its manifest, limits, tokens, tokenizer, engine and memory plan.
+
+`manifest.json` is parsed here and nowhere else. Serve, the OpenAI API, bench, generate and deploy
+open a repository with `open_repository` and read typed values from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from toolkit.errors import RepositoryError
+from toolkit.fsutil import sha256_file
+from toolkit.model.tokens import TokenFacts
+from toolkit.repository import contract as c
+from toolkit.repository.engines import EngineSpec, engine_from_manifest
+from toolkit.repository.limits import RepositoryLimits
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 2
+GENERATOR = "toolkit"  # the marker: only a manifest with this generator is a repository the toolkit may replace
+PYTHON_TARGETS = ("cpu", "synthetic")
+_IGNORED_PARTS = ("__pycache__",)  # the Python backend's stub writes bytecode next to model.py
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format: int
+    toolkit_version: str
+    sources_digest: str
+    build_key: str
+    target: str
+    created: str
+    model: dict  # {"source": "hf:org/name" | "local:/path" | "embedded:name", "revision": ..., "facts": {...}}
+    checkpoint_files: dict  # checkpoint file name -> sha256
+    files: dict  # repository file (relative path) -> [size, mtime_ns, sha256]
+    limits: RepositoryLimits
+    tokens: TokenFacts
+    engine: dict  # the engine variant's describe()
+    decoupled: bool = True
+    memory_plan: dict | None = None
+    versions: dict = field(default_factory=dict)
+    generator: str = GENERATOR
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["limits"] = self.limits.to_dict()
+        data["tokens"] = self.tokens.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data, path: Path) -> Manifest:
+        if not isinstance(data, dict) or data.get("generator") != GENERATOR:
+            raise RepositoryError(f"{path} was not written by this toolkit (no \"generator\": \"{GENERATOR}\" in it)",
+                                  hint="this folder is not a toolkit model repository; build one with toolkit build -o NEW_DIR")
+        if data.get("format") != MANIFEST_FORMAT:
+            raise RepositoryError(f"{path} has manifest format {data.get('format')!r}; this toolkit reads format {MANIFEST_FORMAT}",
+                                  hint=f"rebuild it: {rebuild_command(data, path.parent)}")
+        try:
+            return cls(**{**data, "limits": RepositoryLimits.from_dict(data["limits"], str(path)),
+                          "tokens": TokenFacts.from_dict(data["tokens"])})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RepositoryError(f"{path} is malformed ({type(exc).__name__}: {exc})",
+                                  hint=f"rebuild it: {rebuild_command(data, path.parent)}") from exc
+
+
+def read_manifest(repo: Path) -> Manifest:
+    """The manifest of `repo`; RepositoryError when it is missing, not JSON, foreign or of another format."""
+    path = Path(repo) / MANIFEST
+    if not path.is_file():
+        raise RepositoryError(
+            f"{repo} is not a toolkit model repository (no {MANIFEST})",
+            hint="build one with: toolkit build --target cpu --model smollm2-135m-instruct --output DIR",
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RepositoryError(f"{path} is not valid JSON: {exc}", hint="rebuild the repository with toolkit build") from exc
+    except OSError as exc:
+        raise RepositoryError(f"cannot read {path}: {exc.strerror}", hint="check the folder's permissions") from exc
+    return Manifest.from_dict(data, path)
+
+
+def is_toolkit_repository(folder: Path) -> bool:
+    """Whether `folder` holds a manifest this toolkit wrote (strict: generator marker and a JSON object)."""
+    try:
+        data = json.loads((Path(folder) / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or not isinstance(data.get("build_key"), str):
+        return False
+    if data.get("generator") == GENERATOR:
+        return True
+    # Format 1 (toolkit 0.1 before the marker): every one of its own keys, with their types.
+    legacy = ("toolkit_version", "sources_digest", "target", "created")
+    return data.get("format") == 1 and all(isinstance(data.get(k), str) for k in legacy) and isinstance(data.get("model"), dict)
+
+
+def rebuild_command(data: dict, repo: Path) -> str:
+    model = data.get("model") if isinstance(data, dict) else None
+    source = model.get("source", "") if isinstance(model, dict) else ""
+    kind, _, value = str(source).partition(":")
+    model_arg = {"embedded": value, "hf": f"hf:{value}", "local": value, "catalog": value}.get(kind, "MODEL")
+    target = data.get("target", "cpu") if isinstance(data, dict) else "cpu"
+    return f"toolkit build --target {target} --model {model_arg} --output {repo}"
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str
+    change: str  # "missing", "modified", "added"
+
+
+class Repository:
+    """A built repository, read through its manifest."""
+
+    def __init__(self, path: Path, manifest: Manifest):
+        self.path = Path(path)
+        self.manifest = manifest
+
+    @property
+    def target(self) -> str:
+        return self.manifest.target
+
+    @property
+    def limits(self) -> RepositoryLimits:
+        return self.manifest.limits
+
+    @property
+    def tokens(self) -> TokenFacts:
+        return self.manifest.tokens
+
+    @property
+    def decoupled(self) -> bool:
+        return self.manifest.decoupled
+
+    @property
+    def engine(self) -> EngineSpec:
+        return engine_from_manifest(self.manifest.engine)
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.path / c.PREPROCESSING / "1" / "tokenizer"
+
+    @property
+    def tokenizer_json(self) -> Path:
+        path = self.tokenizer_dir / "tokenizer.json"
+        if not path.is_file():
+            raise RepositoryError(f"{self.path} is missing its tokenizer: {path} does not exist", hint=f"rebuild it: {self.rebuild_command}")
+        return path
+
+    @property
+    def memory_plan(self):
+        """The planner's numbers (toolkit.plan.memory.MemoryPlan) of a GPU repository; None for cpu/synthetic."""
+        if self.manifest.memory_plan is None:
+            return None
+        from toolkit.plan.memory import MemoryPlan
+
+        return MemoryPlan(**self.manifest.memory_plan)
+
+    @property
+    def model_source(self) -> str:
+        return self.manifest.model["source"]
+
+    @property
+    def served_model_name(self) -> str:
+        """The model id clients see: the last part of the model source (SmolLM2-135M-Instruct, Llama-3.1-8B-Instruct)."""
+        name = self.model_source.split(":", 1)[-1].rstrip("/").rsplit("/", 1)[-1]
+        return name or self.path.resolve().name
+
+    @property
+    def rebuild_command(self) -> str:
+        return rebuild_command(self.manifest.to_dict(), self.path)
+
+    def chat_template(self) -> str | None:
+        from toolkit.model.chat_template import template_from_tokenizer_dir
+
+        return template_from_tokenizer_dir(self.tokenizer_dir)
+
+    def file_changes(self) -> list[FileChange]:
+        """Files that differ from what the build wrote: size and mtime first, the sha256 only where those moved."""
+        recorded = self.manifest.files
+        changes = []
+        for relative, (size, mtime_ns, digest) in sorted(recorded.items()):
+            path = self.path / relative
+            try:
+                stat = path.stat()
+            except OSError:
+                changes.append(FileChange(relative, "missing"))
+                continue
+            if stat.st_size != size:
+                changes.append(FileChange(relative, "modified"))
+            elif stat.st_mtime_ns != mtime_ns and sha256_file(path) != digest:
+                changes.append(FileChange(relative, "modified"))
+        changes += [FileChange(p, "added") for p in sorted(set(repository_file_names(self.path)) - set(recorded) - {MANIFEST})]
+        return changes
+
+
+def repository_file_names(root: Path) -> list[str]:
+    """Every file of a repository, relative, without the bytecode the Python backend writes."""
+    names = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in _IGNORED_PARTS]
+        for name in files:
+            if not name.endswith(".pyc"):
+                names.append(str((Path(folder) / name).relative_to(root)))
+    return names
+
+
+def record_files(root: Path, known: dict[str, str] | None = None) -> dict:
+    """The `files` table of a manifest: relative path -> [size, mtime_ns, sha256].
+
+    `known` gives digests already computed (a weights file copied from a hashed checkpoint file).
+    """
+    known = known or {}
+    table = {}
+    for relative in sorted(repository_file_names(root)):
+        if relative == MANIFEST:
+            continue
+        path = root / relative
+        stat = path.stat()
+        table[relative] = [stat.st_size, stat.st_mtime_ns, known.get(relative) or sha256_file(path)]
+    return table
+
+
+def open_repository(path: Path) -> Repository:
+    """Open a built repository: RepositoryError for a missing, foreign, half-made or other-format one."""
+    path = Path(path)
+    if not path.is_dir():
+        raise RepositoryError(f"model repository {path} does not exist",
+                              hint=f"build it with: toolkit build --target cpu --output {path}")
+    repo = Repository(path, read_manifest(path))
+    missing = [name for name in c.MODEL_NAMES if not (path / name / "config.pbtxt").is_file()]
+    if missing:
+        raise RepositoryError(f"{path} is incomplete: no config.pbtxt for {', '.join(missing)}", hint=f"rebuild: {repo.rebuild_command}")
+    return repo

@@ -1,0 +1,136 @@
+"""The serve lifecycle: start tritonserver (and the OpenAI API), watch them, stop them, say how it ended.
+
+    start_serving(options, on_wait) -> ServeSession      everything up and ready
+    session.run_until_stopped(on_event) -> None          blocks; SIGINT/SIGTERM/SIGHUP drain and stop;
+                                                          ServerError when a part dies on its own
+
+A dead part is never left behind a healthy-looking front: when tritonserver exits, the API exits,
+or a model's Python-backend stub dies (the engine, pre/postprocessing, BLS), everything is stopped
+(open streams end with an error as their connections close) and ServerError names what died. No
+process of ours outlives the session: each child's whole process group is ended on every exit.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from toolkit.errors import ServerError
+from toolkit.serve.launcher import RunningServer, ServerConfig, launch_server, log_tail
+from toolkit.subprocs import children_of, command_line, process_alive, stop_process, tail_lines
+
+STUB = "triton_python_backend_stub"
+WATCH_INTERVAL_S = 0.5
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    server: ServerConfig
+    openai_port: int | None = None
+    api_host: str = "127.0.0.1"
+    api_keys: tuple[str, ...] = ()
+    max_in_flight: int = 64
+    api_log: Path | None = None
+
+
+@dataclass
+class ServeSession:
+    options: ServeOptions
+    server: RunningServer
+    api: subprocess.Popen | None = None
+    api_log: Path | None = None
+    stubs: dict[int, str] = field(default_factory=dict)  # pid -> model name
+    stop_requested: int | None = None  # the signal that asked us to stop
+
+    def endpoints(self) -> dict:
+        found = {"http": self.server.http_url, "grpc": self.server.grpc_url, "metrics": self.server.metrics_url,
+                 "pid": self.server.pid, "log": str(self.server.log_file)}
+        if self.api is not None:
+            host = self.options.api_host if self.options.api_host not in ("", "0.0.0.0") else "127.0.0.1"
+            found.update({"openai": f"http://{host}:{self.options.openai_port}/v1", "openai_pid": self.api.pid,
+                          "openai_log": str(self.api_log)})
+        return found
+
+    def run_until_stopped(self, on_event: Callable[[str], None] = lambda _: None) -> None:
+        """Block until a stop signal (then drain and stop: returns) or until a part dies (ServerError)."""
+        previous = {sig: signal.signal(sig, self._request_stop) for sig in STOP_SIGNALS}
+        try:
+            while self.stop_requested is None:
+                failure = self.check()
+                if failure:
+                    on_event(f"[red]{failure}[/]; stopping")
+                    self.stop()
+                    raise ServerError(failure, hint=f"read the server log: {self.server.log_file}")
+                time.sleep(WATCH_INTERVAL_S)
+            on_event(f"{signal.Signals(self.stop_requested).name}: finishing in-flight requests, then stopping")
+            self.stop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def check(self) -> str | None:
+        """What has died on its own, or None while everything runs."""
+        code = self.server.process.poll()
+        if code is not None:
+            return f"tritonserver exited with code {code}\n{log_tail(self.server.log_file)}"
+        if self.api is not None and self.api.poll() is not None:
+            tail = "\n".join(tail_lines(self.api_log, 15)) if self.api_log else ""
+            return f"the OpenAI API exited with code {self.api.returncode}\n{tail}"
+        for pid, model in self.stubs.items():
+            if not process_alive(pid):
+                return (f"the {model} model's process (Python-backend stub, pid {pid}) died; Triton would keep "
+                        "reporting it ready while failing every request, so the server is stopped")
+        return None
+
+    def stop(self) -> None:
+        """Stop both, the API first (it stops admitting and finishes its streams as Triton finishes them)."""
+        grace = self.server.config.exit_timeout_s + 5
+        threads = [threading.Thread(target=stop_process, args=(self.api, grace))] if self.api is not None else []
+        threads.append(threading.Thread(target=self.server.stop, args=(grace,)))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def _request_stop(self, signum, _frame) -> None:
+        if self.stop_requested is None:
+            self.stop_requested = signum
+            return
+        raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for in-flight requests
+
+
+def start_serving(options: ServeOptions, on_wait: Callable[[str], None] = lambda _: None, *, detached: bool = False) -> ServeSession:
+    """Start tritonserver, wait for its models, then the OpenAI API if asked; on any failure stop what started."""
+    server = launch_server(options.server, on_wait, detached=detached)
+    session = ServeSession(options, server, stubs=python_stubs(server.pid))
+    if options.openai_port is None:
+        return session
+    from toolkit.api.app import ApiSettings
+    from toolkit.serve.api_process import launch_api
+
+    settings = ApiSettings(triton_url=server.grpc_url, repo=options.server.repo, api_keys=options.api_keys,
+                           max_in_flight=options.max_in_flight)
+    try:
+        session.api, session.api_log = launch_api(settings, host=options.api_host, port=options.openai_port,
+                                                  log_file=options.api_log, detached=detached)
+    except BaseException:
+        server.stop(10)
+        raise
+    return session
+
+
+def python_stubs(server_pid: int) -> dict[int, str]:
+    """The Python-backend stub processes of a tritonserver, by model (their first argument is the model's
+    model.py path: <repo>/<model>/<version>/model.py)."""
+    stubs = {}
+    for pid in children_of(server_pid):
+        argv = command_line(pid)
+        if argv and Path(argv[0]).name == STUB and len(argv) > 1:
+            stubs[pid] = Path(argv[1]).parent.parent.name
+    return stubs

@@ -1,0 +1,58 @@
+"""Ports and health URLs: the helpers servers, perf scripts and tests share."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+from toolkit.errors import ServerError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (another process may still take it before it is bound)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def check_port_free(host: str, port: int, flag: str) -> None:
+    """ServerError naming the flag that chose `port` when something already listens on it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host if host not in ("", "0.0.0.0") else "0.0.0.0", port))
+        except OSError as exc:
+            raise ServerError(f"port {port} on {host} ({flag}) is in use ({exc.strerror})", hint=f"pass a free port with {flag}") from exc
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_http_ok(url: str, timeout_s: float, process: subprocess.Popen | None = None, what: str = "the server") -> None:
+    """Poll `url` until it answers 200; ServerError when `process` exits first or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while not http_ok(url):
+        if process is not None and process.poll() is not None:
+            raise ServerError(f"{what} exited with code {process.returncode} before {url} answered", hint="read its log")
+        if time.monotonic() > deadline:
+            raise ServerError(f"{what} did not answer {url} within {timeout_s:.0f}s", hint="read its log")
+        time.sleep(0.2)
+
+
+def client_host(host: str) -> str:
+    """The address a local client uses for a server bound to `host`."""
+    return "127.0.0.1" if host in ("", "0.0.0.0") else ("[::1]" if host == "::" else host)
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK
