@@ -15,12 +15,10 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import platform
+import re
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,22 +31,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from toolkit.api.app import ApiSettings  # noqa: E402
 from toolkit.api.prompt import PromptCodec  # noqa: E402
 from toolkit.client.sse import LeanStreamClient, sse_data  # noqa: E402
+from toolkit.client.tensors import engine_inputs  # noqa: E402
 from toolkit.repository.reader import open_repository  # noqa: E402
 from toolkit.serve.api_process import launch_api  # noqa: E402
 from toolkit.subprocs import stop_process  # noqa: E402
-from toolkit.client.tensors import engine_inputs  # noqa: E402
 
 PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy decoding keeps counting: no early end
 
 
-async def direct_stream(client, model: str, ids: list[int], max_tokens: int, end_id: int) -> tuple[float, int]:
+async def direct_stream(
+    client, model: str, ids: list[int], max_tokens: int, end_id: int
+) -> tuple[float, int]:
     """One streamed request straight to the engine; returns (TTFT s, tokens)."""
     inputs = engine_inputs(ids, max_tokens, end_id=end_id, streaming=True, runtime_top_k=1)
     done = asyncio.Event()
 
     async def requests():
-        yield {"model_name": model, "inputs": inputs, "parameters": {"triton_enable_empty_final_response": True},
-               "outputs": [grpcclient.InferRequestedOutput("output_ids"), grpcclient.InferRequestedOutput("sequence_length")]}
+        yield {
+            "model_name": model,
+            "inputs": inputs,
+            "parameters": {"triton_enable_empty_final_response": True},
+            "outputs": [
+                grpcclient.InferRequestedOutput("output_ids"),
+                grpcclient.InferRequestedOutput("sequence_length"),
+            ],
+        }
         await done.wait()
 
     start = time.perf_counter()
@@ -70,9 +77,18 @@ async def direct_stream(client, model: str, ids: list[int], max_tokens: int, end
     return ttft, tokens
 
 
-async def api_stream(http: httpx.AsyncClient, url: str, model: str, max_tokens: int) -> tuple[float, int]:
+async def api_stream(
+    http: httpx.AsyncClient, url: str, model: str, max_tokens: int
+) -> tuple[float, int]:
     """One streamed /v1/completions request; returns (TTFT s, completion tokens from usage)."""
-    body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     ttft, tokens = None, 0
     async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
@@ -100,27 +116,42 @@ async def run_phase(make_request, concurrency: int, requests_per_stream: int) ->
     start = time.perf_counter()
     await asyncio.gather(*(stream_loop() for _ in range(concurrency)))
     wall = time.perf_counter() - start
-    return {"requests": len(totals), "tokens": sum(totals), "wall_s": wall, "ttfts": [t for t in ttfts if t is not None]}
+    return {
+        "requests": len(totals),
+        "tokens": sum(totals),
+        "wall_s": wall,
+        "ttfts": [t for t in ttfts if t is not None],
+    }
 
 
 def summarize(phases: list[dict]) -> dict:
     tokens = sum(p["tokens"] for p in phases)
     wall = sum(p["wall_s"] for p in phases)
     ttfts = [t for p in phases for t in p["ttfts"]]
-    return {"requests": sum(p["requests"] for p in phases), "tokens": tokens, "wall_s": round(wall, 3),
-            "tokens_per_s": round(tokens / wall, 2), "ttft_p50_ms": round(statistics.median(ttfts) * 1000, 3),
-            "ttft_p90_ms": round(float(np.percentile(ttfts, 90)) * 1000, 3)}
+    return {
+        "requests": sum(p["requests"] for p in phases),
+        "tokens": tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(tokens / wall, 2),
+        "ttft_p50_ms": round(statistics.median(ttfts) * 1000, 3),
+        "ttft_p90_ms": round(float(np.percentile(ttfts, 90)) * 1000, 3),
+    }
 
 
 def start_api(args):
     """The API as `toolkit serve --openai-port` starts it (python -m toolkit.api), on its own port."""
-    settings = ApiSettings(args.triton_url, args.repo, model_name=args.model_name, max_in_flight=256)
+    settings = ApiSettings(
+        args.triton_url, args.repo, model_name=args.model_name, max_in_flight=256
+    )
     process, _log = launch_api(settings, host="127.0.0.1", port=args.api_port)
     return process
 
 
-SPLIT = {"admission": "toolkit_api_admission_seconds", "engine_first_response": "toolkit_api_engine_first_response_seconds",
-         "ttft_server_side": "toolkit_api_time_to_first_token_seconds"}
+SPLIT = {
+    "admission": "toolkit_api_admission_seconds",
+    "engine_first_response": "toolkit_api_engine_first_response_seconds",
+    "ttft_server_side": "toolkit_api_time_to_first_token_seconds",
+}
 
 
 async def split_totals(http, url: str) -> dict:
@@ -135,7 +166,12 @@ async def split_totals(http, url: str) -> dict:
 
 
 def split_means_ms(before: dict, after: dict) -> dict:
-    return {key: round(1000 * (after[key][0] - before[key][0]) / max(after[key][1] - before[key][1], 1), 3) for key in SPLIT}
+    return {
+        key: round(
+            1000 * (after[key][0] - before[key][0]) / max(after[key][1] - before[key][1], 1), 3
+        )
+        for key in SPLIT
+    }
 
 
 async def measure(args) -> dict:
@@ -146,10 +182,26 @@ async def measure(args) -> dict:
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
         model = (await http.get(f"{url}/v1/models")).json()["data"][0]["id"]
-        direct = lambda: direct_stream(client, args.model_name, ids, args.max_tokens, repository.tokens.end_id)  # noqa: E731
-        lean = LeanStreamClient(url, "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": args.max_tokens, "temperature": 0,
-                                                          "stream": True, "stream_options": {"include_usage": True}})
-        api = (lambda: api_stream(http, url, model, args.max_tokens)) if args.client == "httpx" else lean.stream
+        direct = lambda: direct_stream(  # noqa: E731
+            client, args.model_name, ids, args.max_tokens, repository.tokens.end_id
+        )  # noqa: E731
+        lean = LeanStreamClient(
+            url,
+            "/v1/completions",
+            {
+                "model": model,
+                "prompt": PROMPT,
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
+        api = (
+            (lambda: api_stream(http, url, model, args.max_tokens))
+            if args.client == "httpx"
+            else lean.stream
+        )
         await run_phase(direct, 2, 1)  # warm-up, not counted
         await run_phase(api, 2, 1)
         results = {}
@@ -158,13 +210,18 @@ async def measure(args) -> dict:
             before = await split_totals(http, url)
             for _ in range(args.rounds):
                 for side, make in (("direct", direct), ("api", api)):
-                    phases[side].append(await run_phase(make, concurrency, args.requests_per_stream))
+                    phases[side].append(
+                        await run_phase(make, concurrency, args.requests_per_stream)
+                    )
             d, a = summarize(phases["direct"]), summarize(phases["api"])
             a["server_side_mean_ms"] = split_means_ms(before, await split_totals(http, url))
             results[str(concurrency)] = {
-                "direct_grpc": d, "api": a,
+                "direct_grpc": d,
+                "api": a,
                 "tokens_per_s_ratio": round(a["tokens_per_s"] / d["tokens_per_s"], 4),
-                "tokens_per_s_lost_pct": round(100 * (1 - a["tokens_per_s"] / d["tokens_per_s"]), 2),
+                "tokens_per_s_lost_pct": round(
+                    100 * (1 - a["tokens_per_s"] / d["tokens_per_s"]), 2
+                ),
                 "ttft_p50_added_ms": round(a["ttft_p50_ms"] - d["ttft_p50_ms"], 3),
             }
             print(json.dumps({concurrency: results[str(concurrency)]}), flush=True)
@@ -177,42 +234,89 @@ def write_results(args, results: dict, manifest: dict) -> None:
     meta = {
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "target": manifest.get("target"), "engine_parameters": manifest.get("engine"), "limits": manifest.get("limits"),
-        "model_called": args.model_name, "max_tokens": args.max_tokens, "requests_per_stream": args.requests_per_stream,
-        "rounds": args.rounds, "client": args.client, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "target": manifest.get("target"),
+        "engine_parameters": manifest.get("engine"),
+        "limits": manifest.get("limits"),
+        "model_called": args.model_name,
+        "max_tokens": args.max_tokens,
+        "requests_per_stream": args.requests_per_stream,
+        "rounds": args.rounds,
+        "client": args.client,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "targets": {"tokens_per_s_lost_pct_max": 5.0, "ttft_p50_added_ms_max": 5.0},
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
-    rows = ["| streams | direct tok/s | API tok/s | tok/s lost | direct TTFT p50 | API TTFT p50 | TTFT added |", "|---|---|---|---|---|---|---|"]
+    out.with_suffix(".json").write_text(
+        json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
+    )
+    rows = [
+        "| streams | direct tok/s | API tok/s | tok/s lost | direct TTFT p50 | API TTFT p50 | TTFT added |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for concurrency, r in results.items():
         d, a = r["direct_grpc"], r["api"]
-        rows.append(f"| {concurrency} | {d['tokens_per_s']} | {a['tokens_per_s']} | {r['tokens_per_s_lost_pct']} % | {d['ttft_p50_ms']} ms | {a['ttft_p50_ms']} ms | {r['ttft_p50_added_ms']} ms |")
-    rows += ["", "Inside the API (means from its own histograms over the API phases; TTFT here starts when the request passes the gate):", "",
-             "| streams | arrival -> gRPC call | gRPC call -> first engine token | server-side TTFT |", "|---|---|---|---|"]
+        rows.append(
+            f"| {concurrency} | {d['tokens_per_s']} | {a['tokens_per_s']} | {r['tokens_per_s_lost_pct']} % | "
+            f"{d['ttft_p50_ms']} ms | {a['ttft_p50_ms']} ms | {r['ttft_p50_added_ms']} ms |"
+        )
+    rows += [
+        "",
+        "Inside the API (means from its own histograms over the API phases; TTFT here starts when the request "
+        "passes the gate):",
+        "",
+        "| streams | arrival -> gRPC call | gRPC call -> first engine token | server-side TTFT |",
+        "|---|---|---|---|",
+    ]
     for concurrency, r in results.items():
         m = r["api"]["server_side_mean_ms"]
-        rows.append(f"| {concurrency} | {m['admission']} ms | {m['engine_first_response']} ms | {m['ttft_server_side']} ms |")
-    text = [f"# OpenAI API overhead over direct Triton gRPC ({meta['target']} engine)", "", f"Command: `{meta['command']}`", "",
-            f"Date {meta['date']}; {meta['machine']['cpus']} CPUs (shared); engine parameters {meta['engine_parameters']}; "
-            f"model called: `{args.model_name}`; {args.max_tokens} tokens per request, {args.requests_per_stream} requests per stream, "
-            f"{args.rounds} alternating rounds per side; API-side client: {args.client}.", "", *rows, "", "Targets: at most 5 % tokens/s lost, at most 5 ms added to TTFT p50.", ""]
+        rows.append(
+            f"| {concurrency} | {m['admission']} ms | {m['engine_first_response']} ms | {m['ttft_server_side']} ms "
+            "|"
+        )
+    text = [
+        f"# OpenAI API overhead over direct Triton gRPC ({meta['target']} engine)",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Date {meta['date']}; {meta['machine']['cpus']} CPUs (shared); engine parameters "
+        f"{meta['engine_parameters']}; "
+        f"model called: `{args.model_name}`; {args.max_tokens} tokens per request, {args.requests_per_stream} "
+        "requests per stream, "
+        f"{args.rounds} alternating rounds per side; API-side client: {args.client}.",
+        "",
+        *rows,
+        "",
+        "Targets: at most 5 % tokens/s lost, at most 5 ms added to TTFT p50.",
+        "",
+    ]
     out.with_suffix(".md").write_text("\n".join(text))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--triton-url", default="127.0.0.1:8001")
     parser.add_argument("--repo", type=Path, required=True)
     parser.add_argument("--model-name", default="tensorrt_llm")
     parser.add_argument("--api-port", type=int, default=19120)
-    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
+    parser.add_argument(
+        "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16]
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--requests-per-stream", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--client", choices=["lean", "httpx"], default="lean",
-                        help="API-side load generator: raw asyncio streams (lean) or httpx with a JSON parse per chunk")
+    parser.add_argument(
+        "--client",
+        choices=["lean", "httpx"],
+        default="lean",
+        help="API-side load generator: raw asyncio streams (lean) or httpx with a JSON parse per chunk",
+    )
     parser.add_argument("--out", default="perf/results/api_overhead")
     args = parser.parse_args()
     manifest = open_repository(args.repo).manifest.to_dict()

@@ -84,55 +84,106 @@ def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
     result = {}
     for label, proc in processes.items():
         times = proc.cpu_times()
-        result[label] = times.user + times.system  # the process's own threads; children are listed on their own
+        result[label] = (
+            times.user + times.system
+        )  # the process's own threads; children are listed on their own
     return result
 
 
 def model_stats(http_url: str) -> dict[str, dict]:
     with urllib.request.urlopen(f"http://{http_url}/v2/models/stats", timeout=10) as response:
         stats = json.load(response)["model_stats"]
-    return {s["name"]: {"success": s["inference_stats"]["success"]["count"], "inferences": s["inference_count"]} for s in stats}
+    return {
+        s["name"]: {
+            "success": s["inference_stats"]["success"]["count"],
+            "inferences": s["inference_count"],
+        }
+        for s in stats
+    }
 
 
 def perf_analyzer_load(server, pa, model: str, input_file: Path, args, log: Path):
     """A callable that sends `count` requests through perf_analyzer; returns None (tokens come from stats)."""
-    pa_args = ["-m", model, "-i", "grpc", "--streaming", "-u", server.grpc_url, "--async", "--input-data", str(input_file),
-               "--concurrency-range", str(args.concurrency), "--stability-percentage", "999",
-               "--measurement-interval", "600000"]
+    pa_args = [
+        "-m",
+        model,
+        "-i",
+        "grpc",
+        "--streaming",
+        "-u",
+        server.grpc_url,
+        "--async",
+        "--input-data",
+        str(input_file),
+        "--concurrency-range",
+        str(args.concurrency),
+        "--stability-percentage",
+        "999",
+        "--measurement-interval",
+        "600000",
+    ]
 
     def send(count: int, suffix: str):
-        run_perf_analyzer(pa, pa_args + ["--request-count", str(count)], log.with_suffix(f".{suffix}.log"), 600)
+        run_perf_analyzer(
+            pa, pa_args + ["--request-count", str(count)], log.with_suffix(f".{suffix}.log"), 600
+        )
         return None
+
     return send
 
 
 def api_load(api_url: str, args):
     """A callable that sends `count` streaming completions through the API; returns completion tokens (usage)."""
+
     def send(count: int, suffix: str):
         return asyncio.run(drive_api(api_url, count, args.concurrency, args.output_tokens))
+
     return send
 
 
 def run_phase(server, phase: str, model: str, send, args, extra: dict | None = None) -> PhaseResult:
     procs = {**server_processes(server.pid), **(extra or {})}
-    send(args.concurrency * 2, "warmup")  # stubs, channels and allocator pools reach steady state before we count
-    before_stats, before_cpu, t0 = model_stats(server.http_url), cpu_seconds(procs), time.monotonic()
+    send(
+        args.concurrency * 2, "warmup"
+    )  # stubs, channels and allocator pools reach steady state before we count
+    before_stats, before_cpu, t0 = (
+        model_stats(server.http_url),
+        cpu_seconds(procs),
+        time.monotonic(),
+    )
     counted = send(args.requests, "measured")
-    wall, after_cpu, after_stats = time.monotonic() - t0, cpu_seconds(procs), model_stats(server.http_url)
+    wall, after_cpu, after_stats = (
+        time.monotonic() - t0,
+        cpu_seconds(procs),
+        model_stats(server.http_url),
+    )
     requests = after_stats[model]["success"] - before_stats[model]["success"]
     tokens = requests * args.output_tokens
     if requests != args.requests:
         raise SystemExit(f"{phase}: {requests} requests completed, {args.requests} sent")
     if counted is not None and counted != tokens:
         raise SystemExit(f"{phase}: the client counted {counted} tokens, expected {tokens}")
-    post = after_stats[c.POSTPROCESSING]["inferences"] - before_stats[c.POSTPROCESSING]["inferences"]
+    post = (
+        after_stats[c.POSTPROCESSING]["inferences"] - before_stats[c.POSTPROCESSING]["inferences"]
+    )
     if model == c.ENSEMBLE and post != tokens:
-        raise SystemExit(f"{phase}: postprocessing ran {post} times for {tokens} tokens; tokens are not one per streamed piece")
+        raise SystemExit(
+            f"{phase}: postprocessing ran {post} times for {tokens} tokens; tokens are not one per streamed piece"
+        )
     cpu = {k: after_cpu[k] - before_cpu[k] for k in procs}
     cpu["total"] = sum(cpu.values())
     per_token = {k: v * 1e6 / tokens for k, v in cpu.items()}
-    return PhaseResult(phase, model, requests, tokens, wall, cpu, per_token, tokens / wall,
-                       post if model == c.ENSEMBLE else None)
+    return PhaseResult(
+        phase,
+        model,
+        requests,
+        tokens,
+        wall,
+        cpu,
+        per_token,
+        tokens / wall,
+        post if model == c.ENSEMBLE else None,
+    )
 
 
 # --- the OpenAI API phase -----------------------------------------------------------------------
@@ -141,8 +192,15 @@ API_PROMPT = "Count from one to one thousand, one number per line."
 
 async def drive_api(api_url: str, count: int, concurrency: int, output_tokens: int) -> int:
     """`count` streaming /v1/completions over `concurrency` keep-alive connections; returns usage tokens."""
-    body = {"model": c.ENGINE, "prompt": API_PROMPT, "max_tokens": output_tokens, "min_tokens": output_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": c.ENGINE,
+        "prompt": API_PROMPT,
+        "max_tokens": output_tokens,
+        "min_tokens": output_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     remaining, total = [count], [0]
 
     async def connection():
@@ -171,14 +229,37 @@ def start_api(server, repo: Path, port: int, work: Path):
 # --- profiling ----------------------------------------------------------------------------------
 def profile_phase(server, phase: str, send, args, out: Path, extra: dict | None = None) -> dict:
     """py-spy on every stub (and the API) while the phase runs again (not counted: sampling costs CPU itself)."""
-    procs = {k: p for k, p in {**server_processes(server.pid), **(extra or {})}.items() if k != "tritonserver"}
+    procs = {
+        k: p
+        for k, p in {**server_processes(server.pid), **(extra or {})}.items()
+        if k != "tritonserver"
+    }
     spies = {}
     for label, proc in procs.items():
         path = out / f"{args.name}.pyspy.{phase}.{label.split(':', 1)[-1]}.txt"
-        spies[label] = (path, subprocess.Popen(
-            [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.pid), "--format", "raw",
-             "--rate", "250", "--nonblocking", "--output", str(path), "--duration", str(args.profile_seconds)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        spies[label] = (
+            path,
+            subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record",
+                    "--pid",
+                    str(proc.pid),
+                    "--format",
+                    "raw",
+                    "--rate",
+                    "250",
+                    "--nonblocking",
+                    "--output",
+                    str(path),
+                    "--duration",
+                    str(args.profile_seconds),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            ),
+        )
     send(args.requests, "profile")
     summary = {}
     for label, (path, spy) in spies.items():
@@ -200,14 +281,32 @@ def top_frames(path: Path, n: int = 12) -> list[tuple[str, float]]:
         leaf = frames[-1]
         leaves[leaf] += int(count)
         total += int(count)
-    return [(frame, round(hits / total, 3)) for frame, hits in leaves.most_common(n)] if total else []
+    return (
+        [(frame, round(hits / total, 3)) for frame, hits in leaves.most_common(n)] if total else []
+    )
 
 
 # --- the run ------------------------------------------------------------------------------------
 def build_repository(model: str, step_time_ms: float, folder: Path) -> Path:
     repo = folder / "synthetic_repo"
-    subprocess.run([sys.executable, "-m", "toolkit.cli.main", "build", "-t", "synthetic", "-m", model, "-o", str(repo),
-                    "--step-time-ms", str(step_time_ms)], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.cli.main",
+            "build",
+            "-t",
+            "synthetic",
+            "-m",
+            model,
+            "-o",
+            str(repo),
+            "--step-time-ms",
+            str(step_time_ms),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return repo
 
 
@@ -217,53 +316,121 @@ def median_by_key(rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="checkpoint whose tokenizer the repository carries")
-    parser.add_argument("--repo", type=Path, default=None, help="an already-built synthetic repository")
-    parser.add_argument("--step-time-ms", type=float, default=0.0, help="synthetic engine step (0: as fast as the stack takes)")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats of all phases; results are medians")
-    parser.add_argument("--phases", default="engine,ensemble,openai", help="comma-separated, engine first: engine,ensemble,bls,openai")
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m-instruct",
+        help="checkpoint whose tokenizer the repository carries",
+    )
+    parser.add_argument(
+        "--repo", type=Path, default=None, help="an already-built synthetic repository"
+    )
+    parser.add_argument(
+        "--step-time-ms",
+        type=float,
+        default=0.0,
+        help="synthetic engine step (0: as fast as the stack takes)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="repeats of all phases; results are medians"
+    )
+    parser.add_argument(
+        "--phases",
+        default="engine,ensemble,openai",
+        help="comma-separated, engine first: engine,ensemble,bls,openai",
+    )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=192)
     parser.add_argument("--input-tokens", type=int, default=64)
     parser.add_argument("--output-tokens", type=int, default=128)
-    parser.add_argument("--port-base", type=int, default=20200, help="HTTP port; gRPC +1, metrics +2, OpenAI API +3")
-    parser.add_argument("--profile", action="store_true", help="also sample every stub and the API with py-spy")
+    parser.add_argument(
+        "--port-base", type=int, default=20200, help="HTTP port; gRPC +1, metrics +2, OpenAI API +3"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="also sample every stub and the API with py-spy"
+    )
     parser.add_argument("--profile-seconds", type=int, default=8)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--name", default="stack_ceiling", help="result file stem")
     args = parser.parse_args(argv)
     names = [p for p in args.phases.split(",") if p]
     if names[0] != "engine":
-        parser.error("--phases must start with engine (the baseline every other phase is measured against)")
+        parser.error(
+            "--phases must start with engine (the baseline every other phase is measured against)"
+        )
 
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="stack-ceiling-"))
     repo = (args.repo or build_repository(args.model, args.step_time_ms, work)).resolve()
     pa = find_perf_analyzer()
-    server = launch_server(ServerConfig(repo=repo, http_port=args.port_base, grpc_port=args.port_base + 1,
-                                        metrics_port=args.port_base + 2, log_file=work / "tritonserver.log"))
+    server = launch_server(
+        ServerConfig(
+            repo=repo,
+            http_port=args.port_base,
+            grpc_port=args.port_base + 1,
+            metrics_port=args.port_base + 2,
+            log_file=work / "tritonserver.log",
+        )
+    )
     api = None
     try:
         repository = open_repository(repo)
-        prompts = make_prompts(repository.tokenizer_json, 32, args.input_tokens, add_special_tokens=repository.tokens.add_special_tokens,
-                               bos_id=repository.tokens.bos_id, seed=1)
-        inputs = {m: write_input_data(work / f"{m}.json", prompts, args.output_tokens, m) for m in (c.ENGINE, c.ENSEMBLE)}
+        prompts = make_prompts(
+            repository.tokenizer_json,
+            32,
+            args.input_tokens,
+            add_special_tokens=repository.tokens.add_special_tokens,
+            bos_id=repository.tokens.bos_id,
+            seed=1,
+        )
+        inputs = {
+            m: write_input_data(work / f"{m}.json", prompts, args.output_tokens, m)
+            for m in (c.ENGINE, c.ENSEMBLE)
+        }
         extra = {}
-        loads = {"engine": (c.ENGINE, perf_analyzer_load(server, pa, c.ENGINE, inputs[c.ENGINE], args, work / "engine")),
-                 "ensemble": (c.ENSEMBLE, perf_analyzer_load(server, pa, c.ENSEMBLE, inputs[c.ENSEMBLE], args, work / "ensemble")),
-                 "bls": (c.BLS, perf_analyzer_load(server, pa, c.BLS, inputs[c.ENSEMBLE], args, work / "bls"))}
+        loads = {
+            "engine": (
+                c.ENGINE,
+                perf_analyzer_load(server, pa, c.ENGINE, inputs[c.ENGINE], args, work / "engine"),
+            ),
+            "ensemble": (
+                c.ENSEMBLE,
+                perf_analyzer_load(
+                    server, pa, c.ENSEMBLE, inputs[c.ENSEMBLE], args, work / "ensemble"
+                ),
+            ),
+            "bls": (
+                c.BLS,
+                perf_analyzer_load(server, pa, c.BLS, inputs[c.ENSEMBLE], args, work / "bls"),
+            ),
+        }
         if "openai" in names:
             api = start_api(server, repo, args.port_base + 3, work)
             extra = {"api": psutil.Process(api.pid)}
             loads["openai"] = (c.ENGINE, api_load(f"127.0.0.1:{args.port_base + 3}", args))
         repeats = []
         for _ in range(args.repeats):
-            repeats.append([run_phase(server, n, loads[n][0], loads[n][1], args, extra if n == "openai" else None) for n in names])
-            print(" ".join(f"{p.phase} {p.us_per_token['total']:.1f}" for p in repeats[-1]), "us/token", flush=True)
+            repeats.append(
+                [
+                    run_phase(
+                        server, n, loads[n][0], loads[n][1], args, extra if n == "openai" else None
+                    )
+                    for n in names
+                ]
+            )
+            print(
+                " ".join(f"{p.phase} {p.us_per_token['total']:.1f}" for p in repeats[-1]),
+                "us/token",
+                flush=True,
+            )
         profile = {}
         if args.profile:
-            profile = {n: profile_phase(server, n, loads[n][1], args, args.out, extra if n == "openai" else None)
-                       for n in names if n in ("ensemble", "openai")}
+            profile = {
+                n: profile_phase(
+                    server, n, loads[n][1], args, args.out, extra if n == "openai" else None
+                )
+                for n in names
+                if n in ("ensemble", "openai")
+            }
     finally:
         if api is not None:
             stop_process(api)
@@ -296,7 +463,9 @@ def record(args, repeats: list[list[PhaseResult]], profile: dict, repo: Path) ->
         "median_us_per_token_by_process": splits,
         "median_beyond_engine_us_per_token": beyond,
         "beyond_engine_per_repeat": beyond_rows,
-        "tokens_per_s_per_core_beyond_engine": {k: (1e6 / v if v > 0 else None) for k, v in beyond.items()},
+        "tokens_per_s_per_core_beyond_engine": {
+            k: (1e6 / v if v > 0 else None) for k, v in beyond.items()
+        },
         "target_us_per_token": TARGET_US_PER_TOKEN,
         "meets_target": {k: v <= TARGET_US_PER_TOKEN for k, v in beyond.items()},
         "profile_top_frames": profile,
@@ -308,25 +477,47 @@ def record(args, repeats: list[list[PhaseResult]], profile: dict, repo: Path) ->
 
 def markdown(result: dict) -> str:
     n = len(result["repeats"])
-    lines = [f"# Stack ceiling ({result['when']})", "", f"`{result['command']}`", "",
-             f"machine: {result['machine']['cpus']} CPUs shared with other work (1-min load at the end "
-             f"{result['machine']['load_avg_1m']:.2f}); synthetic engine {result['engine_parameters']}; "
-             f"{result['settings']['concurrency']} streams, {result['settings']['input_tokens']} in / "
-             f"{result['settings']['output_tokens']} out tokens, {result['settings']['requests']} requests per phase; "
-             f"medians of {n} repeats, each phase minus the engine-alone phase of the same repeat.", "",
-             "| phase | CPU us/token: total | beyond engine | one core carries (beyond engine) | per process (us/token) |",
-             "|---|---|---|---|---|"]
-    beyond, per_core = result["median_beyond_engine_us_per_token"], result["tokens_per_s_per_core_beyond_engine"]
+    lines = [
+        f"# Stack ceiling ({result['when']})",
+        "",
+        f"`{result['command']}`",
+        "",
+        f"machine: {result['machine']['cpus']} CPUs shared with other work (1-min load at the end "
+        f"{result['machine']['load_avg_1m']:.2f}); synthetic engine {result['engine_parameters']}; "
+        f"{result['settings']['concurrency']} streams, {result['settings']['input_tokens']} in / "
+        f"{result['settings']['output_tokens']} out tokens, {result['settings']['requests']} requests per phase; "
+        f"medians of {n} repeats, each phase minus the engine-alone phase of the same repeat.",
+        "",
+        "| phase | CPU us/token: total | beyond engine | one core carries (beyond engine) | per process (us/token) |",
+        "|---|---|---|---|---|",
+    ]
+    beyond, per_core = (
+        result["median_beyond_engine_us_per_token"],
+        result["tokens_per_s_per_core_beyond_engine"],
+    )
     for phase, total in result["median_us_per_token"].items():
-        split = ", ".join(f"{k.removeprefix('stub:')} {v:.1f}" for k, v in result["median_us_per_token_by_process"][phase].items()
-                          if k != "total" and v >= 0.05)
+        split = ", ".join(
+            f"{k.removeprefix('stub:')} {v:.1f}"
+            for k, v in result["median_us_per_token_by_process"][phase].items()
+            if k != "total" and v >= 0.05
+        )
         b = f"**{beyond[phase]:.1f}**" if phase in beyond else "(baseline)"
         core = f"{per_core[phase]:,.0f} tokens/s" if per_core.get(phase) else "-"
         lines.append(f"| {phase} | {total:.1f} | {b} | {core} | {split} |")
-    lines += ["", "beyond the engine, per repeat: " + "; ".join(
-        ", ".join(f"{k} {v:.1f}" for k, v in row.items()) for row in result["beyond_engine_per_repeat"]), "",
-        f"target <= {result['target_us_per_token']:.0f} us/token beyond the engine: " +
-        ", ".join(f"{k} {'met' if ok else 'NOT met'}" for k, ok in result["meets_target"].items()), ""]
+    lines += [
+        "",
+        "beyond the engine, per repeat: "
+        + "; ".join(
+            ", ".join(f"{k} {v:.1f}" for k, v in row.items())
+            for row in result["beyond_engine_per_repeat"]
+        ),
+        "",
+        f"target <= {result['target_us_per_token']:.0f} us/token beyond the engine: "
+        + ", ".join(
+            f"{k} {'met' if ok else 'NOT met'}" for k, ok in result["meets_target"].items()
+        ),
+        "",
+    ]
     for phase, procs in (result.get("profile_top_frames") or {}).items():
         lines.append(f"## py-spy, {phase} phase (self time by leaf frame)")
         for label, frames in procs.items():

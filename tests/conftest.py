@@ -45,19 +45,34 @@ def served_repo(tmp_path_factory):
     os.environ["TOOLKIT_HOME"] = str(home)
     try:
         model = resolve_model("smollm2-135m-instruct", progress=False)
-        limits = RepositoryLimits(max_input_len=512, max_output_len=256, max_seq_len=1024, kv_cache_tokens=16384)
+        limits = RepositoryLimits(
+            max_input_len=512, max_output_len=256, max_seq_len=1024, kv_cache_tokens=16384
+        )
         repo = tmp_path_factory.mktemp("served") / "repo"
         write_repository(plan_repository(model, CpuEngine(num_threads=0), repo, limits))
-        config = ServerConfig(repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                              ready_timeout_s=300, log_file=home / "tritonserver-test.log")
+        config = ServerConfig(
+            repo=repo,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            ready_timeout_s=300,
+            log_file=home / "tritonserver-test.log",
+        )
         server = launch_server(config)
     finally:
         if previous is None:
             os.environ.pop("TOOLKIT_HOME", None)
         else:
             os.environ["TOOLKIT_HOME"] = previous
-    yield ServedRepo(repo=repo, checkpoint=model.path, home=home, grpc_url=server.grpc_url, http_url=server.http_url,
-                     metrics_url=server.metrics_url, pid=server.pid)
+    yield ServedRepo(
+        repo=repo,
+        checkpoint=model.path,
+        home=home,
+        grpc_url=server.grpc_url,
+        http_url=server.http_url,
+        metrics_url=server.metrics_url,
+        pid=server.pid,
+    )
     server.stop()
 
 

@@ -11,28 +11,59 @@ from toolkit.repository.limits import RepositoryLimits
 from toolkit.repository.writer import plan_repository, write_repository
 
 TINY_LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
-    "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
 }
 
 
-def config_only_checkpoint(folder: Path, tokenizer_files: dict[str, str], vocab_size: int, **config) -> Path:
+def config_only_checkpoint(
+    folder: Path, tokenizer_files: dict[str, str], vocab_size: int, **config
+) -> Path:
     """A checkpoint without weights (enough for a synthetic repository): config.json plus the given tokenizer files."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({**TINY_LLAMA_CONFIG, "vocab_size": vocab_size, **config}))
+    (folder / "config.json").write_text(
+        json.dumps({**TINY_LLAMA_CONFIG, "vocab_size": vocab_size, **config})
+    )
     for name, text in tokenizer_files.items():
         (folder / name).write_text(text)
     return folder
 
 
-def write_test_repository(checkpoint: Path, output: Path, *, source: str | None = None, synthetic: bool = False,
-                          decoupled: bool = True, **limits) -> Path:
+def write_test_repository(
+    checkpoint: Path,
+    output: Path,
+    *,
+    source: str | None = None,
+    synthetic: bool = False,
+    decoupled: bool = True,
+    **limits,
+) -> Path:
     """A repository of `checkpoint` (cpu engine, or the synthetic one) with small limits."""
-    defaults = {"max_input_len": 128, "max_output_len": 64, "max_seq_len": 256, "kv_cache_tokens": 1024, "max_batch_size": 8}
+    defaults = {
+        "max_input_len": 128,
+        "max_output_len": 64,
+        "max_seq_len": 256,
+        "kv_cache_tokens": 1024,
+        "max_batch_size": 8,
+    }
     engine = SyntheticEngine() if synthetic else CpuEngine()
     model = ResolvedModel(checkpoint, source or f"local:{checkpoint}", None)
-    plan = plan_repository(model, engine, output, RepositoryLimits().overridden(**{**defaults, **limits}), decoupled=decoupled)
+    plan = plan_repository(
+        model,
+        engine,
+        output,
+        RepositoryLimits().overridden(**{**defaults, **limits}),
+        decoupled=decoupled,
+    )
     return write_repository(plan).path
 
 

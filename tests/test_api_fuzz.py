@@ -26,7 +26,9 @@ GENERATION_OPS = ("/v1/chat/completions", "/v1/completions")
 
 @pytest.fixture(scope="module")
 def fuzz_api(served_repo):
-    handle = run_api_in_background(ApiSettings(served_repo.grpc_url, served_repo.repo, max_in_flight=64), port=free_port())
+    handle = run_api_in_background(
+        ApiSettings(served_repo.grpc_url, served_repo.repo, max_in_flight=64), port=free_port()
+    )
     yield handle
     handle.stop()
 
@@ -39,7 +41,12 @@ def _constrained(schema: dict, model_id: str) -> dict:
             props["model"] = {"type": "string", "enum": [model_id]}
         for field in ("max_tokens", "max_completion_tokens"):
             if field in props:
-                props[field] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_CAP}, {"type": "null"}]}
+                props[field] = {
+                    "anyOf": [
+                        {"type": "integer", "minimum": 1, "maximum": MAX_TOKENS_CAP},
+                        {"type": "null"},
+                    ]
+                }
     return schema
 
 
@@ -59,18 +66,44 @@ def _operations(api_schema) -> dict:
 
 
 # schemathesis' own pytest plugin does not load under pytest 9, so each operation's strategy drives hypothesis here.
-@pytest.mark.parametrize("operation", ["POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/{model}", "GET /health", "GET /metrics"])
+@pytest.mark.parametrize(
+    "operation",
+    [
+        "POST /v1/chat/completions",
+        "POST /v1/completions",
+        "GET /v1/models",
+        "GET /v1/models/{model}",
+        "GET /health",
+        "GET /metrics",
+    ],
+)
 def test_no_request_gets_a_5xx(api_schema, fuzz_api, operation):
     operations = _operations(api_schema)
-    examples = 15 if operation.startswith("POST") else 10  # bounded: the whole module stays near a minute on 2 CPU cores
+    examples = (
+        15 if operation.startswith("POST") else 10
+    )  # bounded: the whole module stays near a minute on 2 CPU cores
 
     @given(case=operations[operation].as_strategy())
-    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None, phases=[Phase.explicit, Phase.generate])
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+    )
     def check(case):
-        if case.path in GENERATION_OPS and isinstance(case.body, dict) and not (case.body.get("max_tokens") or case.body.get("max_completion_tokens")):
-            case.body["max_tokens"] = MAX_TOKENS_CAP  # without it a chat generates up to the engine's limit: right, but slow
+        if (
+            case.path in GENERATION_OPS
+            and isinstance(case.body, dict)
+            and not (case.body.get("max_tokens") or case.body.get("max_completion_tokens"))
+        ):
+            case.body["max_tokens"] = (
+                MAX_TOKENS_CAP  # without it a chat generates up to the engine's limit: right, but slow
+            )
         response = case.call(base_url=fuzz_api.url, timeout=60)
-        assert response.status_code < 500, f"{case.method} {case.path} {case.body!r} -> {response.status_code} {response.text[:300]}"
+        assert response.status_code < 500, (
+            f"{case.method} {case.path} {case.body!r} -> {response.status_code} {response.text[:300]}"
+        )
         if response.status_code >= 400 and case.path.startswith("/v1/"):
             assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
@@ -78,9 +111,16 @@ def test_no_request_gets_a_5xx(api_schema, fuzz_api, operation):
 
 
 def test_server_still_answers_correctly_after_fuzzing(fuzz_api):
-    client = openai.OpenAI(base_url=f"{fuzz_api.url}/v1", api_key="none", max_retries=0, timeout=120)
+    client = openai.OpenAI(
+        base_url=f"{fuzz_api.url}/v1", api_key="none", max_retries=0, timeout=120
+    )
     model_id = client.models.list().data[0].id
-    response = client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=8, temperature=0)
+    response = client.chat.completions.create(
+        model=model_id,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=8,
+        temperature=0,
+    )
     assert "Paris" in response.choices[0].message.content
     assert response.usage.completion_tokens > 0
     assert httpx.get(f"{fuzz_api.url}/health").status_code == 200

@@ -7,7 +7,6 @@ The repository here is a minimal one: a preprocessing config with limits and a t
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -26,8 +25,26 @@ from toolkit.settings import api_keys
 from repos import config_only_checkpoint, write_test_repository
 
 UNREACHABLE = "127.0.0.1:1"
-WORDS = ["hello", "world", "the", "capital", "of", "france", "is", "paris", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "\n"]
-TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+WORDS = [
+    "hello",
+    "world",
+    "the",
+    "capital",
+    "of",
+    "france",
+    "is",
+    "paris",
+    "<|im_start|>",
+    "<|im_end|>",
+    "system",
+    "user",
+    "assistant",
+    "\n",
+]
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 MAX_INPUT = 24
 
 
@@ -38,12 +55,27 @@ def _write_tiny_repo(root: Path) -> Path:
     vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    checkpoint = config_only_checkpoint(root / "checkpoint", {
-        "tokenizer.json": tokenizer.to_str(),
-        "tokenizer_config.json": json.dumps({"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}),
-    }, vocab_size=len(vocab), eos_token_id=vocab["<|im_end|>"])
-    return write_test_repository(checkpoint, root / "repo", source="hf:HuggingFaceTB/Tiny-Test", synthetic=True,
-                                 max_input_len=MAX_INPUT, max_output_len=16, max_seq_len=32, kv_cache_tokens=64)
+    checkpoint = config_only_checkpoint(
+        root / "checkpoint",
+        {
+            "tokenizer.json": tokenizer.to_str(),
+            "tokenizer_config.json": json.dumps(
+                {"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}
+            ),
+        },
+        vocab_size=len(vocab),
+        eos_token_id=vocab["<|im_end|>"],
+    )
+    return write_test_repository(
+        checkpoint,
+        root / "repo",
+        source="hf:HuggingFaceTB/Tiny-Test",
+        synthetic=True,
+        max_input_len=MAX_INPUT,
+        max_output_len=16,
+        max_seq_len=32,
+        kv_cache_tokens=64,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +84,9 @@ def tiny_repo(tmp_path_factory) -> Path:
 
 
 def _client(repo: Path, **kw) -> TestClient:
-    return TestClient(create_app(ApiSettings(UNREACHABLE, repo, **kw)), raise_server_exceptions=False)
+    return TestClient(
+        create_app(ApiSettings(UNREACHABLE, repo, **kw)), raise_server_exceptions=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +96,11 @@ def client(tiny_repo):
 
 
 def _chat(**fields) -> dict:
-    return {"model": "Tiny-Test", "messages": [{"role": "user", "content": "hello world"}], **fields}
+    return {
+        "model": "Tiny-Test",
+        "messages": [{"role": "user", "content": "hello world"}],
+        **fields,
+    }
 
 
 def _assert_openai_error(response, status: int, param: str | None = None) -> dict:
@@ -96,8 +134,14 @@ def test_health_is_503_while_triton_is_unreachable(client):
 def test_metrics_expose_the_promised_series(client):
     client.get("/v1/models")
     text = client.get("/metrics").text
-    for name in ("toolkit_api_requests_total", "toolkit_api_prompt_tokens_total", "toolkit_api_completion_tokens_total",
-                 "toolkit_api_time_to_first_token_seconds_bucket", "toolkit_api_inter_token_latency_seconds_bucket", "toolkit_api_requests_in_flight"):
+    for name in (
+        "toolkit_api_requests_total",
+        "toolkit_api_prompt_tokens_total",
+        "toolkit_api_completion_tokens_total",
+        "toolkit_api_time_to_first_token_seconds_bucket",
+        "toolkit_api_inter_token_latency_seconds_bucket",
+        "toolkit_api_requests_in_flight",
+    ):
         assert name in text
     assert 'toolkit_api_requests_total{endpoint="models",status="200"}' in text
 
@@ -108,7 +152,10 @@ def test_metrics_expose_the_promised_series(client):
     [
         ({"n": 2}, "n"),
         ({"n": True}, "n"),  # True == 1 in Python; not to us
-        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream: OpenAI refuses it too
+        (
+            {"stream_options": {"include_usage": True}},
+            "stream_options",
+        ),  # without stream: OpenAI refuses it too
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
@@ -124,7 +171,14 @@ def test_metrics_expose_the_promised_series(client):
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": ""}, None),
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, None),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+                ]
+            },
+            None,
+        ),
         ({"messages": [{"role": "tool", "content": "x"}]}, None),
         ({"stream_options": {"include_usage": True, "bogus": 1}}, None),
     ],
@@ -135,8 +189,16 @@ def test_chat_refuses_what_it_cannot_honour_with_400(client, fields, param):
 
 @pytest.mark.parametrize(
     "fields, param",
-    [({"echo": True}, "echo"), ({"best_of": 3}, "best_of"), ({"suffix": "x"}, "suffix"), ({"prompt": ["a", "b"]}, "prompt"),
-     ({"prompt": [1, 2, 3]}, None), ({"logprobs": 2}, "logprobs"), ({"logprobs": 0}, "logprobs"), ({"n": 3}, "n")],
+    [
+        ({"echo": True}, "echo"),
+        ({"best_of": 3}, "best_of"),
+        ({"suffix": "x"}, "suffix"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [1, 2, 3]}, None),
+        ({"logprobs": 2}, "logprobs"),
+        ({"logprobs": 0}, "logprobs"),
+        ({"n": 3}, "n"),
+    ],
 )
 def test_completions_refuse_what_they_cannot_honour_with_400(client, fields, param):
     body = {"model": "Tiny-Test", "prompt": "hello", **fields}
@@ -144,38 +206,67 @@ def test_completions_refuse_what_they_cannot_honour_with_400(client, fields, par
 
 
 def test_malformed_json_and_missing_fields_are_400(client):
-    _assert_openai_error(client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}), 400)
+    _assert_openai_error(
+        client.post(
+            "/v1/chat/completions",
+            content=b"{not json",
+            headers={"content-type": "application/json"},
+        ),
+        400,
+    )
     _assert_openai_error(client.post("/v1/chat/completions", json={}), 400)
     _assert_openai_error(client.post("/v1/completions", json={"model": "Tiny-Test"}), 400, "prompt")
 
 
 def test_unknown_model_is_404(client):
-    _assert_openai_error(client.post("/v1/chat/completions", json={**_chat(), "model": "gpt-4"}), 404, "model")
+    _assert_openai_error(
+        client.post("/v1/chat/completions", json={**_chat(), "model": "gpt-4"}), 404, "model"
+    )
 
 
 def test_too_long_prompt_is_400_naming_the_limit(client):
-    error = _assert_openai_error(client.post("/v1/completions", json={"model": "Tiny-Test", "prompt": "hello " * 40}), 400, "prompt")
+    error = _assert_openai_error(
+        client.post("/v1/completions", json={"model": "Tiny-Test", "prompt": "hello " * 40}),
+        400,
+        "prompt",
+    )
     assert error["code"] == "context_length_exceeded" and str(MAX_INPUT) in error["message"]
     # A prompt long enough to be tokenized off the event loop gets the same answer.
-    error = _assert_openai_error(client.post("/v1/completions", json={"model": "Tiny-Test", "prompt": "hello " * 20000}), 400, "prompt")
+    error = _assert_openai_error(
+        client.post("/v1/completions", json={"model": "Tiny-Test", "prompt": "hello " * 20000}),
+        400,
+        "prompt",
+    )
     assert error["code"] == "context_length_exceeded" and "20000 tokens" in error["message"]
 
 
 def test_max_tokens_over_the_engine_limit_is_400(client):
-    error = _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_completion_tokens=17)), 400, "max_completion_tokens")
+    error = _assert_openai_error(
+        client.post("/v1/chat/completions", json=_chat(max_completion_tokens=17)),
+        400,
+        "max_completion_tokens",
+    )
     assert "16" in error["message"]
 
 
 def test_lone_surrogate_prompt_is_400(client):
     raw = b'{"model": "Tiny-Test", "prompt": "hello \\ud800"}'
-    _assert_openai_error(client.post("/v1/completions", content=raw, headers={"content-type": "application/json"}), 400, "prompt")
+    _assert_openai_error(
+        client.post("/v1/completions", content=raw, headers={"content-type": "application/json"}),
+        400,
+        "prompt",
+    )
 
 
 def test_a_valid_request_reaches_triton_and_gets_503_when_it_is_down(tiny_repo):
     with _client(tiny_repo) as client:
-        error = _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4)), 503)
+        error = _assert_openai_error(
+            client.post("/v1/chat/completions", json=_chat(max_tokens=4)), 503
+        )
         assert error["code"] == "triton_unavailable"
-        _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4, stream=True)), 503)
+        _assert_openai_error(
+            client.post("/v1/chat/completions", json=_chat(max_tokens=4, stream=True)), 503
+        )
         metrics = client.get("/metrics").text
     assert "toolkit_api_failed_requests_total 2.0" in metrics  # failures, not client cancellations
     assert "toolkit_api_cancelled_requests_total 0.0" in metrics
@@ -183,7 +274,9 @@ def test_a_valid_request_reaches_triton_and_gets_503_when_it_is_down(tiny_repo):
 
 def test_openapi_schema_documents_the_routes(client):
     paths = client.get("/openapi.json").json()["paths"]
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} <= set(paths)
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} <= set(
+        paths
+    )
 
 
 # --- auth and backpressure ---------------------------------------------------------------------
@@ -191,10 +284,23 @@ def test_api_keys_guard_v1_routes_only(tiny_repo):
     with _client(tiny_repo, api_keys=("sk-right", "sk-other")) as client:
         error = _assert_openai_error(client.get("/v1/models"), 401)
         assert error["code"] == "invalid_api_key" and "sk-right" not in json.dumps(error)
-        _assert_openai_error(client.get("/v1/models", headers={"Authorization": "Bearer sk-wrong"}), 401)
-        _assert_openai_error(client.post("/v1/chat/completions", json=_chat(), headers={"Authorization": "Basic sk-right"}), 401)
-        assert client.get("/v1/models", headers={"Authorization": "Bearer sk-right"}).status_code == 200
-        assert client.get("/v1/models", headers={"Authorization": "bearer sk-other"}).status_code == 200
+        _assert_openai_error(
+            client.get("/v1/models", headers={"Authorization": "Bearer sk-wrong"}), 401
+        )
+        _assert_openai_error(
+            client.post(
+                "/v1/chat/completions", json=_chat(), headers={"Authorization": "Basic sk-right"}
+            ),
+            401,
+        )
+        assert (
+            client.get("/v1/models", headers={"Authorization": "Bearer sk-right"}).status_code
+            == 200
+        )
+        assert (
+            client.get("/v1/models", headers={"Authorization": "bearer sk-other"}).status_code
+            == 200
+        )
         assert client.get("/metrics").status_code == 200
 
 
@@ -228,24 +334,35 @@ def _scan(pieces: list[bytes], stops: list[str]) -> tuple[str, bool]:
 
 
 def test_stop_string_split_across_pieces_is_cut_and_not_returned():
-    assert _scan([b"Paris is", b" the cap", b"ital. EN", b"D and more"], ["END"]) == ("Paris is the capital. ", True)
+    assert _scan([b"Paris is", b" the cap", b"ital. EN", b"D and more"], ["END"]) == (
+        "Paris is the capital. ",
+        True,
+    )
 
 
 def test_multibyte_character_split_across_pieces_is_rejoined():
     data = "café ☕ naïve".encode()
-    assert _scan([data[i:i + 1] for i in range(len(data))], []) == ("café ☕ naïve", False)
+    assert _scan([data[i : i + 1] for i in range(len(data))], []) == ("café ☕ naïve", False)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(min_size=0, max_size=40), st.lists(st.text(min_size=1, max_size=4), min_size=0, max_size=3), st.data())
+@given(
+    st.text(min_size=0, max_size=40),
+    st.lists(st.text(min_size=1, max_size=4), min_size=0, max_size=3),
+    st.data(),
+)
 def test_stop_scanner_equals_cutting_the_whole_text(text, stops, data):
     raw = text.encode()
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=6)))
-    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
     found = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]
-    expected = text[: min(found)[1]] if found else text  # cut where the first stop to complete starts
+    expected = (
+        text[: min(found)[1]] if found else text
+    )  # cut where the first stop to complete starts
     assert _scan(pieces, stops) == (expected, bool(found))
-    assert _scan(pieces, stops) == _scan([raw[i:i + 1] for i in range(len(raw))], stops)  # however the bytes are grouped
+    assert _scan(pieces, stops) == _scan(
+        [raw[i : i + 1] for i in range(len(raw))], stops
+    )  # however the bytes are grouped
 
 
 def test_the_stop_that_completes_first_wins_whatever_the_grouping():
@@ -273,7 +390,18 @@ class _FakeBackend:
 
 
 def _job(**kw) -> Job:
-    fields = dict(id="chatcmpl-1", kind="chat", model="m", prompt="p", prompt_ids=[1] * 5, prompt_tokens=5, max_tokens=4, sampling=Sampling(), stops=(), include_usage=True)
+    fields = dict(
+        id="chatcmpl-1",
+        kind="chat",
+        model="m",
+        prompt="p",
+        prompt_ids=[1] * 5,
+        prompt_tokens=5,
+        max_tokens=4,
+        sampling=Sampling(),
+        stops=(),
+        include_usage=True,
+    )
     return Job(**{**fields, **kw})
 
 
@@ -287,9 +415,16 @@ async def _run(job: Job, backend) -> tuple[str, Generation]:
 def test_generation_counts_tokens_and_finish_reason(count_reported):
     import asyncio
 
-    pieces = [Piece(w.encode(), i + 1 if count_reported else None, i == 3) for i, w in enumerate(["a", "b", "c", "d"])]
+    pieces = [
+        Piece(w.encode(), i + 1 if count_reported else None, i == 3)
+        for i, w in enumerate(["a", "b", "c", "d"])
+    ]
     text, generation = asyncio.run(_run(_job(), _FakeBackend(pieces)))
-    assert text == "abcd" and generation.finish_reason == "length" and generation.usage() == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    assert (
+        text == "abcd"
+        and generation.finish_reason == "length"
+        and generation.usage() == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    )
     text, generation = asyncio.run(_run(_job(max_tokens=10), _FakeBackend(pieces)))
     assert generation.finish_reason == "stop"  # the engine ended early: end of sequence
 
@@ -297,9 +432,18 @@ def test_generation_counts_tokens_and_finish_reason(count_reported):
 def test_stop_string_ends_generation_and_cancels_the_engine_request():
     import asyncio
 
-    backend = _FakeBackend([Piece(w.encode(), i + 1, False) for i, w in enumerate(["one ", "two ", "thr", "ee ", "four"])])
+    backend = _FakeBackend(
+        [
+            Piece(w.encode(), i + 1, False)
+            for i, w in enumerate(["one ", "two ", "thr", "ee ", "four"])
+        ]
+    )
     text, generation = asyncio.run(_run(_job(max_tokens=10, stops=("three",)), backend))
-    assert text == "one two " and generation.finish_reason == "stop" and generation.completion_tokens == 4
+    assert (
+        text == "one two "
+        and generation.finish_reason == "stop"
+        and generation.completion_tokens == 4
+    )
     assert backend.closed_early
 
 
@@ -320,7 +464,11 @@ def test_an_unexpected_error_mid_stream_ends_with_an_error_event_and_done():
         return [chunk async for chunk in _sse(generation.job, generation, texts, first)]
 
     body = b"".join(asyncio.run(stream())).decode()
-    assert '"content":"one "' in body and '"code":"internal_error"' in body and "decoder blew up" not in body
+    assert (
+        '"content":"one "' in body
+        and '"code":"internal_error"' in body
+        and "decoder blew up" not in body
+    )
     assert body.endswith("data: [DONE]\n\n")
 
 
@@ -335,7 +483,10 @@ def test_sse_chunks_follow_openai_chunk_format():
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert chunks[1]["choices"][0]["delta"] == {"content": 'say "hi"\n'} and chunks[1]["object"] == "chat.completion.chunk"
+    assert (
+        chunks[1]["choices"][0]["delta"] == {"content": 'say "hi"\n'}
+        and chunks[1]["object"] == "chat.completion.chunk"
+    )
     assert chunks[2]["choices"][0]["finish_reason"] == "stop" and chunks[2]["usage"] is None
     assert chunks[3]["choices"] == [] and chunks[3]["usage"]["total_tokens"] == 7
 
@@ -349,10 +500,14 @@ def test_cli_dry_run_prints_settings_without_keys(tiny_repo, monkeypatch):
     monkeypatch.setenv("TOOLKIT_API_KEYS", "sk-secret-1,sk-secret-2")
     key_file = tiny_repo.parent / "api-keys"
     key_file.write_text("sk-secret-3\n")
-    result = CliRunner().invoke(cli, ["api", "--repo", str(tiny_repo), "--port", "19555", "-k", str(key_file), "--dry-run"])
+    result = CliRunner().invoke(
+        cli, ["api", "--repo", str(tiny_repo), "--port", "19555", "-k", str(key_file), "--dry-run"]
+    )
     assert result.exit_code == 0, result.output
     settings = json.loads(result.output)
-    assert settings["api_keys"] == 3 and settings["port"] == 19555 and settings["host"] == "127.0.0.1"
+    assert (
+        settings["api_keys"] == 3 and settings["port"] == 19555 and settings["host"] == "127.0.0.1"
+    )
     assert "sk-secret" not in result.output
 
 
@@ -361,7 +516,9 @@ def test_a_key_on_the_command_line_is_refused_naming_the_file_option(tiny_repo):
 
     from toolkit.cli.main import cli
 
-    result = CliRunner().invoke(cli, ["api", "--repo", str(tiny_repo), "--api-key", "sk-visible-in-ps", "--dry-run"])
+    result = CliRunner().invoke(
+        cli, ["api", "--repo", str(tiny_repo), "--api-key", "sk-visible-in-ps", "--dry-run"]
+    )
     assert result.exit_code == 2
     assert "--api-key-file" in result.output and "TOOLKIT_API_KEYS" in result.output
 
@@ -373,13 +530,28 @@ def test_cli_loop_and_http_choices(tiny_repo, monkeypatch):
 
     from toolkit.cli.main import cli
 
-    result = CliRunner().invoke(cli, ["api", "--repo", str(tiny_repo), "--loop", "asyncio", "--http", "h11", "--dry-run"])
+    result = CliRunner().invoke(
+        cli, ["api", "--repo", str(tiny_repo), "--loop", "asyncio", "--http", "h11", "--dry-run"]
+    )
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["loop"] == "asyncio" and json.loads(result.output)["http"] == "h11"
+    assert (
+        json.loads(result.output)["loop"] == "asyncio"
+        and json.loads(result.output)["http"] == "h11"
+    )
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real_find_spec(name, *a))
-    result = CliRunner().invoke(cli, ["api", "--repo", str(tiny_repo), "--loop", "uvloop", "--dry-run"])
-    assert result.exit_code == 2 and "pip install uvloop" in result.output and "--loop" in result.output
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "uvloop" else real_find_spec(name, *a),
+    )
+    result = CliRunner().invoke(
+        cli, ["api", "--repo", str(tiny_repo), "--loop", "uvloop", "--dry-run"]
+    )
+    assert (
+        result.exit_code == 2
+        and "pip install uvloop" in result.output
+        and "--loop" in result.output
+    )
 
 
 def test_cli_refuses_a_folder_that_is_not_a_repository(tmp_path):
@@ -388,13 +560,26 @@ def test_cli_refuses_a_folder_that_is_not_a_repository(tmp_path):
     from toolkit.cli.main import cli
 
     result = CliRunner().invoke(cli, ["api", "--repo", str(tmp_path)])
-    assert result.exit_code == 1 and "Error:" in result.output and "manifest.json" in result.output and "toolkit build" in result.output
+    assert (
+        result.exit_code == 1
+        and "Error:" in result.output
+        and "manifest.json" in result.output
+        and "toolkit build" in result.output
+    )
     assert "OpenAI API on" not in result.output  # refused before claiming to serve
 
 
 def test_min_tokens_over_max_tokens_is_400(client):
-    _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4, min_tokens=5)), 400, "min_tokens")
-    _assert_openai_error(client.post("/v1/chat/completions", json=_chat(max_tokens=4, min_tokens=-1)), 400, "min_tokens")
+    _assert_openai_error(
+        client.post("/v1/chat/completions", json=_chat(max_tokens=4, min_tokens=5)),
+        400,
+        "min_tokens",
+    )
+    _assert_openai_error(
+        client.post("/v1/chat/completions", json=_chat(max_tokens=4, min_tokens=-1)),
+        400,
+        "min_tokens",
+    )
 
 
 def test_min_tokens_goes_to_the_engine_contract():
@@ -420,7 +605,9 @@ def test_coalesced_pieces_concatenate_to_the_text_and_close_the_source():
                 self.closed_early = not finished
 
     async def run(early: bool):
-        backend = SlowBackend([Piece(w.encode(), i + 1, i == 4) for i, w in enumerate(["a", "", "b", "c", "d"])])
+        backend = SlowBackend(
+            [Piece(w.encode(), i + 1, i == 4) for i, w in enumerate(["a", "", "b", "c", "d"])]
+        )
         generation = Generation(_job(max_tokens=5), backend, ApiMetrics())
         pieces = Coalesced(generation.texts())
         out = []

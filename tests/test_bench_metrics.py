@@ -27,8 +27,19 @@ def _request(start_ms: float, response_ms: list[float], texts: list[str] | None 
 
 
 def _export(requests: list[dict], mode: str = "concurrency", value: float = 2) -> str:
-    return json.dumps({"experiments": [{"experiment": {"mode": mode, "value": value}, "requests": requests,
-                                        "window_boundaries": [0, 1]}], "version": "2.51.0", "service_kind": "triton"})
+    return json.dumps(
+        {
+            "experiments": [
+                {
+                    "experiment": {"mode": mode, "value": value},
+                    "requests": requests,
+                    "window_boundaries": [0, 1],
+                }
+            ],
+            "version": "2.51.0",
+            "service_kind": "triton",
+        }
+    )
 
 
 def test_ttft_itl_latency_follow_genai_perf_definitions():
@@ -70,8 +81,14 @@ def test_empty_final_response_is_not_a_token_and_single_token_request_has_no_itl
 
 
 def test_engine_exports_count_tokens_by_sequence_length_outputs():
-    request = {"timestamp": 0, "response_timestamps": [MS, 2 * MS],
-               "response_outputs": [{"output_ids": 5, "sequence_length": 1}, {"output_ids": 6, "sequence_length": 1}]}
+    request = {
+        "timestamp": 0,
+        "response_timestamps": [MS, 2 * MS],
+        "response_outputs": [
+            {"output_ids": 5, "sequence_length": 1},
+            {"output_ids": 6, "sequence_length": 1},
+        ],
+    }
     m = point_metrics(parse_profile_export(_export([request]))[0])
     assert m.output_tokens == 2
 
@@ -86,7 +103,7 @@ def test_request_without_responses_is_dropped_and_all_failed_point_is_an_error()
 
 def test_invalid_utf8_in_streamed_pieces_still_parses(tmp_path: Path):
     text = _export([_request(0, [1, 2], ["\u00e9", "b"])]).encode()
-    broken = text.replace("\\u00e9".encode(), b"\xc3")  # a piece that ends inside a character, written raw
+    broken = text.replace(b"\\u00e9", b"\xc3")  # a piece that ends inside a character, written raw
     path = tmp_path / "export.json"
     path.write_bytes(broken)
     assert point_metrics(parse_profile_export(path)[0]).output_tokens == 2
@@ -102,7 +119,11 @@ def test_malformed_exports_raise_bench_errors():
 def test_flat_row_has_stat_columns():
     m = point_metrics(parse_profile_export(_export([_request(0, [1, 2])]))[0])
     row = flat_row(m, {"extra": 1})
-    assert row["ttft_ms_p50"] == pytest.approx(1.0) and row["extra"] == 1 and row["mode"] == "concurrency"
+    assert (
+        row["ttft_ms_p50"] == pytest.approx(1.0)
+        and row["extra"] == 1
+        and row["mode"] == "concurrency"
+    )
 
 
 def test_distribution_of_nothing_is_nan():
@@ -110,7 +131,11 @@ def test_distribution_of_nothing_is_nan():
 
 
 def test_parse_points_and_errors():
-    assert parse_points("1,4", "0.5") == (LoadPoint("concurrency", 1), LoadPoint("concurrency", 4), LoadPoint("request_rate", 0.5))
+    assert parse_points("1,4", "0.5") == (
+        LoadPoint("concurrency", 1),
+        LoadPoint("concurrency", 4),
+        LoadPoint("request_rate", 0.5),
+    )
     for bad in ("0", "1,x", "1.5"):
         with pytest.raises(BenchError, match="--concurrency"):
             parse_points(bad, None)
@@ -119,9 +144,20 @@ def test_parse_points_and_errors():
 
 
 def test_perf_analyzer_args_stream_over_grpc_with_a_fixed_count(tmp_path: Path):
-    plan = SweepPlan(grpc_url="h:1", model="ensemble", points=(), input_tokens=8, output_tokens=4, prompts=2, requests=(),
-                     out_dir=tmp_path, tokenizer=tmp_path / "t.json")
-    args = perf_analyzer_args(plan, LoadPoint("request_rate", 2.5), 10, tmp_path / "in.json", tmp_path / "pe.json")
+    plan = SweepPlan(
+        grpc_url="h:1",
+        model="ensemble",
+        points=(),
+        input_tokens=8,
+        output_tokens=4,
+        prompts=2,
+        requests=(),
+        out_dir=tmp_path,
+        tokenizer=tmp_path / "t.json",
+    )
+    args = perf_analyzer_args(
+        plan, LoadPoint("request_rate", 2.5), 10, tmp_path / "in.json", tmp_path / "pe.json"
+    )
     assert args[:7] == ["-m", "ensemble", "-i", "grpc", "--streaming", "-u", "h:1"]
     assert args[args.index("--request-rate-range") + 1] == "2.5"
     assert args[args.index("--request-count") + 1] == "10"
@@ -131,7 +167,9 @@ def test_perf_analyzer_args_stream_over_grpc_with_a_fixed_count(tmp_path: Path):
 def test_roofline_bound():
     roof = Roofline(decode_step_ms=2.0, max_batch_size=8)
     assert roof.tokens_per_s(LoadPoint("concurrency", 4)) == pytest.approx(2000.0)
-    assert roof.tokens_per_s(LoadPoint("concurrency", 16)) == pytest.approx(4000.0)  # capped at the batch size
+    assert roof.tokens_per_s(LoadPoint("concurrency", 16)) == pytest.approx(
+        4000.0
+    )  # capped at the batch size
     assert roof.tokens_per_s(LoadPoint("request_rate", 1)) is None
 
 
@@ -147,10 +185,19 @@ nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="tensorrt
 
 
 def test_scrape_summary_differences_counters_and_summarizes_gauges():
-    t1 = (METRICS_T0.replace("} 1000", "} 5000").replace("} 10\n", "} 30\n").replace("} 2\n", "} 6\n").replace("0.25", "0.75"))
+    t1 = (
+        METRICS_T0.replace("} 1000", "} 5000")
+        .replace("} 10\n", "} 30\n")
+        .replace("} 2\n", "} 6\n")
+        .replace("0.25", "0.75")
+    )
     summary = summarize([parse_samples(METRICS_T0), parse_samples(t1)])
     assert summary.samples == 2
-    assert summary.queue_us_per_request == {"ensemble": pytest.approx(200.0)}  # 4000 us over 20 requests
-    assert summary.pending_max == {"tensorrt_llm": 6.0} and summary.pending_mean == {"tensorrt_llm": 4.0}
+    assert summary.queue_us_per_request == {
+        "ensemble": pytest.approx(200.0)
+    }  # 4000 us over 20 requests
+    assert summary.pending_max == {"tensorrt_llm": 6.0} and summary.pending_mean == {
+        "tensorrt_llm": 4.0
+    }
     [(series, stats)] = summary.kv_cache.items()
     assert "kv_cache_block_type=fraction" in series and stats == {"mean": 0.5, "max": 0.75}

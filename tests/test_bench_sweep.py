@@ -18,17 +18,43 @@ OUTPUT_TOKENS = 6
 def test_two_point_sweep_writes_sane_results(served_repo, tmp_path):
     served = served_repo
     out = tmp_path / "bench"
-    result = CliRunner().invoke(cli, [
-        "bench", "-u", served.grpc_url, "-c", "1,2", "-i", "16", "-o", str(OUTPUT_TOKENS), "--prompts", "2",
-        "--requests", "2", "--repo", str(served.repo), "--metrics-url", served.metrics_url, "--out", str(out), "--json",
-    ])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "bench",
+            "-u",
+            served.grpc_url,
+            "-c",
+            "1,2",
+            "-i",
+            "16",
+            "-o",
+            str(OUTPUT_TOKENS),
+            "--prompts",
+            "2",
+            "--requests",
+            "2",
+            "--repo",
+            str(served.repo),
+            "--metrics-url",
+            served.metrics_url,
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert [p["point"] for p in data["points"]] == [{"mode": "concurrency", "value": 1.0}, {"mode": "concurrency", "value": 2.0}]
+    assert [p["point"] for p in data["points"]] == [
+        {"mode": "concurrency", "value": 1.0},
+        {"mode": "concurrency", "value": 2.0},
+    ]
     for point in data["points"]:
         m = point["metrics"]
         assert m["requests"] == 2
-        assert m["output_len"]["min"] == m["output_len"]["max"] == OUTPUT_TOKENS  # the length was forced
+        assert (
+            m["output_len"]["min"] == m["output_len"]["max"] == OUTPUT_TOKENS
+        )  # the length was forced
         assert 0 < m["ttft_ms"]["max"] <= m["latency_ms"]["max"]
         assert m["ttft_ms"]["p50"] <= m["latency_ms"]["p50"]
         assert m["itl_ms"]["mean"] > 0 and m["output_tokens_per_s"] > 0 and m["requests_per_s"] > 0

@@ -9,17 +9,23 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fakes import fake_checkpoint, install_fake_trtllm
 
 from toolkit.bench.sweep import Roofline, roofline_of
 from toolkit.cli.main import cli
 from toolkit.errors import ServerError
 from toolkit.repository.configs import parse_pbtxt
 from toolkit.serve.binary import find_tritonserver
-from toolkit.serve.launcher import ServerConfig, check_repository, engine_preflight, launch_server, server_command
-
-from tiny import make_tiny_checkpoint
+from toolkit.serve.launcher import (
+    ServerConfig,
+    check_repository,
+    engine_preflight,
+    launch_server,
+    server_command,
+)
 from toolkit.serve.net import free_port
+
+from fakes import fake_checkpoint, install_fake_trtllm
+from tiny import make_tiny_checkpoint
 
 LLAMA_8B = Path(__file__).parent / "data" / "llama-3.1-8b-instruct" / "config.json"
 
@@ -28,9 +34,23 @@ def invoke(*args: str):
     return CliRunner().invoke(cli, list(args))
 
 
-@pytest.mark.parametrize(("dtype", "kv_bytes", "first_tool"), [("bf16", 131072, "python3"), ("fp8", 65536, "python3")])
+@pytest.mark.parametrize(
+    ("dtype", "kv_bytes", "first_tool"), [("bf16", 131072, "python3"), ("fp8", 65536, "python3")]
+)
 def test_dry_run_json_for_llama_8b_on_h100(dtype, kv_bytes, first_tool):
-    result = invoke("build", "--target", "h100-sxm", "--model", str(LLAMA_8B), "--dtype", dtype, "--kv-dtype", dtype, "--dry-run", "--json")
+    result = invoke(
+        "build",
+        "--target",
+        "h100-sxm",
+        "--model",
+        str(LLAMA_8B),
+        "--dtype",
+        dtype,
+        "--kv-dtype",
+        dtype,
+        "--dry-run",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["plan"]["kv_bytes_per_token"] == kv_bytes
@@ -60,18 +80,39 @@ def gpu_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_build_packages_the_engine_and_serve_preflights_it(monkeypatch, tmp_path, gpu_checkpoint, tp):
+def test_build_packages_the_engine_and_serve_preflights_it(
+    monkeypatch, tmp_path, gpu_checkpoint, tp
+):
     install_fake_trtllm(monkeypatch, tmp_path)
     repo = tmp_path / "repo"
-    result = invoke("build", "--target", "h100-sxm", "--model", str(gpu_checkpoint), "--dtype", "fp8", "--kv-dtype", "fp8",
-                    "--tp", str(tp), "--output", str(repo), "--json")
+    result = invoke(
+        "build",
+        "--target",
+        "h100-sxm",
+        "--model",
+        str(gpu_checkpoint),
+        "--dtype",
+        "fp8",
+        "--kv-dtype",
+        "fp8",
+        "--tp",
+        str(tp),
+        "--output",
+        str(repo),
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["path"] == str(repo) and not data["skipped"]
     repository = check_repository(repo)
     assert repository.target == "h100-sxm"
-    assert repository.memory_plan.decode_step_ms_lower_bound == data["plan"]["decode_step_ms_lower_bound"]
-    assert roofline_of(repository) == Roofline(data["plan"]["decode_step_ms_lower_bound"], data["plan"]["max_batch_size"])
+    assert (
+        repository.memory_plan.decode_step_ms_lower_bound
+        == data["plan"]["decode_step_ms_lower_bound"]
+    )
+    assert roofline_of(repository) == Roofline(
+        data["plan"]["decode_step_ms_lower_bound"], data["plan"]["max_batch_size"]
+    )
     engine = parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
     assert engine.backend == "tensorrtllm" and engine.model_transaction_policy.decoupled
     assert engine.parameters["gpt_model_type"].string_value == "inflight_fused_batching"
@@ -81,11 +122,13 @@ def test_build_packages_the_engine_and_serve_preflights_it(monkeypatch, tmp_path
         assert parse_pbtxt((repo / name / "config.pbtxt").read_text()).name == name
     info = engine_preflight(repository)
     assert info.world_size == tp
-    config = ServerConfig(repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    config = ServerConfig(
+        repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()
+    )
     argv = server_command(find_tritonserver(), config, info.world_size)
     if tp == 2:
         assert argv[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and argv.count(":") == 1
-        rank1 = argv[argv.index(":") + 1:]
+        rank1 = argv[argv.index(":") + 1 :]
         assert "--load-model=tensorrt_llm" in rank1 and "--allow-http=false" in rank1
     # The tritonserver found here is pytriton's, which has no tensorrtllm backend: refused, naming the container.
     with pytest.raises(ServerError, match="(?s)no tensorrtllm backend.*trtllm-python-py3"):
@@ -95,11 +138,38 @@ def test_build_packages_the_engine_and_serve_preflights_it(monkeypatch, tmp_path
 def test_serve_refuses_an_engine_from_another_trtllm_version(monkeypatch, tmp_path, gpu_checkpoint):
     install_fake_trtllm(monkeypatch, tmp_path)
     repo = tmp_path / "repo"
-    assert invoke("build", "--target", "h100-sxm", "--model", str(gpu_checkpoint), "--dtype", "bf16", "--output", str(repo)).exit_code == 0
-    engine_dir = Path(parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text()).parameters["gpt_model_path"].string_value)
+    assert (
+        invoke(
+            "build",
+            "--target",
+            "h100-sxm",
+            "--model",
+            str(gpu_checkpoint),
+            "--dtype",
+            "bf16",
+            "--output",
+            str(repo),
+        ).exit_code
+        == 0
+    )
+    engine_dir = Path(
+        parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
+        .parameters["gpt_model_path"]
+        .string_value
+    )
     config = json.loads((engine_dir / "config.json").read_text())
     config["version"] = "0.18.0"
     (engine_dir / "config.json").write_text(json.dumps(config))
-    result = invoke("serve", "--repo", str(repo), "--grpc-port", str(free_port()), "--http-port", str(free_port()), "--metrics-port", str(free_port()))
+    result = invoke(
+        "serve",
+        "--repo",
+        str(repo),
+        "--grpc-port",
+        str(free_port()),
+        "--http-port",
+        str(free_port()),
+        "--metrics-port",
+        str(free_port()),
+    )
     assert result.exit_code == 1
     assert "0.18.0" in result.output and "rebuild" in result.output.lower()

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model_repo" / "tensorrt_llm_cpu" / "1"))
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1] / "model_repo" / "tensorrt_llm_cpu" / "1")
+)
 
 
 @pytest.fixture()
@@ -27,20 +29,39 @@ def manager():
 
     unblock_after_cancellation()
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, max_position_embeddings=512)
+    config = LlamaConfig(
+        vocab_size=100,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+    )
     model = LlamaForCausalLM(config).float().eval()
     model.config._attn_implementation = "sdpa"
     # Sampling processors on, as in the engine; every request below overrides them to greedy (top_k=1).
-    generation = GenerationConfig(do_sample=True, temperature=0.5, top_k=100, top_p=0.5, max_new_tokens=8, eos_token_id=-1)
+    generation = GenerationConfig(
+        do_sample=True, temperature=0.5, top_k=100, top_p=0.5, max_new_tokens=8, eos_token_id=-1
+    )
     # 12 blocks of 16 tokens: two requests of 40 + 120 tokens cannot both stay resident.
-    batching = ContinuousBatchingConfig(per_request_processors=True, max_batch_tokens=64, num_blocks=12, page_size=16, max_queue_size=0)
-    cb = model.init_continuous_batching(generation_config=generation, continuous_batching_config=batching)
+    batching = ContinuousBatchingConfig(
+        per_request_processors=True,
+        max_batch_tokens=64,
+        num_blocks=12,
+        page_size=16,
+        max_queue_size=0,
+    )
+    cb = model.init_continuous_batching(
+        generation_config=generation, continuous_batching_config=batching
+    )
     yield cb
     cb.stop(block=True, timeout=10, hard_stop=True)
 
 
-def test_cancelling_the_running_requests_after_an_offload_does_not_stall_the_engine(manager, monkeypatch):
+def test_cancelling_the_running_requests_after_an_offload_does_not_stall_the_engine(
+    manager, monkeypatch
+):
     from transformers.generation.continuous_batching import offloading_manager
 
     offloaded = {}
@@ -56,11 +77,18 @@ def test_cancelling_the_running_requests_after_an_offload_does_not_stall_the_eng
                 manager.cancel_request(request_id)
         return result
 
-    monkeypatch.setattr(offloading_manager.OffloadingManager, "offload_requests", offload_and_cancel_the_rest)
+    monkeypatch.setattr(
+        offloading_manager.OffloadingManager, "offload_requests", offload_and_cancel_the_rest
+    )
     manager.start()
     greedy = dict(streaming=True, eos_token_id=-1, temperature=1.0, top_k=1, top_p=1.0)
     for name in ("A", "B"):
-        manager.add_request([(7 * i + ord(name)) % 97 + 1 for i in range(40)], request_id=name, max_new_tokens=120, **greedy)
+        manager.add_request(
+            [(7 * i + ord(name)) % 97 + 1 for i in range(40)],
+            request_id=name,
+            max_new_tokens=120,
+            **greedy,
+        )
 
     finished, added_c = set(), False
     deadline = time.monotonic() + 30
@@ -76,4 +104,6 @@ def test_cancelling_the_running_requests_after_an_offload_does_not_stall_the_eng
 
     assert offloaded, "the cache never ran full: the test did not reach the offload it checks"
     assert manager.background_thread_status.fatal_error is None
-    assert set(offloaded["waiting"]) | {"C"} <= finished, f"stalled: finished {finished}, offloaded {offloaded}"
+    assert set(offloaded["waiting"]) | {"C"} <= finished, (
+        f"stalled: finished {finished}, offloaded {offloaded}"
+    )

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from fakes import fake_checkpoint, install_fake_trtllm
 
 from toolkit.build import BuildRequest, plan_build
 from toolkit.engine import check_engine_compatible, execute_engine_build, read_engine_info
@@ -16,6 +15,7 @@ from toolkit.repository.configs import parse_pbtxt, to_pbtxt
 from toolkit.repository.engines import TrtllmEngine
 from toolkit.repository.limits import RepositoryLimits
 
+from fakes import fake_checkpoint, install_fake_trtllm
 from repos import gpu_engine_plan
 
 DATA = Path(__file__).parent / "data"
@@ -37,7 +37,9 @@ def calls(path: Path) -> int:
 
 
 def test_dry_run_prints_plan_and_commands_and_runs_nothing(tmp_path):
-    data = plan_build(BuildRequest(model=str(LLAMA_8B), target="h100-sxm", dtype="fp8", kv_dtype="fp8")).to_dict()
+    data = plan_build(
+        BuildRequest(model=str(LLAMA_8B), target="h100-sxm", dtype="fp8", kv_dtype="fp8")
+    ).to_dict()
     json.dumps(data)  # JSON-ready
     assert data["trtllm_version_pinned"] == "0.20.0"
     assert data["plan"]["kv_bytes_per_token"] == 65536
@@ -47,7 +49,9 @@ def test_dry_run_prints_plan_and_commands_and_runs_nothing(tmp_path):
 
 
 def test_dry_run_from_a_recipe_with_a_model_override():
-    data = plan_build(BuildRequest(model=str(LLAMA_8B), recipe="llama-3.1-8b-instruct-h100-sxm-bf16")).to_dict()
+    data = plan_build(
+        BuildRequest(model=str(LLAMA_8B), recipe="llama-3.1-8b-instruct-h100-sxm-bf16")
+    ).to_dict()
     assert data["target"] == "h100-sxm" and data["plan"]["dtype"] == "bf16"
     assert round(data["plan"]["decode_step_ms_lower_bound"], 1) == 4.8
     assert data["steps"] == ["convert", "trtllm-build"]
@@ -60,12 +64,17 @@ def test_build_writes_an_engine_and_an_unchanged_rebuild_does_nothing(fakes, che
     engine = Path(first.engine_dir)
     config = json.loads((engine / "config.json").read_text())
     assert config["version"] == "0.20.0"
-    assert config["pretrained_config"]["quantization"] == {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
+    assert config["pretrained_config"]["quantization"] == {
+        "quant_algo": "FP8",
+        "kv_cache_quant_algo": "FP8",
+    }
     assert config["build_config"]["max_batch_size"] == plan.memory.max_batch_size
     assert (engine / "rank0.engine").is_file() and (engine / "logs" / "trtllm-build.log").is_file()
     assert not Path(plan.work_dir).exists()
 
-    again = execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm", dtype="fp8", kv_dtype="fp8"))
+    again = execute_engine_build(
+        gpu_engine_plan(str(checkpoint), "h100-sxm", dtype="fp8", kv_dtype="fp8")
+    )
     assert again.cached and again.cache_key == first.cache_key and calls(fakes) == 1
 
 
@@ -76,14 +85,19 @@ def test_cache_key_changes_with_weights_version_and_recipe(fakes, checkpoint, mo
     assert execute_engine_build(plan).cache_key != key and calls(fakes) == 2
     monkeypatch.setenv("FAKE_TRTLLM_VERSION", "0.21.0")
     assert not execute_engine_build(plan).cached and calls(fakes) == 3
-    assert not execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm", max_seq_len=4096)).cached
+    assert not execute_engine_build(
+        gpu_engine_plan(str(checkpoint), "h100-sxm", max_seq_len=4096)
+    ).cached
 
 
 def test_tp2_writes_one_engine_per_rank_and_serve_sees_world_size_2(fakes, checkpoint):
     result = execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm", tp=2))
     info = read_engine_info(Path(result.engine_dir))
     assert (info.tp_size, info.pp_size, info.world_size) == (2, 1, 2)
-    assert {p.name for p in Path(result.engine_dir).glob("rank*.engine")} == {"rank0.engine", "rank1.engine"}
+    assert {p.name for p in Path(result.engine_dir).glob("rank*.engine")} == {
+        "rank0.engine",
+        "rank1.engine",
+    }
 
 
 def test_tensorrt_llm_model_config_parses_and_matches_the_plan(fakes, checkpoint):
@@ -94,11 +108,19 @@ def test_tensorrt_llm_model_config_parses_and_matches_the_plan(fakes, checkpoint
     engine = Path(execute_engine_build(plan).engine_dir)
     spec = TrtllmEngine.from_engine("h100-sxm", read_engine_info(engine))
     tokens = TokenFacts(end_id=2, pad_id=2, stop_ids=(), bos_id=None, add_special_tokens=True)
-    config = spec.config(RepositoryLimits.from_memory_plan(plan.memory), tokens, read_model_facts(checkpoint), decoupled=True)
+    config = spec.config(
+        RepositoryLimits.from_memory_plan(plan.memory),
+        tokens,
+        read_model_facts(checkpoint),
+        decoupled=True,
+    )
     parsed = parse_pbtxt(to_pbtxt(config))
     params = {k: v.string_value for k, v in parsed.parameters.items()}
     assert parsed.name == c.ENGINE and parsed.backend == "tensorrtllm"
-    assert parsed.max_batch_size == json.loads((engine / "config.json").read_text())["build_config"]["max_batch_size"]
+    assert (
+        parsed.max_batch_size
+        == json.loads((engine / "config.json").read_text())["build_config"]["max_batch_size"]
+    )
     assert parsed.model_transaction_policy.decoupled
     assert [i.name for i in parsed.input] == [t.name for t in c.ENGINE_INPUTS]
     assert [o.name for o in parsed.output] == [t.name for t in c.ENGINE_OUTPUTS]
@@ -107,15 +129,22 @@ def test_tensorrt_llm_model_config_parses_and_matches_the_plan(fakes, checkpoint
     assert params["max_tokens_in_paged_kv_cache"] == str(plan.memory.kv_cache_tokens)
     assert params["kv_cache_free_gpu_mem_fraction"] == "0.9"
     assert params["enable_kv_cache_reuse"] == "true" and params["enable_chunked_context"] == "true"
-    assert params["batch_scheduler_policy"] == "max_utilization" and params["exclude_input_in_output"] == "true"
+    assert (
+        params["batch_scheduler_policy"] == "max_utilization"
+        and params["exclude_input_in_output"] == "true"
+    )
     assert spec.runtime == plan.runtime.to_dict()  # the build record carries what the plan decided
 
 
-def test_serve_preflight_accepts_a_matching_engine_and_refuses_others(fakes, checkpoint, monkeypatch):
+def test_serve_preflight_accepts_a_matching_engine_and_refuses_others(
+    fakes, checkpoint, monkeypatch
+):
     engine = Path(execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm")).engine_dir)
     assert check_engine_compatible(engine).world_size == 1
     monkeypatch.setenv("FAKE_TRTLLM_VERSION", "0.19.0")
-    with pytest.raises(EngineBuildError, match="built by TensorRT-LLM 0.20.0; this machine has 0.19.0") as err:
+    with pytest.raises(
+        EngineBuildError, match="built by TensorRT-LLM 0.20.0; this machine has 0.19.0"
+    ) as err:
         check_engine_compatible(engine)
     assert "rebuild" in err.value.hint
     monkeypatch.setenv("FAKE_TRTLLM_VERSION", "0.20.0")
@@ -124,7 +153,9 @@ def test_serve_preflight_accepts_a_matching_engine_and_refuses_others(fakes, che
         check_engine_compatible(engine)
 
 
-def test_serve_preflight_without_trtllm_names_the_container(fakes, checkpoint, monkeypatch, tmp_path):
+def test_serve_preflight_without_trtllm_names_the_container(
+    fakes, checkpoint, monkeypatch, tmp_path
+):
     engine = Path(execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm")).engine_dir)
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -144,7 +175,9 @@ def test_build_refuses_without_trtllm_or_on_the_wrong_gpu(monkeypatch, tmp_path,
     again.mkdir()
     install_fake_trtllm(monkeypatch, again, trtllm=True)
     monkeypatch.setenv("FAKE_GPU_SM", "8.0")
-    with pytest.raises(EngineBuildError, match="--target h100-sxm is SM 9.0, but this machine's GPU is SM 8.0"):
+    with pytest.raises(
+        EngineBuildError, match="--target h100-sxm is SM 9.0, but this machine's GPU is SM 8.0"
+    ):
         execute_engine_build(plan)
 
 

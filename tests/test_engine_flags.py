@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.engine.trtllm_flags import PINNED_TRTLLM_VERSION, TOOL_FLAGS, argparser_for, check_argv, tool_of
+from toolkit.engine.trtllm_flags import (
+    PINNED_TRTLLM_VERSION,
+    TOOL_FLAGS,
+    argparser_for,
+    check_argv,
+    tool_of,
+)
 from toolkit.errors import EngineBuildError
 
 from repos import gpu_engine_plan
@@ -19,14 +25,19 @@ def flags_of(argv):
     return [a[2:] for a in argv if a.startswith("--")]
 
 
-@pytest.mark.parametrize("dtype,kv", [("bf16", "bf16"), ("fp8", "fp8"), ("fp8", "bf16"), ("int4-awq", "fp8"), ("bf16", "fp8")])
+@pytest.mark.parametrize(
+    "dtype,kv",
+    [("bf16", "bf16"), ("fp8", "fp8"), ("fp8", "bf16"), ("int4-awq", "fp8"), ("bf16", "fp8")],
+)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_every_emitted_flag_is_in_the_pinned_release(dtype, kv, tp):
     plan = gpu_engine_plan(LLAMA_8B, "h100-sxm", dtype=dtype, kv_dtype=kv, tp=tp)
     for argv in plan.commands:
         tool, args = tool_of(list(argv))
         assert set(flags_of(args)) <= set(TOOL_FLAGS[tool]), tool
-        argparser_for(tool).parse_args(args)  # values pass the same choices/types as the real argparse
+        argparser_for(tool).parse_args(
+            args
+        )  # values pass the same choices/types as the real argparse
 
 
 def test_pinned_release_is_named():
@@ -63,7 +74,13 @@ def test_trtllm_build_has_the_serving_features_and_the_plan_limits():
     build = list(plan.commands[1])
     value = lambda flag: build[build.index(flag) + 1]  # noqa: E731
     assert value("--kv_cache_type") == "paged"
-    for flag in ("--remove_input_padding", "--context_fmha", "--use_paged_context_fmha", "--multiple_profiles", "--use_fused_mlp"):
+    for flag in (
+        "--remove_input_padding",
+        "--context_fmha",
+        "--use_paged_context_fmha",
+        "--multiple_profiles",
+        "--use_fused_mlp",
+    ):
         assert value(flag) == "enable"
     assert int(value("--max_batch_size")) == plan.memory.max_batch_size
     assert int(value("--max_num_tokens")) == plan.memory.max_num_tokens
@@ -82,4 +99,12 @@ def test_check_argv_rejects_unknown_flags_and_values():
         check_argv(["python3", "/x/quantization/quantize.py", "--qformat", "fp4"])
     with pytest.raises(EngineBuildError, match="needs a value"):
         check_argv(["trtllm-build", "--max_batch_size"])
-    check_argv(["python3", "/x/models/core/llama/convert_checkpoint.py", "--fp8_kv_cache", "--tp_size", "2"])
+    check_argv(
+        [
+            "python3",
+            "/x/models/core/llama/convert_checkpoint.py",
+            "--fp8_kv_cache",
+            "--tp_size",
+            "2",
+        ]
+    )

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
+from toolkit.client.generate import GenerateRequest, generate_grpc
+from toolkit.errors import ClientError
 from toolkit.serve.net import free_port
 
 from repos import write_test_repository
 from tiny import make_tiny_checkpoint
-from toolkit.client.generate import GenerateRequest, generate_grpc
-from toolkit.errors import ClientError
 
 pytestmark = pytest.mark.server
 
@@ -44,10 +44,25 @@ def poisoned_server(tmp_path_factory):
     save_file(weights, checkpoint / "model.safetensors", metadata={"format": "pt"})
     assert torch.isnan(load_file(checkpoint / "model.safetensors")[embedding]).any()
 
-    repo = write_test_repository(checkpoint, root / "repo", max_input_len=64, max_output_len=32, max_seq_len=128, kv_cache_tokens=2048)
+    repo = write_test_repository(
+        checkpoint,
+        root / "repo",
+        max_input_len=64,
+        max_output_len=32,
+        max_seq_len=128,
+        kv_cache_tokens=2048,
+    )
     log = root / "tritonserver.log"
-    server = launch_server(ServerConfig(repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                                        ready_timeout_s=300, log_file=log))
+    server = launch_server(
+        ServerConfig(
+            repo=repo,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            ready_timeout_s=300,
+            log_file=log,
+        )
+    )
     yield server, log
     server.stop()
 
@@ -60,7 +75,12 @@ def test_a_failing_step_fails_its_request_and_the_engine_serves_the_next(poisone
 
     for _ in range(2):  # it recovers every time, not once
         with pytest.raises(ClientError, match="CPU engine: .*nan"):
-            generate_grpc(server.grpc_url, GenerateRequest(prompt=POISON_PROMPT, max_tokens=8, temperature=1.0))
-        assert generate_grpc(server.grpc_url, clean).text == before  # the same seed, the same text: a healthy engine
+            generate_grpc(
+                server.grpc_url,
+                GenerateRequest(prompt=POISON_PROMPT, max_tokens=8, temperature=1.0),
+            )
+        assert (
+            generate_grpc(server.grpc_url, clean).text == before
+        )  # the same seed, the same text: a healthy engine
 
     assert "restarting the generation loop" in log.read_text()

@@ -1,4 +1,5 @@
-"""Model sources and facts: local folders, pickle refusal, the hub (offline, from a cache we lay out), unknown sources."""
+"""Model sources and facts: local folders, pickle refusal, the hub (offline, from a cache we lay out),
+unknown sources."""
 
 from __future__ import annotations
 
@@ -29,7 +30,13 @@ def test_local_folder_resolves(tiny):
 
 def test_facts_of_tiny_llama(tiny):
     facts = read_model_facts(tiny)
-    assert (facts.num_layers, facts.num_attention_heads, facts.num_kv_heads, facts.head_dim, facts.hidden_size) == (2, 4, 2, 8, 32)
+    assert (
+        facts.num_layers,
+        facts.num_attention_heads,
+        facts.num_kv_heads,
+        facts.head_dim,
+        facts.hidden_size,
+    ) == (2, 4, 2, 8, 32)
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -86,23 +93,35 @@ def test_hub_source_offline_from_the_cache(tiny, tmp_path, monkeypatch):
         assert resolved.source == "hf:acme/tiny-llama"
         assert resolved.revision == commit
         assert (resolved.path / "config.json").is_file()
-    with pytest.raises(ModelSourceError, match="(?s)not in the local Hugging Face cache.*HF_HUB_OFFLINE"):
+    with pytest.raises(
+        ModelSourceError, match="(?s)not in the local Hugging Face cache.*HF_HUB_OFFLINE"
+    ):
         resolve_model("hf:acme/absent-model")
 
 
 def test_hf_token_is_never_printed(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token_value")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    result = CliRunner().invoke(cli, ["build", "--model", "hf:acme/absent-model", "--output", str(tmp_path / "r"), "--json"])
+    result = CliRunner().invoke(
+        cli, ["build", "--model", "hf:acme/absent-model", "--output", str(tmp_path / "r"), "--json"]
+    )
     assert result.exit_code == 1
     assert "hf_secret_token_value" not in result.output
-    assert not any("hf_secret_token_value" in p.read_text(errors="ignore") for p in tmp_path.rglob("*") if p.is_file())
+    assert not any(
+        "hf_secret_token_value" in p.read_text(errors="ignore")
+        for p in tmp_path.rglob("*")
+        if p.is_file()
+    )
 
 
 def test_config_json_must_parse(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(UnsupportedModelError, match="not valid JSON"):
         read_model_facts(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_attention_heads": 4, "hidden_size": 0}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {"architectures": ["LlamaForCausalLM"], "num_attention_heads": 4, "hidden_size": 0}
+        )
+    )
     with pytest.raises(UnsupportedModelError, match="hidden_size=0"):
         read_model_facts(tmp_path)

@@ -8,22 +8,40 @@ from toolkit.serve.mpi import mpirun_command, tritonserver_rank_argv
 
 
 def test_mpirun_for_tp2():
-    command = mpirun_command(2, lambda rank: tritonserver_rank_argv(rank, "/repo", shm_prefix=f"prefix{rank}_"))
+    command = mpirun_command(
+        2, lambda rank: tritonserver_rank_argv(rank, "/repo", shm_prefix=f"prefix{rank}_")
+    )
     assert command == [
-        "mpirun", "--allow-run-as-root",
-        "-n", "1", "tritonserver", "--model-repository=/repo", "--disable-auto-complete-config",
-        "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002",
+        "mpirun",
+        "--allow-run-as-root",
+        "-n",
+        "1",
+        "tritonserver",
+        "--model-repository=/repo",
+        "--disable-auto-complete-config",
+        "--http-port=8000",
+        "--grpc-port=8001",
+        "--metrics-port=8002",
         "--backend-config=python,shm-region-prefix-name=prefix0_",
         ":",
-        "-n", "1", "tritonserver", "--model-repository=/repo", "--disable-auto-complete-config",
-        "--model-control-mode=explicit", "--load-model=tensorrt_llm",
-        "--allow-http=false", "--allow-grpc=false", "--allow-metrics=false",
+        "-n",
+        "1",
+        "tritonserver",
+        "--model-repository=/repo",
+        "--disable-auto-complete-config",
+        "--model-control-mode=explicit",
+        "--load-model=tensorrt_llm",
+        "--allow-http=false",
+        "--allow-grpc=false",
+        "--allow-metrics=false",
         "--backend-config=python,shm-region-prefix-name=prefix1_",
     ]
 
 
 def test_world_size_4_has_four_ranks_and_distinct_prefixes():
-    command = mpirun_command(4, lambda rank: tritonserver_rank_argv(rank, "/repo", shm_prefix=f"prefix{rank}_"))
+    command = mpirun_command(
+        4, lambda rank: tritonserver_rank_argv(rank, "/repo", shm_prefix=f"prefix{rank}_")
+    )
     assert command.count(":") == 3 and command.count("tritonserver") == 4
     assert len({a for a in command if "shm-region-prefix-name" in a}) == 4
 

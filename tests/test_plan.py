@@ -25,9 +25,14 @@ def facts(path):
 
 
 def test_llama_8b_parameter_count_matches_the_published_8_03b():
-    # embeddings 128256*4096 twice (untied) + 32 layers x (q,o 4096^2; k,v 4096*1024; MLP 3*4096*14336; 2 norms) + final norm
+    # embeddings 128256*4096 twice (untied) + 32 layers x (q,o 4096^2; k,v 4096*1024; MLP 3*4096*14336;
+    # 2 norms) + final norm
     per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
-    assert facts(LLAMA_8B).parameter_count == 2 * 128256 * 4096 + 32 * per_layer + 4096 == 8_030_261_248
+    assert (
+        facts(LLAMA_8B).parameter_count
+        == 2 * 128256 * 4096 + 32 * per_layer + 4096
+        == 8_030_261_248
+    )
 
 
 def test_llama_8b_bf16_on_h100_sxm():
@@ -44,7 +49,9 @@ def test_llama_8b_bf16_on_h100_sxm():
     assert plan.decode_step_ms_lower_bound == pytest.approx(16_060_522_496 / 3.35e12 * 1e3)
     assert plan.decode_step_ms_lower_bound == pytest.approx(4.79, abs=0.01)
     assert plan.decode_tokens_per_s_per_stream_ceiling == pytest.approx(208.6, abs=0.1)
-    matmul_params = 8_030_261_248 - 128256 * 4096 - 65 * 4096  # all but the embedding table and norms
+    matmul_params = (
+        8_030_261_248 - 128256 * 4096 - 65 * 4096
+    )  # all but the embedding table and norms
     assert plan.prefill_tokens_per_s_upper_bound == pytest.approx(989.5e12 / (2 * matmul_params))
     assert plan.min_tp_that_fits == 1 and plan.fits
 
@@ -70,7 +77,9 @@ def test_llama_8b_tp2_splits_kv_heads_and_linear_layers():
 def test_smollm2_numbers():
     f = facts(SMOL)
     per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576
-    assert f.parameter_count == 49152 * 576 + 30 * per_layer + 576 == 134_515_008  # tied: no LM head
+    assert (
+        f.parameter_count == 49152 * 576 + 30 * per_layer + 576 == 134_515_008
+    )  # tied: no LM head
     plan = plan_memory(f, get_gpu("h100-sxm"))
     assert plan.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23040
     assert plan.weights_bytes == 134_515_008 * 2
@@ -85,7 +94,11 @@ def test_llama_70b_bf16_on_one_h100_is_refused_with_options():
         plan_memory(facts(LLAMA_70B), get_gpu("h100-sxm"), model="llama-70b", tp=1)
     message, hint = err.value.message, err.value.hint
     assert "does not fit on h100-sxm" in message and "141.11 GB of weights" in message
-    assert "--dtype fp8 --tp 2" in hint and "--dtype int4-awq --tp 1" in hint and "--dtype bf16 --tp 4" in hint
+    assert (
+        "--dtype fp8 --tp 2" in hint
+        and "--dtype int4-awq --tp 1" in hint
+        and "--dtype bf16 --tp 4" in hint
+    )
 
 
 def test_fp8_refused_on_a100():
@@ -115,15 +128,25 @@ def test_cli_plan_json_from_a_bare_config_json():
     result = CliRunner().invoke(cli, ["plan", "-m", str(LLAMA_8B), "--gpu", "h100-sxm", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    for key in ("weights_bytes", "kv_bytes_per_token", "kv_cache_tokens", "max_batch_size", "max_num_tokens",
-                "max_seq_len", "tp_size", "decode_step_ms_lower_bound"):
+    for key in (
+        "weights_bytes",
+        "kv_bytes_per_token",
+        "kv_cache_tokens",
+        "max_batch_size",
+        "max_num_tokens",
+        "max_seq_len",
+        "tp_size",
+        "decode_step_ms_lower_bound",
+    ):
         assert key in data
     assert data["kv_bytes_per_token"] == 131072 and data["tp_size"] == 1
     assert round(data["decode_step_ms_lower_bound"], 1) == 4.8
 
 
 def test_cli_plan_table_from_a_folder_without_weights():
-    result = CliRunner().invoke(cli, ["plan", "-m", str(LLAMA_8B.parent), "--dtype", "fp8", "--kv-dtype", "fp8"])
+    result = CliRunner().invoke(
+        cli, ["plan", "-m", str(LLAMA_8B.parent), "--dtype", "fp8", "--kv-dtype", "fp8"]
+    )
     assert result.exit_code == 0, result.output
     assert "decode step lower bound" in result.stdout and "65,536 bytes" in result.stdout
 

@@ -10,11 +10,21 @@ from toolkit.errors import RecipeError
 
 def test_the_checked_in_recipes_load():
     names = list_recipes()
-    assert {"llama-3.1-8b-instruct-h100-sxm-fp8", "llama-3.1-8b-instruct-h100-sxm-bf16", "smollm2-135m-instruct-cpu"} <= set(names)
+    assert {
+        "llama-3.1-8b-instruct-h100-sxm-fp8",
+        "llama-3.1-8b-instruct-h100-sxm-bf16",
+        "smollm2-135m-instruct-cpu",
+    } <= set(names)
     for name in names:
         load_recipe(name)
     fp8 = load_recipe("llama-3.1-8b-instruct-h100-sxm-fp8")
-    assert (fp8.target, fp8.dtype, fp8.kv_dtype, fp8.tp, fp8.max_seq_len) == ("h100-sxm", "fp8", "fp8", 1, 8192)
+    assert (fp8.target, fp8.dtype, fp8.kv_dtype, fp8.tp, fp8.max_seq_len) == (
+        "h100-sxm",
+        "fp8",
+        "fp8",
+        1,
+        8192,
+    )
     assert fp8.max_batch_size is None  # left to the planner
     assert load_recipe("smollm2-135m-instruct-cpu").target == "cpu"
 

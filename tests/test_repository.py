@@ -31,8 +31,26 @@ def tiny(tmp_path_factory):
 
 
 def build(tiny, out: Path, *extra: str):
-    return CliRunner().invoke(cli, ["build", "--model", str(tiny), "--output", str(out), "--max-seq-len", "256",
-                                    "--max-input-len", "128", "--max-output-len", "64", "--kv-cache-tokens", "1024", "--json", *extra])
+    return CliRunner().invoke(
+        cli,
+        [
+            "build",
+            "--model",
+            str(tiny),
+            "--output",
+            str(out),
+            "--max-seq-len",
+            "256",
+            "--max-input-len",
+            "128",
+            "--max-output-len",
+            "64",
+            "--kv-cache-tokens",
+            "1024",
+            "--json",
+            *extra,
+        ],
+    )
 
 
 def test_build_writes_the_five_models_with_configs_that_parse(tiny, tmp_path):
@@ -46,15 +64,35 @@ def test_build_writes_the_five_models_with_configs_that_parse(tiny, tmp_path):
         assert config.name == name
     engine = configs.parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
     assert engine.backend == "python" and engine.model_transaction_policy.decoupled
-    assert [i.name for i in engine.input][:3] == ["input_ids", "input_lengths", "request_output_len"]
+    assert [i.name for i in engine.input][:3] == [
+        "input_ids",
+        "input_lengths",
+        "request_output_len",
+    ]
     assert {o.name for o in engine.output} >= {"output_ids", "sequence_length"}
     assert engine.parameters["max_seq_len"].string_value == "256"
     assert engine.parameters["kv_cache_blocks"].string_value == "16"  # 1024 tokens / 64 per block
     ensemble = configs.parse_pbtxt((repo / "ensemble" / "config.pbtxt").read_text())
     names = {i.name for i in ensemble.input}
-    assert {"text_input", "max_tokens", "stream", "end_id", "pad_id", "temperature", "top_k", "top_p", "seed",
-            "stop_words", "bad_words", "exclude_input_in_output"} <= names
-    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    assert {
+        "text_input",
+        "max_tokens",
+        "stream",
+        "end_id",
+        "pad_id",
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+        "stop_words",
+        "bad_words",
+        "exclude_input_in_output",
+    } <= names
+    assert [s.model_name for s in ensemble.ensemble_scheduling.step] == [
+        "preprocessing",
+        "tensorrt_llm",
+        "postprocessing",
+    ]
     assert (repo / "preprocessing" / "1" / "tokenizer" / "tokenizer.json").is_file()
     assert (repo / "tensorrt_llm" / "1" / "weights" / "model.safetensors").is_file()
 
@@ -107,14 +145,24 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny, tmp_path):
 
 def test_bad_limits_name_the_flag(tiny, tmp_path):
     result = build(tiny, tmp_path / "r", "--max-seq-len", "100000")
-    assert result.exit_code == 1 and "--max-seq-len=100000" in result.output and "max_position_embeddings 512" in result.output
-    result = CliRunner().invoke(cli, ["build", "--model", str(tiny), "--output", str(tmp_path / "r"), "--tp", "2"])
+    assert (
+        result.exit_code == 1
+        and "--max-seq-len=100000" in result.output
+        and "max_position_embeddings 512" in result.output
+    )
+    result = CliRunner().invoke(
+        cli, ["build", "--model", str(tiny), "--output", str(tmp_path / "r"), "--tp", "2"]
+    )
     assert result.exit_code != 0 and "--tp only applies to GPU targets" in result.output
 
 
 def test_serve_refuses_missing_foreign_and_stale_repositories(tiny, tmp_path):
     result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "absent")])
-    assert result.exit_code == 1 and "does not exist" in result.output and "toolkit build" in result.output
+    assert (
+        result.exit_code == 1
+        and "does not exist" in result.output
+        and "toolkit build" in result.output
+    )
     (tmp_path / "foreign").mkdir()
     result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "foreign")])
     assert result.exit_code == 1 and "not a toolkit model repository" in result.output
@@ -122,7 +170,9 @@ def test_serve_refuses_missing_foreign_and_stale_repositories(tiny, tmp_path):
     manifest = json.loads((tmp_path / "repo" / "manifest.json").read_text())
     manifest["sources_digest"] = "0" * 16
     (tmp_path / "repo" / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(RepositoryError, match="(?s)other model sources.*rebuild: toolkit build --target cpu"):
+    with pytest.raises(
+        RepositoryError, match="(?s)other model sources.*rebuild: toolkit build --target cpu"
+    ):
         check_repository(tmp_path / "repo")
 
 
@@ -132,19 +182,32 @@ def test_serve_refuses_a_port_in_use(tiny, tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "repo"), "--grpc-port", str(port)])
+        result = CliRunner().invoke(
+            cli, ["serve", "--repo", str(tmp_path / "repo"), "--grpc-port", str(port)]
+        )
     assert result.exit_code == 1
-    assert f"port {port} on 127.0.0.1 (--grpc-port) is in use" in result.output and "pass a free port with --grpc-port" in result.output
+    assert (
+        f"port {port} on 127.0.0.1 (--grpc-port) is in use" in result.output
+        and "pass a free port with --grpc-port" in result.output
+    )
 
 
 def test_a_model_that_fails_to_load_exits_with_the_log_tail(tiny, tmp_path):
     build(tiny, tmp_path / "repo")
-    (tmp_path / "repo" / "postprocessing" / "1" / "model.py").write_text("raise RuntimeError('broken on purpose')\n")
+    (tmp_path / "repo" / "postprocessing" / "1" / "model.py").write_text(
+        "raise RuntimeError('broken on purpose')\n"
+    )
     from toolkit.errors import ServerError
     from toolkit.serve.net import free_port
 
-    config = ServerConfig(repo=tmp_path / "repo", http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                          ready_timeout_s=120, allow_modified=True)
+    config = ServerConfig(
+        repo=tmp_path / "repo",
+        http_port=free_port(),
+        grpc_port=free_port(),
+        metrics_port=free_port(),
+        ready_timeout_s=120,
+        allow_modified=True,
+    )
     with pytest.raises(ServerError, match="(?s)exited with code.*broken on purpose"):
         launch_server(config)
 
@@ -162,7 +225,9 @@ def test_streamed_bytes_rejoin_to_the_full_decode(codec_and_tokenizer, text):
     ids = codec.encode(text)
     pieces = [codec.decode_bytes([i]) for i in ids]
     assert b"".join(pieces) == codec.decode_bytes(ids)
-    assert b"".join(pieces).decode("utf-8") == tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert (
+        b"".join(pieces).decode("utf-8") == tokenizer.decode(ids, skip_special_tokens=True) == text
+    )
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +243,12 @@ def test_special_tokens_are_skipped(codec):
 
 def test_serve_refuses_the_same_port_twice_and_out_of_range_ports(tiny, tmp_path):
     build(tiny, tmp_path / "repo")
-    result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "repo"), "--http-port", "9123", "--grpc-port", "9123"])
+    result = CliRunner().invoke(
+        cli,
+        ["serve", "--repo", str(tmp_path / "repo"), "--http-port", "9123", "--grpc-port", "9123"],
+    )
     assert result.exit_code == 1 and "--http-port and --grpc-port are both 9123" in result.output
-    result = CliRunner().invoke(cli, ["serve", "--repo", str(tmp_path / "repo"), "--http-port", "0"])
+    result = CliRunner().invoke(
+        cli, ["serve", "--repo", str(tmp_path / "repo"), "--http-port", "0"]
+    )
     assert result.exit_code == 2 and "'--http-port': 0 is not in the range" in result.output

@@ -26,15 +26,19 @@ QUESTIONS = [
 
 
 def chat(served_repo, question: str) -> str:
-    return template_from_repository(served_repo.repo).render([{"role": "user", "content": question}])
+    return template_from_repository(served_repo.repo).render(
+        [{"role": "user", "content": question}]
+    )
 
 
 def reference_ids(reference_model, prompt: str, max_tokens: int) -> list[int]:
     model, tokenizer = reference_model
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False)
-    generated = out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
+        )
+    generated = out[0, ids.shape[1] :].tolist()
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     return generated[: generated.index(end)] if end in generated else generated
 
@@ -64,7 +68,9 @@ def test_greedy_tokens_equal_transformers_generate(served_repo, reference_model,
 def test_text_over_grpc_streaming_and_http_equals_reference(served_repo, reference_model, question):
     prompt = chat(served_repo, question)
     _, tokenizer = reference_model
-    expected = tokenizer.decode(reference_ids(reference_model, prompt, 32), skip_special_tokens=True)
+    expected = tokenizer.decode(
+        reference_ids(reference_model, prompt, 32), skip_special_tokens=True
+    )
     request = GenerateRequest(prompt=prompt, max_tokens=32)
     streamed = generate_grpc(served_repo.grpc_url, request)
     assert streamed.text == expected
@@ -81,13 +87,21 @@ def test_bls_serves_a_short_request_while_a_long_one_runs(served_repo):
     done: dict = {}
 
     def long_request():
-        done["long"] = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=200, min_tokens=200), model="tensorrt_llm_bls")
+        done["long"] = generate_grpc(
+            served_repo.grpc_url,
+            GenerateRequest(prompt=prompt, max_tokens=200, min_tokens=200),
+            model="tensorrt_llm_bls",
+        )
         done["long_at"] = time.monotonic()
 
     runner = threading.Thread(target=long_request)
     runner.start()
     time.sleep(1.0)  # the long request is generating
-    short = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=8), model="tensorrt_llm_bls")
+    short = generate_grpc(
+        served_repo.grpc_url,
+        GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=8),
+        model="tensorrt_llm_bls",
+    )
     short_at = time.monotonic()
     runner.join(timeout=300)
     assert "Paris" in short.text
@@ -96,13 +110,18 @@ def test_bls_serves_a_short_request_while_a_long_one_runs(served_repo):
 
 def test_sixteen_concurrent_streams_all_complete_with_the_right_text(served_repo):
     prompts = [chat(served_repo, QUESTIONS[i % len(QUESTIONS)]) for i in range(16)]
-    alone = {p: generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=p, max_tokens=24)).text for p in set(prompts)}
+    alone = {
+        p: generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=p, max_tokens=24)).text
+        for p in set(prompts)
+    }
     results: dict[int, str] = {}
     errors: list[Exception] = []
 
     def run(index: int) -> None:
         try:
-            results[index] = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompts[index], max_tokens=24)).text
+            results[index] = generate_grpc(
+                served_repo.grpc_url, GenerateRequest(prompt=prompts[index], max_tokens=24)
+            ).text
         except Exception as exc:  # noqa: BLE001 - collected and reported below
             errors.append(exc)
 
@@ -130,11 +149,20 @@ def test_same_seed_same_sample_even_under_load(served_repo):
     prompt = chat(served_repo, "Write a short poem about rain.")
     request = GenerateRequest(prompt=prompt, max_tokens=24, temperature=1.0, top_p=0.95, seed=1234)
     first = generate_grpc(served_repo.grpc_url, request).text
-    background = threading.Thread(target=generate_grpc, args=(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=48, temperature=1.0)))
+    background = threading.Thread(
+        target=generate_grpc,
+        args=(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=48, temperature=1.0)),
+    )
     background.start()
     second = generate_grpc(served_repo.grpc_url, request).text
     background.join(timeout=120)
-    other_seed = {generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=24, temperature=1.0, top_p=0.95, seed=s)).text for s in (1, 2, 3)}
+    other_seed = {
+        generate_grpc(
+            served_repo.grpc_url,
+            GenerateRequest(prompt=prompt, max_tokens=24, temperature=1.0, top_p=0.95, seed=s),
+        ).text
+        for s in (1, 2, 3)
+    }
     assert first == second
     assert len(other_seed | {first}) > 1  # it really samples
 
@@ -145,16 +173,23 @@ def test_a_vanishing_temperature_decodes_greedily_instead_of_killing_the_engine(
     engine's generation loop for every later request (CI, found by the API fuzzer)."""
     prompt = chat(served_repo, QUESTIONS[0])
     greedy = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=16)).text
-    tiny = GenerateRequest(prompt=prompt, max_tokens=16, temperature=6.02e-43, top_k=50, top_p=0.9, seed=seed)
+    tiny = GenerateRequest(
+        prompt=prompt, max_tokens=16, temperature=6.02e-43, top_k=50, top_p=0.9, seed=seed
+    )
     assert generate_grpc(served_repo.grpc_url, tiny).text == greedy
-    assert generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=16)).text == greedy
+    assert (
+        generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=16)).text
+        == greedy
+    )
 
 
 def test_stop_words_end_generation(served_repo):
     prompt = chat(served_repo, QUESTIONS[0])
     full = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=32)).text
     assert "Paris" in full
-    stopped = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=32, stop_words=(" Paris",))).text
+    stopped = generate_grpc(
+        served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=32, stop_words=(" Paris",))
+    ).text
     assert stopped == full[: full.index(" Paris") + len(" Paris")]
 
 
@@ -162,7 +197,9 @@ def test_min_tokens_forces_the_output_length(served_repo):
     import tritonclient.grpc as grpcclient  # noqa: F401 - the grpc extra must be present
 
     prompt = chat(served_repo, QUESTIONS[0])
-    result = generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=20, min_tokens=20))
+    result = generate_grpc(
+        served_repo.grpc_url, GenerateRequest(prompt=prompt, max_tokens=20, min_tokens=20)
+    )
     assert len(result.pieces) >= 10  # "The capital of France is Paris." alone is 8 tokens
 
 
@@ -175,15 +212,25 @@ def test_min_tokens_forces_the_output_length(served_repo):
         ({"prompt": "", "max_tokens": 8}, "prompt must hold at least one token"),
     ],
 )
-def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(served_repo, request_args, message):
+def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(
+    served_repo, request_args, message
+):
     args = {"prompt": "hello", **request_args}
     request = GenerateRequest(**args)
-    object.__setattr__(request, "validate", lambda: None)  # skip the client's own check: the server must refuse too
+    object.__setattr__(
+        request, "validate", lambda: None
+    )  # skip the client's own check: the server must refuse too
     with pytest.raises(ClientError, match=message.replace("(", r"\(")):
         generate_grpc(served_repo.grpc_url, request)
     with pytest.raises(ClientError, match=message.replace("(", r"\(")):
         generate_http(served_repo.http_url, request)
-    assert "Paris" in generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16)).text
+    assert (
+        "Paris"
+        in generate_grpc(
+            served_repo.grpc_url,
+            GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16),
+        ).text
+    )
 
 
 def _engine_error(served_repo, tensors) -> str | None:
@@ -196,7 +243,9 @@ def _engine_error(served_repo, tensors) -> str | None:
     client = grpcclient.InferenceServerClient(served_repo.grpc_url)
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
-        client.async_stream_infer("tensorrt_llm", infer_inputs(tensors), enable_empty_final_response=True)
+        client.async_stream_infer(
+            "tensorrt_llm", infer_inputs(tensors), enable_empty_final_response=True
+        )
         while True:
             result, error = answers.get(timeout=60)
             if error is not None:
@@ -211,24 +260,56 @@ def _engine_error(served_repo, tensors) -> str | None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"input_ids": [[1, 9690, 49152]]}, "token id 49152, outside this model's vocabulary [0, 49152)"),
+        (
+            {"input_ids": [[1, 9690, 49152]]},
+            "token id 49152, outside this model's vocabulary [0, 49152)",
+        ),
         ({"input_ids": [[1, -5, 198]]}, "token id -5"),
         ({"input_lengths": [[0]]}, "input_lengths 0 must be between 1 and the 3 ids"),
         ({"input_lengths": [[7]]}, "input_lengths 7 must be between 1 and the 3 ids"),
-        ({"input_ids": [[1, 9690, 198], [1, 9690, 198]], "input_lengths": [[3], [3]], "request_output_len": [[4], [4]],
-          "streaming": [[True], [True]]}, "batch of 2 prompts"),
+        (
+            {
+                "input_ids": [[1, 9690, 198], [1, 9690, 198]],
+                "input_lengths": [[3], [3]],
+                "request_output_len": [[4], [4]],
+                "streaming": [[True], [True]],
+            },
+            "batch of 2 prompts",
+        ),
     ],
 )
-def test_malformed_engine_requests_are_refused_without_hurting_the_engine(served_repo, change, message):
+def test_malformed_engine_requests_are_refused_without_hurting_the_engine(
+    served_repo, change, message
+):
     """Raw clients of tensorrt_llm can send ids no tokenizer makes; they once crashed the whole generation step."""
     import numpy as np
 
-    tensors = {"input_ids": [[1, 9690, 198]], "input_lengths": [[3]], "request_output_len": [[4]], "streaming": [[True]], **change}
-    dtypes = {"input_ids": "INT32", "input_lengths": "INT32", "request_output_len": "INT32", "streaming": "BOOL"}
-    sent = [(name, np.array(value, dtype=bool if dtypes[name] == "BOOL" else np.int32), dtypes[name]) for name, value in tensors.items()]
+    tensors = {
+        "input_ids": [[1, 9690, 198]],
+        "input_lengths": [[3]],
+        "request_output_len": [[4]],
+        "streaming": [[True]],
+        **change,
+    }
+    dtypes = {
+        "input_ids": "INT32",
+        "input_lengths": "INT32",
+        "request_output_len": "INT32",
+        "streaming": "BOOL",
+    }
+    sent = [
+        (name, np.array(value, dtype=bool if dtypes[name] == "BOOL" else np.int32), dtypes[name])
+        for name, value in tensors.items()
+    ]
     error = _engine_error(served_repo, sent)
     assert error is not None and message in error, error
-    assert "Paris" in generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16)).text
+    assert (
+        "Paris"
+        in generate_grpc(
+            served_repo.grpc_url,
+            GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16),
+        ).text
+    )
 
 
 def _metric(served_repo, name: str) -> float:
@@ -255,13 +336,24 @@ def test_a_client_that_goes_away_cancels_its_request(served_repo):
     client.stop_stream(cancel_requests=True)
     client.close()
     deadline = time.monotonic() + 20
-    while _metric(served_repo, "toolkit_engine_requests_cancelled_total") <= before and time.monotonic() < deadline:
+    while (
+        _metric(served_repo, "toolkit_engine_requests_cancelled_total") <= before
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.2)
     assert _metric(served_repo, "toolkit_engine_requests_cancelled_total") == before + 1
     generated = _metric(served_repo, "toolkit_engine_generated_tokens_total")
     time.sleep(1.0)
-    assert _metric(served_repo, "toolkit_engine_generated_tokens_total") == generated  # it stopped generating
-    assert "Paris" in generate_grpc(served_repo.grpc_url, GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16)).text
+    assert (
+        _metric(served_repo, "toolkit_engine_generated_tokens_total") == generated
+    )  # it stopped generating
+    assert (
+        "Paris"
+        in generate_grpc(
+            served_repo.grpc_url,
+            GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16),
+        ).text
+    )
 
 
 def test_toolkit_generate_answers_paris_over_grpc_and_http(served_repo):
@@ -275,4 +367,7 @@ def test_toolkit_generate_answers_paris_over_grpc_and_http(served_repo):
         assert "Paris" in result.stdout
     result = CliRunner().invoke(cli, ["generate", "hi", "-u", served_repo.grpc_url, "-n", "5000"])
     assert result.exit_code == 1
-    assert "max_tokens=5000 is over this engine's limit" in result.output and "fix: lower --max-tokens" in result.output
+    assert (
+        "max_tokens=5000 is over this engine's limit" in result.output
+        and "fix: lower --max-tokens" in result.output
+    )

@@ -23,9 +23,19 @@ def served(tmp_path_factory):
     from toolkit.serve.launcher import ServerConfig, launch_server
 
     root = tmp_path_factory.mktemp("synthetic")
-    repo = write_test_repository(make_tiny_checkpoint(root / "checkpoint"), root / "repo", synthetic=True)
-    server = launch_server(ServerConfig(repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                                        ready_timeout_s=120, log_file=root / "server.log"))
+    repo = write_test_repository(
+        make_tiny_checkpoint(root / "checkpoint"), root / "repo", synthetic=True
+    )
+    server = launch_server(
+        ServerConfig(
+            repo=repo,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            ready_timeout_s=120,
+            log_file=root / "server.log",
+        )
+    )
     yield server.grpc_url, tuple(open_repository(repo).engine.token_ids)
     server.stop()
 
@@ -35,7 +45,15 @@ def engine_url(served):
     return served[0]
 
 
-def _infer(url: str, *, output_len: int, streaming: bool, exclude_input: bool = True, ids=(5, 6, 7), model: str = c.ENGINE):
+def _infer(
+    url: str,
+    *,
+    output_len: int,
+    streaming: bool,
+    exclude_input: bool = True,
+    ids=(5, 6, 7),
+    model: str = c.ENGINE,
+):
     """Send one request over a gRPC stream; returns [(output_ids, sequence_length, final)] or raises the error."""
     import tritonclient.grpc as grpcclient
 
@@ -43,7 +61,9 @@ def _infer(url: str, *, output_len: int, streaming: bool, exclude_input: bool = 
     results: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: results.put((result, error)))
 
-    inputs = engine_inputs(list(ids), output_len, streaming=streaming, exclude_input_in_output=exclude_input)
+    inputs = engine_inputs(
+        list(ids), output_len, streaming=streaming, exclude_input_in_output=exclude_input
+    )
     client.async_stream_infer(model, inputs, enable_empty_final_response=True)
     responses = []
     try:
@@ -54,7 +74,13 @@ def _infer(url: str, *, output_len: int, streaming: bool, exclude_input: bool = 
             final = result.get_response().parameters["triton_final_response"].bool_param
             ids_out = result.as_numpy("output_ids")
             lengths = result.as_numpy("sequence_length")
-            responses.append((None if ids_out is None else ids_out.tolist(), None if lengths is None else lengths.tolist(), final))
+            responses.append(
+                (
+                    None if ids_out is None else ids_out.tolist(),
+                    None if lengths is None else lengths.tolist(),
+                    final,
+                )
+            )
             if final:
                 return responses
     finally:
@@ -70,13 +96,17 @@ def test_streaming_sends_one_token_per_response_and_the_last_is_final(served):
     assert all(r[1] == [[1]] for r in responses)
     tokens = [r[0][0][0][0] for r in responses]
     assert set(tokens) <= set(token_ids)
-    assert tokens[1] == token_ids[(token_ids.index(tokens[0]) + 1) % len(token_ids)]  # cycles through the ids
+    assert (
+        tokens[1] == token_ids[(token_ids.index(tokens[0]) + 1) % len(token_ids)]
+    )  # cycles through the ids
 
 
 def test_non_streaming_returns_every_token_at_once_with_or_without_the_prompt(engine_url):
     [(ids, lengths, final)] = _infer(engine_url, output_len=4, streaming=False, exclude_input=True)
     assert final and lengths == [[4]] and len(ids[0][0]) == 4
-    [(ids, lengths, final)] = _infer(engine_url, output_len=4, streaming=False, exclude_input=False, ids=(5, 6, 7))
+    [(ids, lengths, final)] = _infer(
+        engine_url, output_len=4, streaming=False, exclude_input=False, ids=(5, 6, 7)
+    )
     assert lengths == [[7]] and ids[0][0][:3] == [5, 6, 7]
 
 
@@ -84,7 +114,9 @@ def test_concurrent_streams_each_get_their_own_length(engine_url):
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(4) as pool:
-        counts = list(pool.map(lambda n: len(_infer(engine_url, output_len=n, streaming=True)), (3, 8, 1, 16)))
+        counts = list(
+            pool.map(lambda n: len(_infer(engine_url, output_len=n, streaming=True)), (3, 8, 1, 16))
+        )
     assert counts == [3, 8, 1, 16]
 
 

@@ -10,14 +10,20 @@ A recipe (build/*.yaml) names its model and target; flags given here beat the re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Callable
 
 from toolkit.engine.build import EngineBuildResult, execute_engine_build
 from toolkit.engine.build_plan import EngineBuildPlan, plan_engine_build
 from toolkit.engine.info import read_engine_info
-from toolkit.engine.recipe import PYTHON_TARGETS, TARGETS, BuildRecipe, command_line_recipe, load_recipe
+from toolkit.engine.recipe import (
+    PYTHON_TARGETS,
+    TARGETS,
+    BuildRecipe,
+    command_line_recipe,
+    load_recipe,
+)
 from toolkit.errors import RecipeError
 from toolkit.model.sources import ResolvedModel, resolve_model
 from toolkit.model.spec import EMBEDDED_DEFAULT, ModelSpec, parse_model_spec
@@ -30,7 +36,15 @@ from toolkit.repository.writer import RepositoryResult, plan_repository, write_r
 
 Progress = Callable[[str], None]
 _GPU_ONLY = ("dtype", "kv_dtype", "tp", "pp", "engine_dir")
-_LIMIT_FIELDS = ("max_batch_size", "max_input_len", "max_output_len", "max_seq_len", "max_num_tokens", "max_queue_size", "kv_cache_tokens")
+_LIMIT_FIELDS = (
+    "max_batch_size",
+    "max_input_len",
+    "max_output_len",
+    "max_seq_len",
+    "max_num_tokens",
+    "max_queue_size",
+    "kv_cache_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -75,17 +89,29 @@ class BuildPlan:
 
     def to_dict(self) -> dict:
         data = {
-            "output": str(Path(self.request.output).resolve()), "target": self.target, "model": self.model.source,
-            "recipe": self.recipe.name, "limits": self.limits.to_dict(), "decoupled": self.request.decoupled,
+            "output": str(Path(self.request.output).resolve()),
+            "target": self.target,
+            "model": self.model.source,
+            "recipe": self.recipe.name,
+            "limits": self.limits.to_dict(),
+            "decoupled": self.request.decoupled,
         }
         if self.engine is not None:
             data["engine"] = self.engine.describe()
         if self.engine_build is not None:
             build = self.engine_build
-            data.update({"plan": self.memory.to_dict(), "engine_dir": build.engine_dir, "steps": list(build.step_names),
-                         "commands": [list(argv) for argv in build.commands], "runtime": build.runtime.to_dict(),
-                         "checkpoint_dir": build.checkpoint_dir, "trtllm_version_pinned": build.trtllm_version_pinned,
-                         "container": build.container})
+            data.update(
+                {
+                    "plan": self.memory.to_dict(),
+                    "engine_dir": build.engine_dir,
+                    "steps": list(build.step_names),
+                    "commands": [list(argv) for argv in build.commands],
+                    "runtime": build.runtime.to_dict(),
+                    "checkpoint_dir": build.checkpoint_dir,
+                    "trtllm_version_pinned": build.trtllm_version_pinned,
+                    "container": build.container,
+                }
+            )
         return data
 
 
@@ -94,16 +120,30 @@ class BuildResult:
     plan: BuildPlan
     model: ResolvedModel
     repository: RepositoryResult
-    engine_plan: EngineBuildPlan | None = None  # as run: its commands read the downloaded checkpoint
+    engine_plan: EngineBuildPlan | None = (
+        None  # as run: its commands read the downloaded checkpoint
+    )
     engine: EngineBuildResult | None = None
 
     def to_dict(self) -> dict:
         data = self.plan.to_dict()
-        data.update({"model": self.model.source, "revision": self.model.revision, "path": str(self.repository.path),
-                     "skipped": self.repository.skipped, "build_key": self.repository.key})
+        data.update(
+            {
+                "model": self.model.source,
+                "revision": self.model.revision,
+                "path": str(self.repository.path),
+                "skipped": self.repository.skipped,
+                "build_key": self.repository.key,
+            }
+        )
         if self.engine_plan is not None:
-            data.update({"commands": [list(argv) for argv in self.engine_plan.commands], "checkpoint_dir": self.engine_plan.checkpoint_dir,
-                         "engine_build": self.engine.to_dict()})
+            data.update(
+                {
+                    "commands": [list(argv) for argv in self.engine_plan.commands],
+                    "checkpoint_dir": self.engine_plan.checkpoint_dir,
+                    "engine_build": self.engine.to_dict(),
+                }
+            )
         return data
 
 
@@ -116,7 +156,9 @@ def plan_build(request: BuildRequest) -> BuildPlan:
     return _plan_gpu(request, recipe, model)
 
 
-def build_repository(request: BuildRequest, progress: Progress = lambda _: None, *, bars: bool = False) -> BuildResult:
+def build_repository(
+    request: BuildRequest, progress: Progress = lambda _: None, *, bars: bool = False
+) -> BuildResult:
     """Build (or, when nothing changed, keep) the repository at request.output.
 
     `progress` gets one line per step; `bars` turns on download and conversion progress bars (terminals).
@@ -128,9 +170,13 @@ def build_repository(request: BuildRequest, progress: Progress = lambda _: None,
     if plan.engine_build is not None:
         engine_plan = plan.engine_build.with_checkpoint(model.path)
         engine_result = execute_engine_build(engine_plan, progress=progress)
-        engine = TrtllmEngine.from_engine(plan.target, read_engine_info(Path(engine_result.engine_dir)))
+        engine = TrtllmEngine.from_engine(
+            plan.target, read_engine_info(Path(engine_result.engine_dir))
+        )
     memory = plan.memory.to_dict() if plan.memory is not None else None
-    repo_plan = plan_repository(model, engine, request.output, plan.limits, memory_plan=memory, decoupled=request.decoupled)
+    repo_plan = plan_repository(
+        model, engine, request.output, plan.limits, memory_plan=memory, decoupled=request.decoupled
+    )
     repository = write_repository(repo_plan, progress=lambda step: progress(f"writing {step}"))
     return BuildResult(plan, model, repository, engine_plan, engine_result)
 
@@ -142,20 +188,33 @@ def _merged_recipe(request: BuildRequest) -> BuildRecipe:
     else:
         recipe = command_line_recipe(request.model, request.target or "cpu")
     if request.target is not None and request.target not in TARGETS:
-        raise RecipeError(f"unknown --target {request.target!r}", hint=f"use one of: {', '.join(TARGETS)}")
-    overrides = {f.name: getattr(request, f.name) for f in fields(BuildRecipe) if hasattr(request, f.name)}
+        raise RecipeError(
+            f"unknown --target {request.target!r}", hint=f"use one of: {', '.join(TARGETS)}"
+        )
+    overrides = {
+        f.name: getattr(request, f.name) for f in fields(BuildRecipe) if hasattr(request, f.name)
+    }
     overrides = {k: v for k, v in overrides.items() if v is not None and k not in ("name", "path")}
     merged = replace(recipe, **overrides)
     if merged.target in PYTHON_TARGETS:
-        given = [f"--{name.replace('_', '-')}" for name in _GPU_ONLY if getattr(request, name) is not None]
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in _GPU_ONLY
+            if getattr(request, name) is not None
+        ]
         if given:
-            raise RecipeError(f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} to GPU targets, not --target {merged.target}",
-                              hint="drop it, or build for a GPU target (--target h100-sxm)")
+            raise RecipeError(
+                f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} to GPU targets, not --target "
+                f"{merged.target}",
+                hint="drop it, or build for a GPU target (--target h100-sxm)",
+            )
     return merged
 
 
 def _plan_python(request: BuildRequest, recipe: BuildRecipe, model: ModelSpec) -> BuildPlan:
-    limits = RepositoryLimits().overridden(**{name: getattr(recipe, name) for name in _LIMIT_FIELDS})
+    limits = RepositoryLimits().overridden(
+        **{name: getattr(recipe, name) for name in _LIMIT_FIELDS}
+    )
     if recipe.target == "cpu":
         engine: EngineSpec = CpuEngine(num_threads=recipe.num_threads or 0)
     else:
@@ -167,15 +226,31 @@ def _plan_gpu(request: BuildRequest, recipe: BuildRecipe, model: ModelSpec) -> B
     planned = load_model_for_plan(model)
     gpu = get_gpu(recipe.target)
     memory = plan_memory(
-        planned.facts, gpu, model=planned.name, dtype=recipe.dtype or "bf16", kv_dtype=recipe.kv_dtype or "bf16",
-        tp=recipe.tp, pp=recipe.pp, max_seq_len=recipe.max_seq_len, max_input_len=recipe.max_input_len,
-        max_batch_size=recipe.max_batch_size, max_num_tokens=recipe.max_num_tokens,
+        planned.facts,
+        gpu,
+        model=planned.name,
+        dtype=recipe.dtype or "bf16",
+        kv_dtype=recipe.kv_dtype or "bf16",
+        tp=recipe.tp,
+        pp=recipe.pp,
+        max_seq_len=recipe.max_seq_len,
+        max_input_len=recipe.max_input_len,
+        max_batch_size=recipe.max_batch_size,
+        max_num_tokens=recipe.max_num_tokens,
     )
     engine_build = plan_engine_build(
-        planned.name, model.source, planned.checkpoint_dir, memory, recipe, gpu_sm=gpu.sm,
-        output_dir=request.engine_dir, display_dir=_display_checkpoint(model),
+        planned.name,
+        model.source,
+        planned.checkpoint_dir,
+        memory,
+        recipe,
+        gpu_sm=gpu.sm,
+        output_dir=request.engine_dir,
+        display_dir=_display_checkpoint(model),
     )
-    limits = RepositoryLimits.from_memory_plan(memory, max_output_len=recipe.max_output_len, max_queue_size=recipe.max_queue_size)
+    limits = RepositoryLimits.from_memory_plan(
+        memory, max_output_len=recipe.max_output_len, max_queue_size=recipe.max_queue_size
+    )
     return BuildPlan(request, recipe, model, limits, None, memory, engine_build)
 
 

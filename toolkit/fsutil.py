@@ -10,12 +10,14 @@ import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from toolkit.errors import ToolkitError
 
-FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int), clone a whole file (reflink) on btrfs, XFS, ...
+FICLONE = (
+    0x40049409  # linux/fs.h: _IOW(0x94, 9, int), clone a whole file (reflink) on btrfs, XFS, ...
+)
 
 
 @contextlib.contextmanager
@@ -85,8 +87,10 @@ def check_free_space(folder: Path, needed_bytes: int, what: str) -> None:
 
 def disk_full_error(exc: OSError, where: Path, what: str) -> ToolkitError:
     """A readable error for ENOSPC/EDQUOT while writing `what` under `where`."""
-    return ToolkitError(f"{what} failed: the filesystem of {where} is full ({exc.strerror})",
-                        hint="free some space there, or write somewhere else; nothing was changed")
+    return ToolkitError(
+        f"{what} failed: the filesystem of {where} is full ({exc.strerror})",
+        hint="free some space there, or write somewhere else; nothing was changed",
+    )
 
 
 @contextlib.contextmanager

@@ -17,7 +17,9 @@ HOME = "TOOLKIT_HOME"
 API_KEYS = "TOOLKIT_API_KEYS"  # comma-separated bearer keys for the OpenAI API
 TRTLLM_BIN_DIR = "TOOLKIT_TRTLLM_BIN_DIR"  # folder holding trtllm-build (default: PATH)
 TRTLLM_PYTHON = "TOOLKIT_TRTLLM_PYTHON"  # interpreter that imports tensorrt_llm (default: python3)
-TRTLLM_EXAMPLES_DIR = "TOOLKIT_TRTLLM_EXAMPLES_DIR"  # examples/ of a TensorRT-LLM checkout at the pinned tag
+TRTLLM_EXAMPLES_DIR = (
+    "TOOLKIT_TRTLLM_EXAMPLES_DIR"  # examples/ of a TensorRT-LLM checkout at the pinned tag
+)
 SECRET_VARIABLES = (API_KEYS, "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
@@ -50,7 +52,9 @@ class TrtllmTools:
 
 def trtllm_tools() -> TrtllmTools:
     bin_dir = os.environ.get(TRTLLM_BIN_DIR)
-    examples = os.environ.get(TRTLLM_EXAMPLES_DIR) or str(toolkit_home() / "TensorRT-LLM" / "examples")
+    examples = os.environ.get(TRTLLM_EXAMPLES_DIR) or str(
+        toolkit_home() / "TensorRT-LLM" / "examples"
+    )
     return TrtllmTools(
         trtllm_build=str(Path(bin_dir) / "trtllm-build") if bin_dir else "trtllm-build",
         python=os.environ.get(TRTLLM_PYTHON) or "python3",

@@ -18,14 +18,27 @@ PR_SET_PDEATHSIG = 1
 _GROUP_GONE_POLL_S = 0.1
 
 
-def start_process(argv: list[str], log_file: Path, env: dict | None = None, *, stdin=subprocess.DEVNULL,
-                  die_with_parent: bool = True) -> subprocess.Popen:
+def start_process(
+    argv: list[str],
+    log_file: Path,
+    env: dict | None = None,
+    *,
+    stdin=subprocess.DEVNULL,
+    die_with_parent: bool = True,
+) -> subprocess.Popen:
     """Start `argv` in a new session, output appended to `log_file`; killed if we die, unless it is to outlive
     us on purpose (`toolkit serve --background`). The parent-death signal follows the starting thread:
     start long-lived children from the main thread."""
     with open(log_file, "ab") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=stdin, env=env, start_new_session=True,
-                                preexec_fn=_die_with_parent if die_with_parent else None)
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=stdin,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if die_with_parent else None,
+        )
 
 
 def _die_with_parent() -> None:
@@ -115,7 +128,7 @@ def _stat_fields(pid: int) -> list[str] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return text[text.rfind(")") + 2:].split()
+    return text[text.rfind(")") + 2 :].split()
 
 
 def process_alive(pid: int) -> bool:

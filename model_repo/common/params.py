@@ -15,11 +15,17 @@ class ModelParams:
     def __init__(self, args: dict):
         config = json.loads(args["model_config"])
         self.model = config.get("name", "?")
-        self.values = {key: value.get("string_value", "") for key, value in config.get("parameters", {}).items()}
+        self.values = {
+            key: value.get("string_value", "")
+            for key, value in config.get("parameters", {}).items()
+        }
 
     def text(self, key: str) -> str:
         if key not in self.values:
-            raise KeyError(f"model {self.model}: parameter {key!r} is missing from config.pbtxt; rebuild the repository with toolkit build")
+            raise KeyError(
+                f"model {self.model}: parameter {key!r} is missing from config.pbtxt; rebuild the repository with "
+                "toolkit build"
+            )
         return self.values[key]
 
     def integer(self, key: str) -> int:

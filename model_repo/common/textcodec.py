@@ -21,7 +21,11 @@ _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 def _byte_level_alphabet() -> dict[str, int]:
     """The GPT-2 byte-level alphabet, inverted: printable stand-in character -> byte value."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = {b: b for b in printable}
     extra = 0
     for b in range(256):
@@ -38,7 +42,11 @@ class TextCodec:
         path = Path(tokenizer_dir) / "tokenizer.json"
         self.tokenizer = Tokenizer.from_file(str(path))
         spec = json.loads(path.read_text(encoding="utf-8"))
-        self.special_ids = {t["id"] for t in spec.get("added_tokens", []) if t.get("special")} if skip_special_tokens else set()
+        self.special_ids = (
+            {t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
+            if skip_special_tokens
+            else set()
+        )
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.token_bytes = self._build_table(spec.get("decoder") or {})
 
@@ -50,7 +58,12 @@ class TextCodec:
         preprocessing adds them), unless the text already starts with the BOS (a chat template that
         writes it itself), so a prompt never carries two."""
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-        if add_special_tokens and bos_id is not None and len(ids) >= 2 and ids[0] == ids[1] == bos_id:
+        if (
+            add_special_tokens
+            and bos_id is not None
+            and len(ids) >= 2
+            and ids[0] == ids[1] == bos_id
+        ):
             return ids[1:]
         return ids
 
@@ -96,7 +109,7 @@ def pack_word_lists(rows: list[list[list[int]]]) -> np.ndarray:
     flat = [[i for word in words for i in word] for words in rows]
     width = max([1] + [len(ids) for ids in flat])
     out = np.full((len(rows), 2, width), -1, dtype=np.int32)
-    for row, (words, ids) in enumerate(zip(rows, flat)):
+    for row, (words, ids) in enumerate(zip(rows, flat, strict=True)):
         if not ids:
             out[row, 0, 0] = 0
             continue
@@ -116,7 +129,9 @@ def unpack_word_list(array: np.ndarray) -> list[list[int]]:
     return [w for w in words if w]
 
 
-def check_request_lengths(prompt_len: int, max_tokens: int, max_input_len: int, max_output_len: int, max_seq_len: int) -> None:
+def check_request_lengths(
+    prompt_len: int, max_tokens: int, max_input_len: int, max_output_len: int, max_seq_len: int
+) -> None:
     """Refuse a request the engine cannot run, naming the limit and what to ask for instead."""
     if prompt_len == 0:
         raise ValueError("text_input is empty: the prompt must hold at least one token")

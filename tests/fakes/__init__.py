@@ -12,7 +12,9 @@ FAKES = Path(__file__).resolve().parent
 REPO = FAKES.parents[1]
 
 
-def install_fake_trtllm(monkeypatch, tmp_path: Path, *, gpu: bool = True, trtllm: bool = True) -> Path:
+def install_fake_trtllm(
+    monkeypatch, tmp_path: Path, *, gpu: bool = True, trtllm: bool = True
+) -> Path:
     """Put the fakes on the seams; returns the file where the fake trtllm-build logs its calls."""
     bin_dir = tmp_path / "fake-bin"
     bin_dir.mkdir()

@@ -12,7 +12,9 @@ from toolkit.engine.trtllm_flags import argparser_for
 
 
 def parse(tool: str, argv: list[str]):
-    return argparser_for(tool).parse_args(argv)  # argparse exits 2 on an unknown flag or value, like the real tool
+    return argparser_for(tool).parse_args(
+        argv
+    )  # argparse exits 2 on an unknown flag or value, like the real tool
 
 
 def write_checkpoint(args, quant_algo, kv_algo) -> None:

@@ -14,8 +14,17 @@ import tensorrt_llm  # the fake package on PYTHONPATH in tests; the real one in 
 
 from toolkit.engine.trtllm_flags import argparser_for
 
-PLUGIN_KEYS = ("gpt_attention_plugin", "gemm_plugin", "context_fmha", "remove_input_padding", "use_paged_context_fmha",
-               "use_fp8_context_fmha", "multiple_profiles", "use_fused_mlp", "tokens_per_block")
+PLUGIN_KEYS = (
+    "gpt_attention_plugin",
+    "gemm_plugin",
+    "context_fmha",
+    "remove_input_padding",
+    "use_paged_context_fmha",
+    "use_fp8_context_fmha",
+    "multiple_profiles",
+    "use_fused_mlp",
+    "tokens_per_block",
+)
 
 
 def main() -> None:
@@ -31,7 +40,9 @@ def main() -> None:
     plugins = {key: getattr(args, key) for key in PLUGIN_KEYS}
     for key in ("gpt_attention_plugin", "gemm_plugin"):
         if plugins[key] == "auto":
-            plugins[key] = pretrained["dtype"]  # the real builder resolves "auto" to the model dtype
+            plugins[key] = pretrained[
+                "dtype"
+            ]  # the real builder resolves "auto" to the model dtype
     build_config = {
         "max_input_len": args.max_input_len,
         "max_seq_len": args.max_seq_len,
@@ -44,7 +55,11 @@ def main() -> None:
     }
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = {"version": tensorrt_llm.__version__, "pretrained_config": pretrained, "build_config": build_config}
+    config = {
+        "version": tensorrt_llm.__version__,
+        "pretrained_config": pretrained,
+        "build_config": build_config,
+    }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     world_size = pretrained["mapping"]["world_size"]
     for rank in range(world_size):

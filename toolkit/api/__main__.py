@@ -23,9 +23,14 @@ def main() -> int:
     try:
         data = json.loads(sys.stdin.read())
         run = {key: data.pop(key) for key in RUN_KEYS if key in data}
-        settings = ApiSettings(**{**data, "repo": Path(data["repo"]), "api_keys": tuple(data.get("api_keys", ()))})
+        settings = ApiSettings(
+            **{**data, "repo": Path(data["repo"]), "api_keys": tuple(data.get("api_keys", ()))}
+        )
     except (ValueError, KeyError, TypeError) as exc:
-        print(f"Error: python -m toolkit.api needs its settings as JSON on stdin ({exc})", file=sys.stderr)
+        print(
+            f"Error: python -m toolkit.api needs its settings as JSON on stdin ({exc})",
+            file=sys.stderr,
+        )
         return 2
     try:
         run_api(settings, **run)

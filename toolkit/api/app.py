@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -17,6 +17,7 @@ from toolkit.api.errors import ApiError, install_error_handlers, log
 from toolkit.api.gate import ARRIVAL, Gate
 from toolkit.api.generation import Coalesced, Generation, Job, SseFormatter
 from toolkit.api.metrics import ApiMetrics
+from toolkit.api.prompt import PromptCodec
 from toolkit.api.schemas import (
     COMPLETION_DEFAULT_MAX_TOKENS,
     ChatCompletion,
@@ -29,8 +30,13 @@ from toolkit.api.schemas import (
     ModelList,
     unsupported_fields,
 )
-from toolkit.api.prompt import PromptCodec
-from toolkit.api.triton import ENGINE_MODEL, InferenceFailed, Sampling, TritonBackend, TritonUnavailable
+from toolkit.api.triton import (
+    ENGINE_MODEL,
+    InferenceFailed,
+    Sampling,
+    TritonBackend,
+    TritonUnavailable,
+)
 from toolkit.repository.reader import Repository, open_repository
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 502, 503)}
@@ -44,7 +50,8 @@ class ApiSettings:
 
     triton_url: str
     repo: Path
-    model_name: str = ENGINE_MODEL  # tensorrt_llm (token ids; cancellation reaches the engine) or ensemble / tensorrt_llm_bls (text)
+    # tensorrt_llm (token ids; cancellation reaches the engine), or ensemble / tensorrt_llm_bls (text)
+    model_name: str = ENGINE_MODEL
     served_model_name: str | None = None  # the id in /v1/models; default: from the repository
     api_keys: tuple[str, ...] = ()
     max_in_flight: int = 64
@@ -62,14 +69,21 @@ class ApiState:
         self.limits = repository.limits
         self.codec = PromptCodec(repository)
         decoder = self.codec if settings.model_name == ENGINE_MODEL else None
-        self.backend = TritonBackend(settings.triton_url, settings.model_name, decoder=decoder, tokens=repository.tokens)
+        self.backend = TritonBackend(
+            settings.triton_url, settings.model_name, decoder=decoder, tokens=repository.tokens
+        )
         self.metrics = ApiMetrics()
         self.model_id = settings.served_model_name or repository.served_model_name
         self.created = int(time.time())
 
     def check_model(self, name: str) -> None:
         if name not in (self.model_id, self.settings.model_name):
-            raise ApiError(404, f"The model `{name}` does not exist; this server serves `{self.model_id}`.", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"The model `{name}` does not exist; this server serves `{self.model_id}`.",
+                param="model",
+                code="model_not_found",
+            )
 
 
 def create_app(settings: ApiSettings) -> FastAPI:
@@ -88,7 +102,13 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.state.api = state
     install_error_handlers(app)
     _add_routes(app, state)
-    app.add_middleware(Gate, api_keys=tuple(settings.api_keys), max_in_flight=settings.max_in_flight, retry_after_s=settings.retry_after_s, metrics=state.metrics)
+    app.add_middleware(
+        Gate,
+        api_keys=tuple(settings.api_keys),
+        max_in_flight=settings.max_in_flight,
+        retry_after_s=settings.retry_after_s,
+        metrics=state.metrics,
+    )
     return app
 
 
@@ -97,19 +117,34 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         state.check_model(body.model)
         _refuse_unsupported(body)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in body.messages
+        ]
         try:
             prompt = state.codec.render_chat(messages)
         except Exception as exc:  # noqa: BLE001 - a template's own error (jinja2 or raise_exception) is the client's 400
-            raise ApiError(400, f"The chat template refused these messages: {exc}", param="messages") from exc
-        job = await _plan(state, "chat", body, prompt, body.requested_max_tokens(), "messages", _arrival(request))
+            raise ApiError(
+                400, f"The chat template refused these messages: {exc}", param="messages"
+            ) from exc
+        job = await _plan(
+            state, "chat", body, prompt, body.requested_max_tokens(), "messages", _arrival(request)
+        )
         return await _respond(state, job, bool(body.stream), request)
 
     @app.post("/v1/completions", response_model=Completion, responses=ERRORS)
     async def completions(body: CompletionRequest, request: Request):
         state.check_model(body.model)
         _refuse_unsupported(body)
-        job = await _plan(state, "completion", body, body.prompt_text(), body.max_tokens, "prompt", _arrival(request))
+        job = await _plan(
+            state,
+            "completion",
+            body,
+            body.prompt_text(),
+            body.max_tokens,
+            "prompt",
+            _arrival(request),
+        )
         return await _respond(state, job, bool(body.stream), request)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
@@ -125,11 +160,18 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
     async def health():
         if await state.backend.ready():
             return Health(status="ok", model=state.model_id)
-        raise ApiError(503, f"Triton at {state.settings.triton_url} or its model `{state.settings.model_name}` is not ready.", type="server_error", code="not_ready")
+        raise ApiError(
+            503,
+            f"Triton at {state.settings.triton_url} or its model `{state.settings.model_name}` is not ready.",
+            type="server_error",
+            code="not_ready",
+        )
 
     @app.get("/metrics", response_class=Response)
     async def metrics():
-        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(
+            state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
 
 def _model(state: ApiState) -> Model:
@@ -148,40 +190,103 @@ def _arrival(request: Request) -> float:
     return request.scope.get("state", {}).get(ARRIVAL) or time.perf_counter()
 
 
-async def _plan(state: ApiState, kind: str, body, prompt: str, requested: int | None, param: str, arrival: float) -> Job:
+async def _plan(
+    state: ApiState, kind: str, body, prompt: str, requested: int | None, param: str, arrival: float
+) -> Job:
     """Check the prompt and max_tokens against the engine's limits; a request over them is a 400 naming the limit."""
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ApiError(400, "The prompt is not valid Unicode (it holds a lone surrogate).", param=param, code="invalid_value") from exc
+        raise ApiError(
+            400,
+            "The prompt is not valid Unicode (it holds a lone surrogate).",
+            param=param,
+            code="invalid_value",
+        ) from exc
     limits = state.limits
-    if len(prompt) > LONG_PROMPT_CHARS:  # tokenizing megabytes takes a while: not on the loop every stream shares
+    if (
+        len(prompt) > LONG_PROMPT_CHARS
+    ):  # tokenizing megabytes takes a while: not on the loop every stream shares
         prompt_ids = await asyncio.to_thread(state.codec.encode, prompt)
     else:
         prompt_ids = state.codec.encode(prompt)
     prompt_tokens = len(prompt_ids)
     if prompt_tokens == 0:
-        raise ApiError(400, "The prompt is empty: it must hold at least one token.", param=param, code="invalid_value")
+        raise ApiError(
+            400,
+            "The prompt is empty: it must hold at least one token.",
+            param=param,
+            code="invalid_value",
+        )
     if prompt_tokens > limits.max_input_len:
-        raise ApiError(400, f"The prompt is {prompt_tokens} tokens, over this model's maximum input length of {limits.max_input_len} tokens; shorten it.", param=param, code="context_length_exceeded")
+        raise ApiError(
+            400,
+            f"The prompt is {prompt_tokens} tokens, over this model's maximum input length of "
+            f"{limits.max_input_len} tokens; shorten it.",
+            param=param,
+            code="context_length_exceeded",
+        )
     limit = limits.output_limit(prompt_tokens)
     if limit < 1:
-        raise ApiError(400, f"The prompt is {prompt_tokens} tokens and leaves no room to generate within this model's maximum sequence length of {limits.max_seq_len} tokens.", param=param, code="context_length_exceeded")
+        raise ApiError(
+            400,
+            f"The prompt is {prompt_tokens} tokens and leaves no room to generate within this model's maximum "
+            f"sequence length of {limits.max_seq_len} tokens.",
+            param=param,
+            code="context_length_exceeded",
+        )
     if kind == "completion" and (requested is None or "max_tokens" not in body.model_fields_set):
-        max_tokens = min(requested or COMPLETION_DEFAULT_MAX_TOKENS, limit)  # OpenAI's default (16), also for an explicit null
+        max_tokens = min(
+            requested or COMPLETION_DEFAULT_MAX_TOKENS, limit
+        )  # OpenAI's default (16), also for an explicit null
     else:
         max_tokens = requested if requested is not None else limit
     if max_tokens > limit:
-        name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) is not None else "max_tokens"
-        raise ApiError(400, f"{name}={max_tokens} is over this model's limit of {limit} tokens for a {prompt_tokens}-token prompt (max_output_len {limits.max_output_len}, max_seq_len {limits.max_seq_len}).", param=name, code="context_length_exceeded")
+        name = (
+            "max_completion_tokens"
+            if getattr(body, "max_completion_tokens", None) is not None
+            else "max_tokens"
+        )
+        raise ApiError(
+            400,
+            f"{name}={max_tokens} is over this model's limit of {limit} tokens for a {prompt_tokens}-token prompt "
+            f"(max_output_len {limits.max_output_len}, max_seq_len {limits.max_seq_len}).",
+            param=name,
+            code="context_length_exceeded",
+        )
     if body.min_tokens is not None and body.min_tokens > max_tokens:
-        raise ApiError(400, f"min_tokens={body.min_tokens} is over max_tokens={max_tokens}: ask for at most as many tokens as may be generated.", param="min_tokens", code="invalid_value")
+        raise ApiError(
+            400,
+            f"min_tokens={body.min_tokens} is over max_tokens={max_tokens}: ask for at most as many tokens as may "
+            "be generated.",
+            param="min_tokens",
+            code="invalid_value",
+        )
     if body.stream_options is not None and not body.stream:
-        raise ApiError(400, "stream_options is only allowed when stream is true.", param="stream_options", code="invalid_value")
-    sampling = Sampling(temperature=body.temperature, top_p=body.top_p, seed=body.seed, min_tokens=body.min_tokens)
+        raise ApiError(
+            400,
+            "stream_options is only allowed when stream is true.",
+            param="stream_options",
+            code="invalid_value",
+        )
+    sampling = Sampling(
+        temperature=body.temperature, top_p=body.top_p, seed=body.seed, min_tokens=body.min_tokens
+    )
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
-    return Job(f"{prefix}-{uuid.uuid4().hex}", kind, body.model, prompt, prompt_ids, prompt_tokens, max_tokens, sampling, tuple(body.stop_list()), include_usage, arrival=arrival)
+    return Job(
+        f"{prefix}-{uuid.uuid4().hex}",
+        kind,
+        body.model,
+        prompt,
+        prompt_ids,
+        prompt_tokens,
+        max_tokens,
+        sampling,
+        tuple(body.stop_list()),
+        include_usage,
+        arrival=arrival,
+    )
 
 
 async def _respond(state: ApiState, job: Job, stream: bool, request: Request):
@@ -202,14 +307,18 @@ async def _respond(state: ApiState, job: Job, stream: bool, request: Request):
     except InferenceFailed as exc:
         await texts.aclose()
         raise _engine_error(exc) from exc
-    return StreamingResponse(_sse(job, generation, texts, first), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(
+        _sse(job, generation, texts, first), media_type="text/event-stream", headers=SSE_HEADERS
+    )
 
 
 async def _collect(texts: AsyncIterator[str]) -> str:
     return "".join([text async for text in texts])
 
 
-async def _sse(job: Job, generation: Generation, texts: AsyncIterator[str], first: str | None) -> AsyncIterator[bytes]:
+async def _sse(
+    job: Job, generation: Generation, texts: AsyncIterator[str], first: str | None
+) -> AsyncIterator[bytes]:
     """The event stream; cancelled (client gone) at an await, which closes `texts` and cancels Triton."""
     sse = SseFormatter(job)
     pieces = None
@@ -219,34 +328,74 @@ async def _sse(job: Job, generation: Generation, texts: AsyncIterator[str], firs
             yield opening
         if first:
             yield sse.text(first)
-        pieces = Coalesced(texts)  # what arrives while a chunk is being written goes out together in the next
+        pieces = Coalesced(
+            texts
+        )  # what arrives while a chunk is being written goes out together in the next
         async for text in pieces:
             yield sse.text(text)
         yield sse.end(generation)
     except (TritonUnavailable, InferenceFailed) as exc:
-        yield sse.error({"error": {"message": str(exc), "type": "server_error", "param": None, "code": "engine_error"}})
+        yield sse.error(
+            {
+                "error": {
+                    "message": str(exc),
+                    "type": "server_error",
+                    "param": None,
+                    "code": "engine_error",
+                }
+            }
+        )
     except Exception:  # noqa: BLE001 - headers are gone: the client still gets an error event and [DONE], not a cut stream
         log.exception("unhandled error while streaming %s", job.id)
-        yield sse.error({"error": {"message": "The server had an error while streaming this response.", "type": "server_error", "param": None, "code": "internal_error"}})
+        yield sse.error(
+            {
+                "error": {
+                    "message": "The server had an error while streaming this response.",
+                    "type": "server_error",
+                    "param": None,
+                    "code": "internal_error",
+                }
+            }
+        )
     finally:
         await (pieces.aclose() if pieces is not None else texts.aclose())
 
 
 def _whole_body(job: Job, text: str, generation: Generation) -> dict:
     if job.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None}, "logprobs": None, "finish_reason": generation.finish_reason}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": None,
+            "finish_reason": generation.finish_reason,
+        }
         kind = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": generation.finish_reason}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": generation.finish_reason,
+        }
         kind = "text_completion"
-    return {"id": job.id, "object": kind, "created": job.created, "model": job.model, "choices": [choice], "usage": generation.usage(), "system_fingerprint": None}
+    return {
+        "id": job.id,
+        "object": kind,
+        "created": job.created,
+        "model": job.model,
+        "choices": [choice],
+        "usage": generation.usage(),
+        "system_fingerprint": None,
+    }
 
 
 def _engine_error(exc: InferenceFailed) -> ApiError:
     message = str(exc)
     if "max_input_len" in message or "limit of" in message or "is empty" in message:
         return ApiError(400, message, code="context_length_exceeded")
-    return ApiError(502, f"The engine failed this request: {message}", type="server_error", code="engine_error")
+    return ApiError(
+        502, f"The engine failed this request: {message}", type="server_error", code="engine_error"
+    )
 
 
 async def _until_disconnect(request: Request, awaitable):

@@ -17,7 +17,16 @@ log = logging.getLogger("toolkit.api")
 class ApiError(ToolkitError):
     """An error answered to the client with `status`; `type` and `code` follow OpenAI's values."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None, code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.type = type
@@ -39,12 +48,22 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     loc = [str(part) for part in first.get("loc", ()) if part != "body" and _is_field(part)]
     param = ".".join(loc) or None
     if first.get("type") == "extra_forbidden":
-        return ApiError(400, f"Unrecognized request argument supplied: {param}", param=param, code="unrecognized_argument")
+        return ApiError(
+            400,
+            f"Unrecognized request argument supplied: {param}",
+            param=param,
+            code="unrecognized_argument",
+        )
     if first.get("type") == "json_invalid":
         return ApiError(400, "The request body is not valid JSON.", code="invalid_json")
     where = f" at `{param}`" if param else ""
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return ApiError(400, f"Invalid request{where}: {first.get('msg', 'invalid value')}{more}", param=param, code="invalid_value")
+    return ApiError(
+        400,
+        f"Invalid request{where}: {first.get('msg', 'invalid value')}{more}",
+        param=param,
+        code="invalid_value",
+    )
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
@@ -73,9 +92,21 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return JSONResponse(error_body(str(exc.detail), kind, None, code), status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(
+            error_body(str(exc.detail), kind, None, code),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body("The server had an error while processing your request.", "server_error", None, "internal_error"), status_code=500)
+        return JSONResponse(
+            error_body(
+                "The server had an error while processing your request.",
+                "server_error",
+                None,
+                "internal_error",
+            ),
+            status_code=500,
+        )

@@ -26,7 +26,15 @@ ENDPOINTS = {
 
 
 class Gate:
-    def __init__(self, app, *, api_keys: tuple[str, ...], max_in_flight: int, retry_after_s: int, metrics: ApiMetrics):
+    def __init__(
+        self,
+        app,
+        *,
+        api_keys: tuple[str, ...],
+        max_in_flight: int,
+        retry_after_s: int,
+        metrics: ApiMetrics,
+    ):
         self.app = app
         self.api_keys = tuple(key.encode() for key in api_keys)
         self.max_in_flight = max_in_flight
@@ -48,16 +56,35 @@ class Gate:
             await send(message)
 
         generation = scope["method"] == "POST" and path in GENERATION_PATHS
-        if generation:  # where time-to-first-token starts (Starlette's request.state reads scope["state"])
+        if (
+            generation
+        ):  # where time-to-first-token starts (Starlette's request.state reads scope["state"])
             scope.setdefault("state", {})[ARRIVAL] = time.perf_counter()
         try:
             if path.startswith("/v1/") and self.api_keys and not self._authorized(scope):
-                await self._refuse(send_and_record, 401, "Incorrect or missing API key: send `Authorization: Bearer <key>`.", "invalid_request_error", "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+                await self._refuse(
+                    send_and_record,
+                    401,
+                    "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
+                    "invalid_request_error",
+                    "invalid_api_key",
+                    [(b"www-authenticate", b"Bearer")],
+                )
                 return
             if generation and self.in_flight >= self.max_in_flight:
                 self.metrics.rejected.inc()
-                message = f"Too many requests in flight (limit {self.max_in_flight}); retry after {self.retry_after_s} s."
-                await self._refuse(send_and_record, 429, message, "rate_limit_error", "rate_limit_exceeded", [(b"retry-after", str(self.retry_after_s).encode())])
+                message = (
+                    f"Too many requests in flight (limit {self.max_in_flight}); "
+                    f"retry after {self.retry_after_s} s."
+                )
+                await self._refuse(
+                    send_and_record,
+                    429,
+                    message,
+                    "rate_limit_error",
+                    "rate_limit_exceeded",
+                    [(b"retry-after", str(self.retry_after_s).encode())],
+                )
                 return
             if not generation:
                 await self.app(scope, receive, send_and_record)
@@ -84,9 +111,15 @@ class Gate:
     @staticmethod
     async def _refuse(send, status: int, message: str, type: str, code: str, headers: list) -> None:
         body = json.dumps(error_body(message, type, None, code)).encode()
-        await send({
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    *headers,
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.stops import StopScanner
@@ -147,7 +147,9 @@ class Coalesced:
                 raise StopAsyncIteration
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
-            await asyncio.sleep(0)  # one more turn of the loop: pieces already on their way join this chunk
+            await asyncio.sleep(
+                0
+            )  # one more turn of the loop: pieces already on their way join this chunk
         text = self.buffer[0] if len(self.buffer) == 1 else "".join(self.buffer)
         self.buffer.clear()
         return text
@@ -182,17 +184,33 @@ class SseFormatter:
         """Chat streams open with the assistant role, as OpenAI's do."""
         if self.job.kind != "chat":
             return None
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        choice = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
         return self._event({**self._head, "choices": [choice], **self._usage_field()})
 
     def text(self, text: str) -> bytes:
-        return f"data: {self._text_prefix}{json.dumps(text, ensure_ascii=False)}{self._text_suffix}{self._usage_null}\n\n".encode()
+        piece = json.dumps(text, ensure_ascii=False)
+        return f"data: {self._text_prefix}{piece}{self._text_suffix}{self._usage_null}\n\n".encode()
 
     def end(self, generation: Generation) -> bytes:
         if self.job.kind == "chat":
-            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": generation.finish_reason}
+            choice = {
+                "index": 0,
+                "delta": {},
+                "logprobs": None,
+                "finish_reason": generation.finish_reason,
+            }
         else:
-            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": generation.finish_reason}
+            choice = {
+                "index": 0,
+                "text": "",
+                "logprobs": None,
+                "finish_reason": generation.finish_reason,
+            }
         out = self._event({**self._head, "choices": [choice], **self._usage_field()})
         if self.job.include_usage:
             out += self._event({**self._head, "choices": [], "usage": generation.usage()})
@@ -206,7 +224,9 @@ class SseFormatter:
 
     @staticmethod
     def _event(payload: dict) -> bytes:
-        return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+        return (
+            f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+        )
 
 
 def _json_prefix(head: dict) -> str:

@@ -34,5 +34,7 @@ class PromptCodec:
     def render_chat(self, messages: list[dict]) -> str:
         """The prompt text for `messages`, ending with the assistant's generation prompt."""
         if self.template is None:
-            raise RepositoryError("this model's tokenizer has no chat template", hint="use /v1/completions")
+            raise RepositoryError(
+                "this model's tokenizer has no chat template", hint="use /v1/completions"
+            )
         return self.template.render(messages)

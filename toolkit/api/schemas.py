@@ -7,14 +7,14 @@ so that `unsupported_fields` can refuse them by name instead of dropping them si
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 UINT64_MAX = 2**64 - 1
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 StopText = Annotated[str, Field(min_length=1)]
-Stop = Union[StopText, Annotated[list[StopText], Field(max_length=4)], None]
+Stop = StopText | Annotated[list[StopText], Field(max_length=4)] | None
 
 
 class _Request(BaseModel):
@@ -32,7 +32,7 @@ class TextPart(_Request):
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, list[TextPart], None] = None
+    content: str | list[TextPart] | None = None
     name: str | None = None
 
     def text(self) -> str:
@@ -91,11 +91,15 @@ class ChatCompletionRequest(_Sampling):
     web_search_options: Any = None
 
     def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else self.max_tokens
+        )
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, Annotated[list[str], Field(min_length=1)]]
+    prompt: str | Annotated[list[str], Field(min_length=1)]
     max_tokens: int | None = Field(COMPLETION_DEFAULT_MAX_TOKENS, ge=1)
     echo: Any = None
     best_of: Any = None
@@ -106,7 +110,8 @@ class CompletionRequest(_Sampling):
 
 
 def _other_than(*allowed):
-    """A check that refuses any value but None and `allowed`, compared with their types (0 is not False, True is not 1)."""
+    """A check that refuses any value but None and `allowed`, compared with their types
+    (0 is not False, True is not 1)."""
     return lambda v: v is not None and not any(type(v) is type(a) and v == a for a in allowed)
 
 
@@ -140,9 +145,20 @@ def unsupported_fields(request: _Sampling) -> list[tuple[str, str]]:
     found = []
     for name, refused in checks.items():
         if name in type(request).model_fields and refused(getattr(request, name)):
-            found.append((name, f"`{name}` = {getattr(request, name)!r} is not supported by this server"))
-    if isinstance(request, CompletionRequest) and isinstance(request.prompt, list) and len(request.prompt) != 1:
-        found.append(("prompt", "a list of prompts is not supported by this server: send one prompt per request"))
+            found.append(
+                (name, f"`{name}` = {getattr(request, name)!r} is not supported by this server")
+            )
+    if (
+        isinstance(request, CompletionRequest)
+        and isinstance(request.prompt, list)
+        and len(request.prompt) != 1
+    ):
+        found.append(
+            (
+                "prompt",
+                "a list of prompts is not supported by this server: send one prompt per request",
+            )
+        )
     return found
 
 

@@ -14,7 +14,14 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9000
 
 
-def _uvicorn_server(settings: ApiSettings, host: str, port: int, log_level: str, loop: str = "auto", http: str = "auto"):
+def _uvicorn_server(
+    settings: ApiSettings,
+    host: str,
+    port: int,
+    log_level: str,
+    loop: str = "auto",
+    http: str = "auto",
+):
     import uvicorn
 
     config = uvicorn.Config(
@@ -31,13 +38,23 @@ def _uvicorn_server(settings: ApiSettings, host: str, port: int, log_level: str,
     return uvicorn.Server(config)
 
 
-def run_api(settings: ApiSettings, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, log_level: str = "info",
-            loop: str = "auto", http: str = "auto") -> None:
+def run_api(
+    settings: ApiSettings,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    log_level: str = "info",
+    loop: str = "auto",
+    http: str = "auto",
+) -> None:
     """Serve in the foreground until interrupted (Ctrl-C or SIGTERM)."""
     server = _uvicorn_server(settings, host, port, log_level, loop, http)
     server.run()
     if not server.started:
-        raise ServerError(f"the API could not start on {host}:{port}", hint="is the port taken? pick another with --port")
+        raise ServerError(
+            f"the API could not start on {host}:{port}",
+            hint="is the port taken? pick another with --port",
+        )
 
 
 @dataclass
@@ -73,7 +90,10 @@ def run_api_in_background(
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
-            raise ServerError(f"the OpenAI API did not start on {host}:{port}", hint="is the port taken? pick another --openai-port")
+            raise ServerError(
+                f"the OpenAI API did not start on {host}:{port}",
+                hint="is the port taken? pick another --openai-port",
+            )
         time.sleep(0.02)
     logging.getLogger("toolkit.api").info("OpenAI API on http://%s:%d/v1", host, port)
     return ApiServerHandle(f"http://{host}:{port}", server, thread)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 import grpc
 import numpy as np
@@ -53,12 +53,21 @@ class Sampling:
     def tensors(self, engine: bool) -> list[tuple[str, np.ndarray, str]]:
         """Inputs for the engine contract (runtime_top_k, ...) or the text contract (top_k, ...)."""
         top_k, top_p = ("runtime_top_k", "runtime_top_p") if engine else ("top_k", "top_p")
-        floor = [("min_tokens", np.array([[self.min_tokens]], np.int32), "INT32")] if self.min_tokens else []
+        floor = (
+            [("min_tokens", np.array([[self.min_tokens]], np.int32), "INT32")]
+            if self.min_tokens
+            else []
+        )
         if self.greedy:
             # TensorRT-LLM has no temperature 0: top_k 1 is its greedy decoding.
             return [(top_k, np.array([[1]], np.int32), "INT32"), *floor]
-        out = [*floor,
-            ("temperature", np.array([[1.0 if self.temperature is None else self.temperature]], np.float32), "FP32"),
+        out = [
+            *floor,
+            (
+                "temperature",
+                np.array([[1.0 if self.temperature is None else self.temperature]], np.float32),
+                "FP32",
+            ),
             # top_p 1.0, not 0: with top_k and top_p both 0 TensorRT-LLM falls back to greedy.
             (top_p, np.array([[1.0 if self.top_p is None else self.top_p]], np.float32), "FP32"),
         ]
@@ -86,13 +95,22 @@ class TritonBackend:
     cancel a BLS sub-request, so an engine step already running keeps generating.
     """
 
-    def __init__(self, url: str, model_name: str = ENGINE_MODEL, *, decoder=None, tokens: TokenFacts | None = None):
+    def __init__(
+        self,
+        url: str,
+        model_name: str = ENGINE_MODEL,
+        *,
+        decoder=None,
+        tokens: TokenFacts | None = None,
+    ):
         self.url = url
         self.model_name = model_name
         self.engine = model_name == ENGINE_MODEL
         if self.engine and (decoder is None or tokens is None):
-            raise ClientError(f"the `{model_name}` model takes token ids: a token decoder and the end tokens are needed",
-                              hint="pass the repository's PromptCodec and TokenFacts")
+            raise ClientError(
+                f"the `{model_name}` model takes token ids: a token decoder and the end tokens are needed",
+                hint="pass the repository's PromptCodec and TokenFacts",
+            )
         self.decoder = decoder
         self.tokens = tokens
         self._client: grpcclient.InferenceServerClient | None = None
@@ -110,7 +128,9 @@ class TritonBackend:
     @property
     def client(self) -> grpcclient.InferenceServerClient:
         if self._client is None:
-            raise TritonUnavailable("the Triton client is not started", hint="use the app inside its lifespan")
+            raise TritonUnavailable(
+                "the Triton client is not started", hint="use the app inside its lifespan"
+            )
         return self._client
 
     async def ready(self, timeout_s: float = 2.0) -> bool:
@@ -123,17 +143,25 @@ class TritonBackend:
         except (InferenceServerException, grpc.RpcError, asyncio.TimeoutError):
             return False
 
-    async def generate(self, prompt: str, prompt_ids: list[int], max_tokens: int, sampling: Sampling) -> AsyncIterator[Piece]:
+    async def generate(
+        self, prompt: str, prompt_ids: list[int], max_tokens: int, sampling: Sampling
+    ) -> AsyncIterator[Piece]:
         """Stream the pieces of one generation; closing the iterator early cancels the request."""
         done = asyncio.Event()
-        request = self._engine_request(prompt_ids, max_tokens, sampling) if self.engine else self._text_request(prompt, max_tokens, sampling)
+        request = (
+            self._engine_request(prompt_ids, max_tokens, sampling)
+            if self.engine
+            else self._text_request(prompt, max_tokens, sampling)
+        )
         call = self.client.stream_infer(_one_request(request, done))
         finished = False
         total = 0
         try:
             async for result, error in call:
                 if error is not None:
-                    raise InferenceFailed(str(error.message() if hasattr(error, "message") else error))
+                    raise InferenceFailed(
+                        str(error.message() if hasattr(error, "message") else error)
+                    )
                 piece = self._engine_piece(result, total) if self.engine else _text_piece(result)
                 total = piece.output_tokens if piece.output_tokens is not None else total
                 finished = piece.final
@@ -143,7 +171,9 @@ class TritonBackend:
             finished = True  # the stream ended without a final flag: nothing more will come
         except grpc.aio.AioRpcError as exc:
             # Our own cancellations surface as asyncio.CancelledError; a CANCELLED status here came from the server.
-            raise TritonUnavailable(f"Triton at {self.url}: {exc.code().name}: {exc.details()}") from exc
+            raise TritonUnavailable(
+                f"Triton at {self.url}: {exc.code().name}: {exc.details()}"
+            ) from exc
         finally:
             done.set()
             if not finished:
@@ -160,8 +190,12 @@ class TritonBackend:
             ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
             *sampling.tensors(engine=True),
         ]
-        if self.tokens.stop_ids and not sampling.min_tokens:  # the model's other end tokens, as preprocessing adds them
-            tensors.append(("stop_words_list", pack_word_lists([[[i] for i in self.tokens.stop_ids]]), "INT32"))
+        if (
+            self.tokens.stop_ids and not sampling.min_tokens
+        ):  # the model's other end tokens, as preprocessing adds them
+            tensors.append(
+                ("stop_words_list", pack_word_lists([[[i] for i in self.tokens.stop_ids]]), "INT32")
+            )
         return self._request(tensors, ["output_ids", "sequence_length"])
 
     def _text_request(self, prompt: str, max_tokens: int, sampling: Sampling) -> dict:
@@ -193,7 +227,7 @@ class TritonBackend:
         parameters = response.parameters
         final = FINAL_FLAG in parameters and parameters[FINAL_FLAG].bool_param
         ids = length = None
-        for output, raw in zip(response.outputs, response.raw_output_contents):
+        for output, raw in zip(response.outputs, response.raw_output_contents, strict=False):
             if output.name == "output_ids":  # [batch 1, beam 1, new tokens], INT32 little-endian
                 ids = raw
             elif output.name == "sequence_length":
@@ -222,7 +256,9 @@ def _text_piece(result) -> Piece:
     if "text_output" in names:
         text = result.as_numpy("text_output")
         if text is not None and text.size:
-            data = b"".join(item if isinstance(item, bytes) else str(item).encode() for item in text.reshape(-1))
+            data = b"".join(
+                item if isinstance(item, bytes) else str(item).encode() for item in text.reshape(-1)
+            )
     if "num_output_tokens" in names:
         count = int(result.as_numpy("num_output_tokens").reshape(-1)[0])
     return Piece(data, count, final)

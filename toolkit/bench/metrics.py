@@ -16,9 +16,9 @@ Distributions carry mean, min, max, p50, p90, p99 (linear interpolation, as nump
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -70,12 +70,14 @@ class Distribution:
     p99: float
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> "Distribution":
+    def of(cls, values: Sequence[float]) -> Distribution:
         if not values:
             return cls(*(float("nan"),) * 6)
         a = np.asarray(values, dtype=float)
         p50, p90, p99 = np.percentile(a, [50, 90, 99])
-        return cls(float(a.mean()), float(a.min()), float(a.max()), float(p50), float(p90), float(p99))
+        return cls(
+            float(a.mean()), float(a.min()), float(a.max()), float(p50), float(p90), float(p99)
+        )
 
 
 @dataclass(frozen=True)
@@ -105,27 +107,39 @@ def parse_profile_export(source: Path | str | bytes) -> list[Experiment]:
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise BenchError(f"perf_analyzer profile export is not JSON: {exc}", hint="check the perf_analyzer log next to it") from exc
+        raise BenchError(
+            f"perf_analyzer profile export is not JSON: {exc}",
+            hint="check the perf_analyzer log next to it",
+        ) from exc
     experiments = doc.get("experiments") if isinstance(doc, dict) else None
     if not isinstance(experiments, list):
-        raise BenchError("perf_analyzer profile export has no 'experiments' list", hint="use perf_analyzer 2.4x or newer (tritonclient wheel)")
+        raise BenchError(
+            "perf_analyzer profile export has no 'experiments' list",
+            hint="use perf_analyzer 2.4x or newer (tritonclient wheel)",
+        )
     return [_experiment(e) for e in experiments]
 
 
 def _experiment(entry: dict) -> Experiment:
     info = entry.get("experiment", {})
     records = tuple(r for r in (_record(req) for req in entry.get("requests", [])) if r is not None)
-    return Experiment(mode=str(info.get("mode", "concurrency")), value=float(info.get("value", 0)), requests=records)
+    return Experiment(
+        mode=str(info.get("mode", "concurrency")),
+        value=float(info.get("value", 0)),
+        requests=records,
+    )
 
 
 def _record(request: dict) -> RequestRecord | None:
     """None for a request that got no output (failed or cancelled): it has no TTFT."""
     stamps = request.get("response_timestamps") or []
     outputs = request.get("response_outputs") or [{}] * len(stamps)
-    kept = [int(t) for t, out in zip(stamps, outputs) if _carries_output(out)]
+    kept = [int(t) for t, out in zip(stamps, outputs, strict=False) if _carries_output(out)]
     if not kept:
         return None
-    return RequestRecord(start_ns=int(request["timestamp"]), response_ns=tuple(kept), output_tokens=len(kept))
+    return RequestRecord(
+        start_ns=int(request["timestamp"]), response_ns=tuple(kept), output_tokens=len(kept)
+    )
 
 
 def _carries_output(output: dict) -> bool:

@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.subprocs import stop_process
 from toolkit.errors import BenchError
+from toolkit.subprocs import stop_process
 
 PINNED_CLIENT = "tritonclient[all]==2.51.0"
 
@@ -40,7 +40,9 @@ def find_perf_analyzer() -> PerfAnalyzer:
     cudart_dir = _cudart_dir()
     _check_libb64()
     env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(cudart_dir), env.get("LD_LIBRARY_PATH", "")) if p)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(cudart_dir), env.get("LD_LIBRARY_PATH", "")) if p
+    )
     return PerfAnalyzer(executable, env)
 
 
@@ -77,14 +79,18 @@ def _check_libb64() -> None:
         ) from exc
 
 
-def run_perf_analyzer(pa: PerfAnalyzer, args: list[str], log_file: Path, timeout_s: float) -> PerfAnalyzerRun:
+def run_perf_analyzer(
+    pa: PerfAnalyzer, args: list[str], log_file: Path, timeout_s: float
+) -> PerfAnalyzerRun:
     """Run to completion in its own session, logging to `log_file`; a non-zero exit is an error."""
     argv = (str(pa.executable), *args)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "wb") as log:
         log.write((" ".join(argv) + "\n").encode())
         log.flush()
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=pa.env, start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=pa.env, start_new_session=True
+        )
         try:
             code = process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -97,7 +103,10 @@ def run_perf_analyzer(pa: PerfAnalyzer, args: list[str], log_file: Path, timeout
             stop_process(process, 5)
             raise
     if code != 0:
-        raise BenchError(f"perf_analyzer exited with code {code}\n{log_tail(log_file)}", hint=f"full log: {log_file}")
+        raise BenchError(
+            f"perf_analyzer exited with code {code}\n{log_tail(log_file)}",
+            hint=f"full log: {log_file}",
+        )
     return PerfAnalyzerRun(argv, log_file, code)
 
 

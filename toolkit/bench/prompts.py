@@ -28,12 +28,22 @@ class PromptSet:
     input_tokens: int
 
 
-def make_prompts(tokenizer_json: Path, count: int, input_tokens: int, *, add_special_tokens: bool = False,
-                 bos_id: int | None = None, seed: int = 0) -> PromptSet:
+def make_prompts(
+    tokenizer_json: Path,
+    count: int,
+    input_tokens: int,
+    *,
+    add_special_tokens: bool = False,
+    bos_id: int | None = None,
+    seed: int = 0,
+) -> PromptSet:
     """`count` prompts of exactly `input_tokens` tokens as the repository's preprocessing encodes them
     (the same TextCodec.encode_prompt, special tokens and BOS rule included)."""
     if count < 1 or input_tokens < 1:
-        raise BenchError(f"--prompts={count} and --input-tokens={input_tokens} must be at least 1", hint="pass positive numbers")
+        raise BenchError(
+            f"--prompts={count} and --input-tokens={input_tokens} must be at least 1",
+            hint="pass positive numbers",
+        )
     codec = common_module("textcodec").TextCodec(tokenizer_json.parent)
     words = _word_pool(codec.tokenizer)
     rng = random.Random(seed)
@@ -53,7 +63,10 @@ def _word_pool(tokenizer) -> list[str]:
         if _WORD.match(text):
             words.append(text)
     if len(words) < 50:
-        raise BenchError("the tokenizer has too few whole-word tokens to build prompts from", hint="pass another --tokenizer")
+        raise BenchError(
+            "the tokenizer has too few whole-word tokens to build prompts from",
+            hint="pass another --tokenizer",
+        )
     return words
 
 
@@ -70,17 +83,24 @@ def _exact_prompt(encode, words: list[str], n: int, rng: random.Random) -> tuple
             chosen.append(rng.choice(words))
         else:
             chosen[0] = rng.choice(words)  # a single word that is more than n tokens on its own
-    raise BenchError(f"could not build a prompt of exactly {n} tokens with this tokenizer", hint="try another --input-tokens")
+    raise BenchError(
+        f"could not build a prompt of exactly {n} tokens with this tokenizer",
+        hint="try another --input-tokens",
+    )
 
 
-def write_input_data(path: Path, prompts: PromptSet, output_tokens: int, model: str = c.ENSEMBLE) -> Path:
+def write_input_data(
+    path: Path, prompts: PromptSet, output_tokens: int, model: str = c.ENSEMBLE
+) -> Path:
     """perf_analyzer `--input-data` JSON: one entry per prompt, output length forced to `output_tokens`.
 
     The ensemble and BLS take text; the engine (tensorrt_llm) takes the token ids. min_tokens equal to
     max_tokens makes every request produce exactly `output_tokens` tokens (the end id is ignored).
     """
     if output_tokens < 1:
-        raise BenchError(f"--output-tokens={output_tokens} must be at least 1", hint="pass a positive number")
+        raise BenchError(
+            f"--output-tokens={output_tokens} must be at least 1", hint="pass a positive number"
+        )
     if model == c.ENGINE:
         data = [_engine_entry(ids, output_tokens) for ids in prompts.token_ids]
     else:
@@ -93,11 +113,21 @@ def write_input_data(path: Path, prompts: PromptSet, output_tokens: int, model: 
 
 
 def _text_entry(text: str, output_tokens: int) -> dict:
-    return {"text_input": [text], "max_tokens": [output_tokens], "min_tokens": [output_tokens],
-            "stream": [True], "exclude_input_in_output": [True]}
+    return {
+        "text_input": [text],
+        "max_tokens": [output_tokens],
+        "min_tokens": [output_tokens],
+        "stream": [True],
+        "exclude_input_in_output": [True],
+    }
 
 
 def _engine_entry(ids: tuple[int, ...], output_tokens: int) -> dict:
-    return {"input_ids": {"content": list(ids), "shape": [len(ids)]}, "input_lengths": [len(ids)],
-            "request_output_len": [output_tokens], "min_tokens": [output_tokens],
-            "streaming": [True], "exclude_input_in_output": [True]}
+    return {
+        "input_ids": {"content": list(ids), "shape": [len(ids)]},
+        "input_lengths": [len(ids)],
+        "request_output_len": [output_tokens],
+        "min_tokens": [output_tokens],
+        "streaming": [True],
+        "exclude_input_in_output": [True],
+    }

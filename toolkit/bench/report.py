@@ -71,8 +71,10 @@ def plot_throughput_latency(result: SweepResult, path: Path) -> None:
         xs = [p.metrics.latency_ms.p50 for p in points]
         ys = [p.metrics.output_tokens_per_s for p in points]
         ax.plot(xs, ys, marker="o", label=mode.replace("_", " "))
-        for p, x, y in zip(points, xs, ys):
-            ax.annotate(f"{p.point.value:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        for p, x, y in zip(points, xs, ys, strict=True):
+            ax.annotate(
+                f"{p.point.value:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8
+            )
     ax.set_xlabel("request latency p50 (ms)")
     ax.set_ylabel("output tokens/s")
     ax.set_title(_title(result))
@@ -85,14 +87,22 @@ def plot_ttft_itl(result: SweepResult, path: Path) -> None:
     """TTFT and ITL (p50 with p90..p99 band edges) against load, one panel each."""
     plt = _figure()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, name, label in ((axes[0], "ttft_ms", "time to first token (ms)"), (axes[1], "itl_ms", "inter-token latency (ms)")):
+    for ax, name, label in (
+        (axes[0], "ttft_ms", "time to first token (ms)"),
+        (axes[1], "itl_ms", "inter-token latency (ms)"),
+    ):
         for mode in ("concurrency", "request_rate"):
             points = [p for p in result.points if p.point.mode == mode]
             if not points:
                 continue
             xs = [p.point.value for p in points]
             for stat, style in (("p50", "-o"), ("p90", "--"), ("p99", ":")):
-                ax.plot(xs, [getattr(getattr(p.metrics, name), stat) for p in points], style, label=f"{mode.replace('_', ' ')} {stat}")
+                ax.plot(
+                    xs,
+                    [getattr(getattr(p.metrics, name), stat) for p in points],
+                    style,
+                    label=f"{mode.replace('_', ' ')} {stat}",
+                )
         ax.set_xlabel("load (concurrency, or requests/s)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -103,7 +113,9 @@ def plot_ttft_itl(result: SweepResult, path: Path) -> None:
 
 def _title(result: SweepResult) -> str:
     plan = result.plan
-    return f"{plan.model} @ {plan.grpc_url}: {plan.input_tokens} in / {plan.output_tokens} out tokens"
+    return (
+        f"{plan.model} @ {plan.grpc_url}: {plan.input_tokens} in / {plan.output_tokens} out tokens"
+    )
 
 
 def _save(fig, path: Path, plt) -> None:

@@ -32,8 +32,11 @@ class ScrapeSummary:
 
     def to_dict(self) -> dict:
         return {
-            "samples": self.samples, "pending_mean": self.pending_mean, "pending_max": self.pending_max,
-            "queue_us_per_request": self.queue_us_per_request, "kv_cache": self.kv_cache,
+            "samples": self.samples,
+            "pending_mean": self.pending_mean,
+            "pending_max": self.pending_max,
+            "queue_us_per_request": self.queue_us_per_request,
+            "kv_cache": self.kv_cache,
             "cpu_utilization_mean": self.cpu_utilization_mean,
         }
 
@@ -46,7 +49,9 @@ def parse_samples(text: str) -> dict[str, float]:
             # The parser names counter samples `<name>_total`; Triton's exposition has no suffix.
             name = family.name if sample.name == f"{family.name}_total" else sample.name
             if _wanted(name):
-                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "version")
+                labels = ",".join(
+                    f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "version"
+                )
                 series[f"{name}{{{labels}}}"] = float(sample.value)
     return series
 
@@ -72,8 +77,11 @@ def summarize(snapshots: list[dict[str, float]]) -> ScrapeSummary:
             kv[key] = {"mean": sum(values) / len(values), "max": max(values)}
     cpu = gauges.get(f"{CPU_UTIL}{{}}")
     return ScrapeSummary(
-        samples=len(snapshots), pending_mean=pending_mean, pending_max=pending_max,
-        queue_us_per_request=_queue_per_request(snapshots[0], snapshots[-1]), kv_cache=kv,
+        samples=len(snapshots),
+        pending_mean=pending_mean,
+        pending_max=pending_max,
+        queue_us_per_request=_queue_per_request(snapshots[0], snapshots[-1]),
+        kv_cache=kv,
         cpu_utilization_mean=sum(cpu) / len(cpu) if cpu else None,
     )
 
@@ -96,7 +104,7 @@ def _split(key: str) -> tuple[str, str]:
     model = ""
     for part in labels.rstrip("}").split(","):
         if part.startswith("model="):
-            model = part[len("model="):]
+            model = part[len("model=") :]
     return name, model
 
 
@@ -111,7 +119,7 @@ class MetricsScraper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="metrics-scraper", daemon=True)
 
-    def __enter__(self) -> "MetricsScraper":
+    def __enter__(self) -> MetricsScraper:
         if self.url:
             self._sample()
             self._thread.start()
@@ -134,6 +142,8 @@ class MetricsScraper:
     def _sample(self) -> None:
         try:
             with urllib.request.urlopen(self.url, timeout=2) as response:
-                self.snapshots.append(parse_samples(response.read().decode("utf-8", errors="replace")))
+                self.snapshots.append(
+                    parse_samples(response.read().decode("utf-8", errors="replace"))
+                )
         except (urllib.error.URLError, OSError, ValueError):
             self.errors += 1  # metrics are an extra: a missed sample must not fail the sweep

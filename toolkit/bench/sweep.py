@@ -7,12 +7,11 @@ showed during the run (toolkit.bench.scrape).
 
 from __future__ import annotations
 
-import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from toolkit.bench.metrics import PointMetrics, parse_profile_export, point_metrics
 from toolkit.bench.perf_analyzer import PerfAnalyzer, find_perf_analyzer, run_perf_analyzer
@@ -43,7 +42,9 @@ class Roofline:
     def tokens_per_s(self, point: LoadPoint) -> float | None:
         if point.mode != "concurrency":
             return None
-        streams = point.value if self.max_batch_size is None else min(point.value, self.max_batch_size)
+        streams = (
+            point.value if self.max_batch_size is None else min(point.value, self.max_batch_size)
+        )
         return streams * 1e3 / self.decode_step_ms
 
 
@@ -83,9 +84,13 @@ class PointResult:
 
     def to_dict(self) -> dict:
         return {
-            "point": asdict(self.point), "metrics": self.metrics.to_dict(), "server": self.server.to_dict(),
-            "export_file": str(self.export_file), "bound_tokens_per_s": self.bound_tokens_per_s,
-            "throughput_bound_fraction": self.throughput_bound_fraction, "itl_bound_fraction": self.itl_bound_fraction,
+            "point": asdict(self.point),
+            "metrics": self.metrics.to_dict(),
+            "server": self.server.to_dict(),
+            "export_file": str(self.export_file),
+            "bound_tokens_per_s": self.bound_tokens_per_s,
+            "throughput_bound_fraction": self.throughput_bound_fraction,
+            "itl_bound_fraction": self.itl_bound_fraction,
         }
 
 
@@ -99,16 +104,30 @@ class SweepResult:
     files: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"plan": self.plan.to_dict(), "started": self.started, "perf_analyzer": self.perf_analyzer,
-                "wall_s": self.wall_s, "points": [p.to_dict() for p in self.points], "files": self.files}
+        return {
+            "plan": self.plan.to_dict(),
+            "started": self.started,
+            "perf_analyzer": self.perf_analyzer,
+            "wall_s": self.wall_s,
+            "points": [p.to_dict() for p in self.points],
+            "files": self.files,
+        }
 
 
 def parse_points(concurrency: str | None, request_rate: str | None) -> tuple[LoadPoint, ...]:
     """'1,2,4' -> concurrency points; request rates (requests/s) may be fractional."""
-    points = [LoadPoint("concurrency", v) for v in _numbers(concurrency, "--concurrency", integer=True)]
-    points += [LoadPoint("request_rate", v) for v in _numbers(request_rate, "--request-rate", integer=False)]
+    points = [
+        LoadPoint("concurrency", v) for v in _numbers(concurrency, "--concurrency", integer=True)
+    ]
+    points += [
+        LoadPoint("request_rate", v)
+        for v in _numbers(request_rate, "--request-rate", integer=False)
+    ]
     if not points:
-        raise BenchError("no load points: pass --concurrency 1,2,4 and/or --request-rate 0.5,1", hint="e.g. --concurrency 1,4,16")
+        raise BenchError(
+            "no load points: pass --concurrency 1,2,4 and/or --request-rate 0.5,1",
+            hint="e.g. --concurrency 1,4,16",
+        )
     return tuple(points)
 
 
@@ -120,9 +139,14 @@ def _numbers(text: str | None, flag: str, integer: bool) -> list[float]:
         try:
             value = int(part) if integer else float(part)
         except ValueError:
-            raise BenchError(f"{flag}={text!r}: {part!r} is not a {'whole ' if integer else ''}number", hint=f"e.g. {flag} 1,2,4") from None
+            raise BenchError(
+                f"{flag}={text!r}: {part!r} is not a {'whole ' if integer else ''}number",
+                hint=f"e.g. {flag} 1,2,4",
+            ) from None
         if value <= 0 or not math.isfinite(value):
-            raise BenchError(f"{flag}={text!r}: {part!r} must be positive", hint=f"e.g. {flag} 1,2,4")
+            raise BenchError(
+                f"{flag}={text!r}: {part!r} must be positive", hint=f"e.g. {flag} 1,2,4"
+            )
         values.append(float(value))
     return values
 
@@ -132,29 +156,62 @@ def default_request_count(point: LoadPoint, prompts: int) -> int:
     return max(prompts, 8, math.ceil(4 * point.value))
 
 
-def plan_sweep(grpc_url: str, points: tuple[LoadPoint, ...], *, input_tokens: int, output_tokens: int, out_dir: Path,
-               model: str = c.ENSEMBLE, prompts: int = 16, requests: int | None = None, repo: Path | None = None,
-               tokenizer: Path | None = None, metrics_url: str | None = None, roofline: Roofline | None = None,
-               timeout_s: float = 600.0, seed: int = 0) -> SweepPlan:
+def plan_sweep(
+    grpc_url: str,
+    points: tuple[LoadPoint, ...],
+    *,
+    input_tokens: int,
+    output_tokens: int,
+    out_dir: Path,
+    model: str = c.ENSEMBLE,
+    prompts: int = 16,
+    requests: int | None = None,
+    repo: Path | None = None,
+    tokenizer: Path | None = None,
+    metrics_url: str | None = None,
+    roofline: Roofline | None = None,
+    timeout_s: float = 600.0,
+    seed: int = 0,
+) -> SweepPlan:
     """The sweep: prompts are made with the served repository's tokenizer, encoded the way its preprocessing encodes."""
     repository = open_repository(repo) if repo is not None else None
     if tokenizer is None:
         if repository is None:
-            raise BenchError("no tokenizer: pass --repo DIR (the served repository) or --tokenizer PATH",
-                             hint="--repo ./model_repository, or start the server with toolkit serve (bench finds what it serves)")
+            raise BenchError(
+                "no tokenizer: pass --repo DIR (the served repository) or --tokenizer PATH",
+                hint="--repo ./model_repository, or start the server with toolkit serve (bench finds what it serves)",
+            )
         tokenizer = repository.tokenizer_json
     if not tokenizer.is_file():
-        raise BenchError(f"tokenizer {tokenizer} does not exist", hint="pass --tokenizer PATH/tokenizer.json")
+        raise BenchError(
+            f"tokenizer {tokenizer} does not exist", hint="pass --tokenizer PATH/tokenizer.json"
+        )
     if requests is not None and requests < 1:
-        raise BenchError(f"--requests={requests} must be at least 1", hint="or leave it out for an automatic count")
+        raise BenchError(
+            f"--requests={requests} must be at least 1",
+            hint="or leave it out for an automatic count",
+        )
     counts = tuple(requests or default_request_count(p, prompts) for p in points)
     tokens = repository.tokens if repository is not None else None
     if roofline is None and repository is not None:
         roofline = roofline_of(repository)
-    return SweepPlan(grpc_url=grpc_url, model=model, points=points, input_tokens=input_tokens, output_tokens=output_tokens,
-                     prompts=prompts, requests=counts, out_dir=out_dir, tokenizer=tokenizer,
-                     add_special_tokens=tokens.add_special_tokens if tokens else False, bos_id=tokens.bos_id if tokens else None,
-                     metrics_url=metrics_url, roofline=roofline, timeout_s=timeout_s, seed=seed)
+    return SweepPlan(
+        grpc_url=grpc_url,
+        model=model,
+        points=points,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        prompts=prompts,
+        requests=counts,
+        out_dir=out_dir,
+        tokenizer=tokenizer,
+        add_special_tokens=tokens.add_special_tokens if tokens else False,
+        bos_id=tokens.bos_id if tokens else None,
+        metrics_url=metrics_url,
+        roofline=roofline,
+        timeout_s=timeout_s,
+        seed=seed,
+    )
 
 
 def roofline_of(repository: Repository) -> Roofline | None:
@@ -165,29 +222,60 @@ def roofline_of(repository: Repository) -> Roofline | None:
     return Roofline(memory.decode_step_ms_lower_bound, memory.max_batch_size)
 
 
-def perf_analyzer_args(plan: SweepPlan, point: LoadPoint, requests: int, input_file: Path, export_file: Path) -> list[str]:
-    load = ["--concurrency-range", f"{int(point.value)}"] if point.mode == "concurrency" else ["--request-rate-range", f"{point.value:g}"]
+def perf_analyzer_args(
+    plan: SweepPlan, point: LoadPoint, requests: int, input_file: Path, export_file: Path
+) -> list[str]:
+    load = (
+        ["--concurrency-range", f"{int(point.value)}"]
+        if point.mode == "concurrency"
+        else ["--request-rate-range", f"{point.value:g}"]
+    )
     return [
-        "-m", plan.model, "-i", "grpc", "--streaming", "-u", plan.grpc_url, "--async",
-        "--input-data", str(input_file), *load,
+        "-m",
+        plan.model,
+        "-i",
+        "grpc",
+        "--streaming",
+        "-u",
+        plan.grpc_url,
+        "--async",
+        "--input-data",
+        str(input_file),
+        *load,
         # A fixed request count, and no stability search: every request of the point is measured.
-        "--request-count", str(requests), "--measurement-interval", str(int(plan.timeout_s * 1000)),
-        "--stability-percentage", "999", "--profile-export-file", str(export_file),
+        "--request-count",
+        str(requests),
+        "--measurement-interval",
+        str(int(plan.timeout_s * 1000)),
+        "--stability-percentage",
+        "999",
+        "--profile-export-file",
+        str(export_file),
     ]
 
 
 OnPoint = Callable[[int, LoadPoint, "PointResult | None"], None]
 
 
-def run_sweep(plan: SweepPlan, on_point: OnPoint = lambda i, p, r: None, pa: PerfAnalyzer | None = None) -> SweepResult:
+def run_sweep(
+    plan: SweepPlan, on_point: OnPoint = lambda i, p, r: None, pa: PerfAnalyzer | None = None
+) -> SweepResult:
     pa = pa or find_perf_analyzer()
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
-    prompts = make_prompts(plan.tokenizer, plan.prompts, plan.input_tokens, add_special_tokens=plan.add_special_tokens,
-                           bos_id=plan.bos_id, seed=plan.seed)
-    input_file = write_input_data(plan.out_dir / "inputs.json", prompts, plan.output_tokens, plan.model)
+    prompts = make_prompts(
+        plan.tokenizer,
+        plan.prompts,
+        plan.input_tokens,
+        add_special_tokens=plan.add_special_tokens,
+        bos_id=plan.bos_id,
+        seed=plan.seed,
+    )
+    input_file = write_input_data(
+        plan.out_dir / "inputs.json", prompts, plan.output_tokens, plan.model
+    )
     results = []
-    for index, (point, requests) in enumerate(zip(plan.points, plan.requests)):
+    for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
         on_point(index, point, None)
         results.append(run_point(pa, plan, point, requests, input_file))
         on_point(index, point, results[-1])
@@ -197,7 +285,9 @@ def run_sweep(plan: SweepPlan, on_point: OnPoint = lambda i, p, r: None, pa: Per
 EXPORT_ATTEMPTS = 3
 
 
-def run_point(pa: PerfAnalyzer, plan: SweepPlan, point: LoadPoint, requests: int, input_file: Path) -> PointResult:
+def run_point(
+    pa: PerfAnalyzer, plan: SweepPlan, point: LoadPoint, requests: int, input_file: Path
+) -> PointResult:
     """One perf_analyzer run; rerun when its profile export comes back cut short.
 
     perf_analyzer 2.51 sometimes exits 0 before its profile export is fully written (the file
@@ -212,7 +302,9 @@ def run_point(pa: PerfAnalyzer, plan: SweepPlan, point: LoadPoint, requests: int
         with MetricsScraper(plan.metrics_url) as scraper:
             run_perf_analyzer(pa, args, log_file, plan.timeout_s + 60)
         if not export_file.is_file():
-            raise BenchError(f"perf_analyzer wrote no profile export at {export_file}", hint=f"read {log_file}")
+            raise BenchError(
+                f"perf_analyzer wrote no profile export at {export_file}", hint=f"read {log_file}"
+            )
         try:
             experiments = parse_profile_export(export_file)
             break
@@ -231,7 +323,10 @@ def _with_bounds(result: PointResult, roofline: Roofline | None) -> PointResult:
     bound = roofline.tokens_per_s(result.point)
     itl = result.metrics.itl_ms.mean
     return PointResult(
-        result.point, result.metrics, result.server, result.export_file,
+        result.point,
+        result.metrics,
+        result.server,
+        result.export_file,
         bound_tokens_per_s=bound,
         throughput_bound_fraction=result.metrics.output_tokens_per_s / bound if bound else None,
         itl_bound_fraction=roofline.decode_step_ms / itl if itl and math.isfinite(itl) else None,

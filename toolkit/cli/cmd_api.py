@@ -15,36 +15,116 @@ from toolkit.settings import api_keys as read_api_keys
 
 
 @click.command("api")
-@click.option("-t", "--triton-url", default="127.0.0.1:8001", help="Triton's gRPC address, host:port.")
-@click.option("-r", "--repo", "repo", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path), help="The served model repository (for its tokenizer, chat template and limits).")
-@click.option("--host", default="127.0.0.1", help="Address to bind; 0.0.0.0 exposes the API to the network.")
-@click.option("-p", "--port", default=9000, type=click.IntRange(1, 65535), help="Port to listen on.")
+@click.option(
+    "-t", "--triton-url", default="127.0.0.1:8001", help="Triton's gRPC address, host:port."
+)
+@click.option(
+    "-r",
+    "--repo",
+    "repo",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The served model repository (for its tokenizer, chat template and limits).",
+)
+@click.option(
+    "--host", default="127.0.0.1", help="Address to bind; 0.0.0.0 exposes the API to the network."
+)
+@click.option(
+    "-p", "--port", default=9000, type=click.IntRange(1, 65535), help="Port to listen on."
+)
 @api_key_options
-@click.option("--model-name", default="tensorrt_llm", help="Triton model to call: tensorrt_llm (token ids; a disconnect cancels the engine's work) or ensemble / tensorrt_llm_bls (text in and out).")
-@click.option("--served-model-name", default=None, help="The model id clients send; default: the repository's model name.")
-@click.option("--max-in-flight", default=64, type=click.IntRange(1), help="Generation requests served at once; more get 429 with Retry-After.")
-@click.option("--loop", "event_loop", default="auto", type=click.Choice(["auto", "uvloop", "asyncio"]), help="Event loop: auto takes uvloop when installed.")
-@click.option("--http", "http_impl", default="auto", type=click.Choice(["auto", "httptools", "h11"]), help="HTTP parser: auto takes httptools when installed.")
-@click.option("--log-level", default="info", type=click.Choice(["critical", "error", "warning", "info", "debug"]))
-@click.option("--dry-run", is_flag=True, help="Print the settings (keys counted, never shown) and exit.")
-def command(triton_url, repo, host, port, api_key_files, api_key, model_name, served_model_name, max_in_flight, event_loop, http_impl,
-            log_level, dry_run):
+@click.option(
+    "--model-name",
+    default="tensorrt_llm",
+    help="Triton model to call: tensorrt_llm (token ids; a disconnect cancels the engine's work) or ensemble / "
+    "tensorrt_llm_bls (text in and out).",
+)
+@click.option(
+    "--served-model-name",
+    default=None,
+    help="The model id clients send; default: the repository's model name.",
+)
+@click.option(
+    "--max-in-flight",
+    default=64,
+    type=click.IntRange(1),
+    help="Generation requests served at once; more get 429 with Retry-After.",
+)
+@click.option(
+    "--loop",
+    "event_loop",
+    default="auto",
+    type=click.Choice(["auto", "uvloop", "asyncio"]),
+    help="Event loop: auto takes uvloop when installed.",
+)
+@click.option(
+    "--http",
+    "http_impl",
+    default="auto",
+    type=click.Choice(["auto", "httptools", "h11"]),
+    help="HTTP parser: auto takes httptools when installed.",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the settings (keys counted, never shown) and exit."
+)
+def command(
+    triton_url,
+    repo,
+    host,
+    port,
+    api_key_files,
+    api_key,
+    model_name,
+    served_model_name,
+    max_in_flight,
+    event_loop,
+    http_impl,
+    log_level,
+    dry_run,
+):
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) over Triton gRPC."""
     from toolkit.api import ApiSettings, run_api
 
     reject_api_key_value(api_key)
-    for choice, module, flag in ((event_loop, "uvloop", "--loop"), (http_impl, "httptools", "--http")):
+    for choice, module, flag in (
+        (event_loop, "uvloop", "--loop"),
+        (http_impl, "httptools", "--http"),
+    ):
         if choice == module and importlib.util.find_spec(module) is None:
-            raise click.BadParameter(f"{module} is not installed; pip install {module}, or pass {flag} auto", param_hint=flag)
+            raise click.BadParameter(
+                f"{module} is not installed; pip install {module}, or pass {flag} auto",
+                param_hint=flag,
+            )
     keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
     settings = ApiSettings(triton_url, repo, model_name, served_model_name, keys, max_in_flight)
     if dry_run:
-        emit_json({"triton_url": triton_url, "repo": str(repo), "host": host, "port": port, "model_name": model_name,
-                   "served_model_name": served_model_name, "api_keys": len(keys), "max_in_flight": max_in_flight,
-                   "loop": event_loop, "http": http_impl})
+        emit_json(
+            {
+                "triton_url": triton_url,
+                "repo": str(repo),
+                "host": host,
+                "port": port,
+                "model_name": model_name,
+                "served_model_name": served_model_name,
+                "api_keys": len(keys),
+                "max_in_flight": max_in_flight,
+                "loop": event_loop,
+                "http": http_impl,
+            }
+        )
         return
     if not is_loopback(host) and not keys:
-        note(f"[yellow]warning:[/] binding {host} without API keys: anyone who reaches the port can generate")
-    note(f"OpenAI API on http://{host}:{port}/v1 -> Triton {triton_url} ({'API keys required' if keys else 'no auth'})")
+        note(
+            f"[yellow]warning:[/] binding {host} without API keys: anyone who reaches the port can generate"
+        )
+    note(
+        f"OpenAI API on http://{host}:{port}/v1 -> Triton {triton_url} "
+        f"({'API keys required' if keys else 'no auth'})"
+    )
     run_api(settings, host=host, port=port, log_level=log_level, loop=event_loop, http=http_impl)

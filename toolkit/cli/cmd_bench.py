@@ -9,58 +9,158 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from toolkit.bench.report import write_report
-from toolkit.bench.sweep import Roofline, SweepResult, default_metrics_url, parse_points, plan_sweep, run_sweep
+from toolkit.bench.sweep import (
+    Roofline,
+    SweepResult,
+    default_metrics_url,
+    parse_points,
+    plan_sweep,
+    run_sweep,
+)
 from toolkit.cli.render import emit_json, note, stderr_console, stdout_console
 from toolkit.repository import contract as c
 from toolkit.serve.launcher import read_server_record
 
 
 @click.command("bench")
-@click.option("-u", "--url", default="127.0.0.1:8001", help="gRPC endpoint of the served repository (host:port).")
-@click.option("-m", "--model", type=click.Choice([c.ENSEMBLE, c.BLS, c.ENGINE]), default=c.ENSEMBLE, help="Model to load.")
-@click.option("-c", "--concurrency", default=None, help="Concurrency points, comma-separated (e.g. 1,2,4,8).")
-@click.option("--request-rate", default=None, help="Request-rate points in requests/s, comma-separated.")
-@click.option("-i", "--input-tokens", type=click.IntRange(1), default=128, help="Prompt length in tokens (exact).")
-@click.option("-o", "--output-tokens", type=click.IntRange(1), default=64, help="Output length in tokens (forced).")
+@click.option(
+    "-u",
+    "--url",
+    default="127.0.0.1:8001",
+    help="gRPC endpoint of the served repository (host:port).",
+)
+@click.option(
+    "-m",
+    "--model",
+    type=click.Choice([c.ENSEMBLE, c.BLS, c.ENGINE]),
+    default=c.ENSEMBLE,
+    help="Model to load.",
+)
+@click.option(
+    "-c", "--concurrency", default=None, help="Concurrency points, comma-separated (e.g. 1,2,4,8)."
+)
+@click.option(
+    "--request-rate", default=None, help="Request-rate points in requests/s, comma-separated."
+)
+@click.option(
+    "-i",
+    "--input-tokens",
+    type=click.IntRange(1),
+    default=128,
+    help="Prompt length in tokens (exact).",
+)
+@click.option(
+    "-o",
+    "--output-tokens",
+    type=click.IntRange(1),
+    default=64,
+    help="Output length in tokens (forced).",
+)
 @click.option("--prompts", type=click.IntRange(1), default=16, help="Distinct prompts.")
-@click.option("--requests", type=click.IntRange(1), default=None, help="Requests per point [default: max(prompts, 8, 4 x load)].")
-@click.option("-r", "--repo", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="The served repository (its tokenizer) [default: the one `toolkit serve` serves on --url].")
-@click.option("--tokenizer", type=click.Path(path_type=Path, dir_okay=False), default=None, help="tokenizer.json to use instead of the repository's.")
-@click.option("--metrics-url", default=None, help="Triton metrics endpoint [default: recorded, else http://HOST:8002/metrics].")
-@click.option("--decode-step-ms", type=float, default=None, help="Roofline decode step (ms) to compare against [default: the GPU repository's plan].")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=Path("bench-results"), help="Output folder.")
+@click.option(
+    "--requests",
+    type=click.IntRange(1),
+    default=None,
+    help="Requests per point [default: max(prompts, 8, 4 x load)].",
+)
+@click.option(
+    "-r",
+    "--repo",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="The served repository (its tokenizer) [default: the one `toolkit serve` serves on --url].",
+)
+@click.option(
+    "--tokenizer",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="tokenizer.json to use instead of the repository's.",
+)
+@click.option(
+    "--metrics-url",
+    default=None,
+    help="Triton metrics endpoint [default: recorded, else http://HOST:8002/metrics].",
+)
+@click.option(
+    "--decode-step-ms",
+    type=float,
+    default=None,
+    help="Roofline decode step (ms) to compare against [default: the GPU repository's plan].",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("bench-results"),
+    help="Output folder.",
+)
 @click.option("--timeout", type=float, default=600.0, help="Seconds one point may take.")
 @click.option("--seed", type=int, default=0, help="Prompt sampling seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def command(url, model, concurrency, request_rate, input_tokens, output_tokens, prompts, requests, repo, tokenizer,
-            metrics_url, decode_step_ms, out_dir, timeout, seed, as_json) -> None:
+def command(
+    url,
+    model,
+    concurrency,
+    request_rate,
+    input_tokens,
+    output_tokens,
+    prompts,
+    requests,
+    repo,
+    tokenizer,
+    metrics_url,
+    decode_step_ms,
+    out_dir,
+    timeout,
+    seed,
+    as_json,
+) -> None:
     """Sweep load points with perf_analyzer (gRPC streaming) and report LLM latency and throughput."""
     points = parse_points(concurrency, request_rate)
     record = read_server_record(url) or {}
     repo = repo or (Path(record["repo"]) if record.get("repo") else None)
     plan = plan_sweep(
-        url, points, input_tokens=input_tokens, output_tokens=output_tokens, out_dir=out_dir.resolve(), model=model,
-        prompts=prompts, requests=requests, repo=repo, tokenizer=tokenizer,
+        url,
+        points,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        out_dir=out_dir.resolve(),
+        model=model,
+        prompts=prompts,
+        requests=requests,
+        repo=repo,
+        tokenizer=tokenizer,
         metrics_url=metrics_url or record.get("metrics") or default_metrics_url(url),
-        roofline=Roofline(decode_step_ms) if decode_step_ms else None, timeout_s=timeout, seed=seed,
+        roofline=Roofline(decode_step_ms) if decode_step_ms else None,
+        timeout_s=timeout,
+        seed=seed,
     )
     result = write_report(_run_with_progress(plan))
     if as_json:
         emit_json(result.to_dict())
     else:
         _print_summary(result)
-        note(f"results in {plan.out_dir}: sweep.csv, sweep.json, throughput_vs_latency.png, ttft_itl_vs_load.png")
+        note(
+            f"results in {plan.out_dir}: sweep.csv, sweep.json, throughput_vs_latency.png, ttft_itl_vs_load.png"
+        )
 
 
 def _run_with_progress(plan) -> SweepResult:
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} points"), TimeElapsedColumn())
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} points"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=stderr_console, transient=True) as progress:
         task = progress.add_task("sweep", total=len(plan.points))
 
         def on_point(index, point, result):
             if result is None:
-                progress.update(task, description=f"{point.mode} {point.value:g} ({plan.requests[index]} requests)")
+                progress.update(
+                    task,
+                    description=f"{point.mode} {point.value:g} ({plan.requests[index]} requests)",
+                )
             else:
                 progress.advance(task)
 
@@ -70,22 +170,43 @@ def _run_with_progress(plan) -> SweepResult:
 def _print_summary(result: SweepResult) -> None:
     """One row per load point; compact enough for 80 columns (rich wraps cells rather than cut them)."""
     plan = result.plan
-    table = Table(title=f"{plan.model} @ {plan.grpc_url} ({plan.input_tokens} in / {plan.output_tokens} out)", title_justify="left")
-    for header in ("load", "req", "tok/s", "req/s", "TTFT ms\np50/p99", "ITL ms\np50/p99", "latency ms\np50/p99"):
+    table = Table(
+        title=f"{plan.model} @ {plan.grpc_url} ({plan.input_tokens} in / {plan.output_tokens} out)",
+        title_justify="left",
+    )
+    for header in (
+        "load",
+        "req",
+        "tok/s",
+        "req/s",
+        "TTFT ms\np50/p99",
+        "ITL ms\np50/p99",
+        "latency ms\np50/p99",
+    ):
         table.add_column(header, justify="right")
-    with_bound = any(p.throughput_bound_fraction is not None or p.itl_bound_fraction is not None for p in result.points)
+    with_bound = any(
+        p.throughput_bound_fraction is not None or p.itl_bound_fraction is not None
+        for p in result.points
+    )
     if with_bound:
         table.add_column("of\nbound", justify="right")
     for p in result.points:
         m = p.metrics
         row = [
-            f"{'c' if p.point.mode == 'concurrency' else 'r'}{p.point.value:g}", str(m.requests),
-            f"{m.output_tokens_per_s:,.0f}", f"{m.requests_per_s:.2f}",
-            f"{m.ttft_ms.p50:.0f}/{m.ttft_ms.p99:.0f}", f"{m.itl_ms.p50:.1f}/{m.itl_ms.p99:.1f}",
+            f"{'c' if p.point.mode == 'concurrency' else 'r'}{p.point.value:g}",
+            str(m.requests),
+            f"{m.output_tokens_per_s:,.0f}",
+            f"{m.requests_per_s:.2f}",
+            f"{m.ttft_ms.p50:.0f}/{m.ttft_ms.p99:.0f}",
+            f"{m.itl_ms.p50:.1f}/{m.itl_ms.p99:.1f}",
             f"{m.latency_ms.p50:.0f}/{m.latency_ms.p99:.0f}",
         ]
         if with_bound:
-            fraction = p.throughput_bound_fraction if p.throughput_bound_fraction is not None else p.itl_bound_fraction
+            fraction = (
+                p.throughput_bound_fraction
+                if p.throughput_bound_fraction is not None
+                else p.itl_bound_fraction
+            )
             row.append("-" if fraction is None else f"{fraction:.0%}")
         table.add_row(*row)
     stdout_console.print(table)

@@ -15,20 +15,80 @@ UINT64_MAX = 2**64 - 1  # seed: a UINT64 tensor
 
 @click.command("generate")
 @click.argument("prompt")
-@click.option("-u", "--url", default=None, help="Server address [grpc: 127.0.0.1:8001, http: 127.0.0.1:8000].")
-@click.option("-p", "--protocol", type=click.Choice(["grpc", "http"]), default="grpc", help="grpc streams; http uses Triton's generate endpoint.")
+@click.option(
+    "-u", "--url", default=None, help="Server address [grpc: 127.0.0.1:8001, http: 127.0.0.1:8000]."
+)
+@click.option(
+    "-p",
+    "--protocol",
+    type=click.Choice(["grpc", "http"]),
+    default="grpc",
+    help="grpc streams; http uses Triton's generate endpoint.",
+)
 @click.option("-m", "--model", default="ensemble", help="ensemble or tensorrt_llm_bls.")
-@click.option("-n", "--max-tokens", type=click.IntRange(1, INT32_MAX), default=128, help="Most tokens to generate.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=None, help="Sampling temperature; 0 or unset: greedy.")
-@click.option("--top-k", type=click.IntRange(0, INT32_MAX), default=None, help="Sample from the k most likely tokens (0: off).")
-@click.option("--top-p", type=click.FloatRange(0, 1), default=None, help="Sample from the smallest set of tokens whose probability reaches p.")
-@click.option("--seed", type=click.IntRange(0, UINT64_MAX), default=None, help="Same seed, same sampled text.")
-@click.option("--stop", "stop_words", multiple=True, help="Stop when this text is generated (repeatable).")
-@click.option("--raw", is_flag=True, help="Send the prompt as is, without the model's chat template.")
-@click.option("--repo", type=click.Path(exists=True, file_okay=False), default=None, help="Repository whose chat template to apply [default: ask the server's model].")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=600.0, help="Seconds to wait for the answer.")
+@click.option(
+    "-n",
+    "--max-tokens",
+    type=click.IntRange(1, INT32_MAX),
+    default=128,
+    help="Most tokens to generate.",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Sampling temperature; 0 or unset: greedy.",
+)
+@click.option(
+    "--top-k",
+    type=click.IntRange(0, INT32_MAX),
+    default=None,
+    help="Sample from the k most likely tokens (0: off).",
+)
+@click.option(
+    "--top-p",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Sample from the smallest set of tokens whose probability reaches p.",
+)
+@click.option(
+    "--seed", type=click.IntRange(0, UINT64_MAX), default=None, help="Same seed, same sampled text."
+)
+@click.option(
+    "--stop", "stop_words", multiple=True, help="Stop when this text is generated (repeatable)."
+)
+@click.option(
+    "--raw", is_flag=True, help="Send the prompt as is, without the model's chat template."
+)
+@click.option(
+    "--repo",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="Repository whose chat template to apply [default: ask the server's model].",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=600.0,
+    help="Seconds to wait for the answer.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def command(prompt, url, protocol, model, max_tokens, temperature, top_k, top_p, seed, stop_words, raw, repo, timeout, as_json):
+def command(
+    prompt,
+    url,
+    protocol,
+    model,
+    max_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    stop_words,
+    raw,
+    repo,
+    timeout,
+    as_json,
+):
     """Generate text for PROMPT from a served repository."""
     url = url or DEFAULT_URLS[protocol]
     text = prompt
@@ -36,8 +96,15 @@ def command(prompt, url, protocol, model, max_tokens, temperature, top_k, top_p,
         text, templated = render_chat_prompt(prompt, repo=repo, url=url, protocol=protocol)
         if not templated:
             note("the repository has no chat template; sending the prompt as is")
-    request = GenerateRequest(prompt=text, max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                              seed=seed, stop_words=tuple(stop_words))
+    request = GenerateRequest(
+        prompt=text,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop_words=tuple(stop_words),
+    )
     if protocol == "http":
         result = generate_http(url, request, model=model, timeout_s=timeout)
         if not as_json:
@@ -48,5 +115,13 @@ def command(prompt, url, protocol, model, max_tokens, temperature, top_k, top_p,
         if not as_json:
             click.echo()
     if as_json:
-        emit_json({"text": result.text, "pieces": len(result.pieces), "time_to_first_piece_s": result.time_to_first_piece_s,
-                   "total_s": result.total_s, "protocol": protocol, "model": model})
+        emit_json(
+            {
+                "text": result.text,
+                "pieces": len(result.pieces),
+                "time_to_first_piece_s": result.time_to_first_piece_s,
+                "total_s": result.total_s,
+                "protocol": protocol,
+                "model": model,
+            }
+        )

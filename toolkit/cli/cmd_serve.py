@@ -16,35 +16,122 @@ from toolkit.settings import api_keys as read_api_keys
 
 
 @click.command("serve")
-@click.option("-r", "--repo", type=click.Path(path_type=Path), default=Path("model_repository"), help="Repository written by toolkit build.")
-@click.option("--host", default="127.0.0.1", help="Address for the OpenAI API and the metrics endpoint; Triton's HTTP/gRPC stay on 127.0.0.1 unless --expose-triton.")
+@click.option(
+    "-r",
+    "--repo",
+    type=click.Path(path_type=Path),
+    default=Path("model_repository"),
+    help="Repository written by toolkit build.",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    help="Address for the OpenAI API and the metrics endpoint; Triton's HTTP/gRPC stay on 127.0.0.1 unless "
+    "--expose-triton.",
+)
 @click.option("--http-port", type=click.IntRange(1, 65535), default=8000, help="Triton HTTP port.")
 @click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, help="Triton gRPC port.")
-@click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, help="Triton Prometheus metrics port.")
-@click.option("--openai-port", type=click.IntRange(1, 65535), default=None, help="Also serve the OpenAI-compatible API on this port.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=8002,
+    help="Triton Prometheus metrics port.",
+)
+@click.option(
+    "--openai-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Also serve the OpenAI-compatible API on this port.",
+)
 @api_key_options
-@click.option("--max-in-flight", type=click.IntRange(min=1), default=64, help="OpenAI API: requests at once before 429.")
-@click.option("--expose-triton", is_flag=True, help="Bind Triton's HTTP and gRPC ports to --host too (they check no API key).")
-@click.option("--allow-modified", is_flag=True, help="Serve a repository whose files differ from its manifest.")
-@click.option("--ready-timeout", type=click.FloatRange(min=1), default=600.0, help="Seconds to wait for every model to be ready.")
-@click.option("--drain-timeout", type=click.IntRange(min=1), default=EXIT_TIMEOUT_S, help="On SIGTERM/Ctrl-C, seconds to let in-flight requests finish.")
-@click.option("--log-file", type=click.Path(path_type=Path), default=None, help="Server log (default: in the toolkit cache).")
-@click.option("--background", is_flag=True, help="Return once ready, leaving the server running; prints its PID.")
+@click.option(
+    "--max-in-flight",
+    type=click.IntRange(min=1),
+    default=64,
+    help="OpenAI API: requests at once before 429.",
+)
+@click.option(
+    "--expose-triton",
+    is_flag=True,
+    help="Bind Triton's HTTP and gRPC ports to --host too (they check no API key).",
+)
+@click.option(
+    "--allow-modified",
+    is_flag=True,
+    help="Serve a repository whose files differ from its manifest.",
+)
+@click.option(
+    "--ready-timeout",
+    type=click.FloatRange(min=1),
+    default=600.0,
+    help="Seconds to wait for every model to be ready.",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.IntRange(min=1),
+    default=EXIT_TIMEOUT_S,
+    help="On SIGTERM/Ctrl-C, seconds to let in-flight requests finish.",
+)
+@click.option(
+    "--log-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Server log (default: in the toolkit cache).",
+)
+@click.option(
+    "--background",
+    is_flag=True,
+    help="Return once ready, leaving the server running; prints its PID.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the endpoints as JSON.")
-def command(repo, host, http_port, grpc_port, metrics_port, openai_port, api_key_files, api_key, max_in_flight, expose_triton,
-            allow_modified, ready_timeout, drain_timeout, log_file, background, as_json):
+def command(
+    repo,
+    host,
+    http_port,
+    grpc_port,
+    metrics_port,
+    openai_port,
+    api_key_files,
+    api_key,
+    max_in_flight,
+    expose_triton,
+    allow_modified,
+    ready_timeout,
+    drain_timeout,
+    log_file,
+    background,
+    as_json,
+):
     """Serve a model repository with tritonserver (and the OpenAI API with --openai-port)."""
     reject_api_key_value(api_key)
     keys = read_api_keys(api_key_files)
     triton_host = _triton_host(host, expose_triton, openai_port)
-    config = ServerConfig(repo=repo.resolve(), host=triton_host, metrics_host=host, http_port=http_port, grpc_port=grpc_port,
-                          metrics_port=metrics_port, ready_timeout_s=ready_timeout, exit_timeout_s=drain_timeout,
-                          log_file=log_file, allow_modified=allow_modified)
+    config = ServerConfig(
+        repo=repo.resolve(),
+        host=triton_host,
+        metrics_host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        ready_timeout_s=ready_timeout,
+        exit_timeout_s=drain_timeout,
+        log_file=log_file,
+        allow_modified=allow_modified,
+    )
     if openai_port is not None and openai_port in (http_port, grpc_port, metrics_port):
-        raise ServerError(f"--openai-port {openai_port} is also Triton's port", hint="give --openai-port a port of its own (not --http-port, --grpc-port or --metrics-port)")
-    options = ServeOptions(config, openai_port=openai_port, api_host=host, api_keys=keys, max_in_flight=max_in_flight)
+        raise ServerError(
+            f"--openai-port {openai_port} is also Triton's port",
+            hint="give --openai-port a port of its own (not --http-port, --grpc-port or --metrics-port)",
+        )
+    options = ServeOptions(
+        config, openai_port=openai_port, api_host=host, api_keys=keys, max_in_flight=max_in_flight
+    )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
-        session = start_serving(options, on_wait=lambda message: status.update(f"tritonserver: {message}"), detached=background)
+        session = start_serving(
+            options,
+            on_wait=lambda message: status.update(f"tritonserver: {message}"),
+            detached=background,
+        )
     endpoints = session.endpoints()
     if as_json:
         emit_json(endpoints)
@@ -52,7 +139,10 @@ def command(repo, host, http_port, grpc_port, metrics_port, openai_port, api_key
         for key, value in endpoints.items():
             click.echo(f"{key:11} {value}")
     if background:
-        write_server_record(session.server, {"openai": endpoints.get("openai"), "openai_pid": endpoints.get("openai_pid")})
+        write_server_record(
+            session.server,
+            {"openai": endpoints.get("openai"), "openai_pid": endpoints.get("openai_pid")},
+        )
         pids = " ".join(str(p) for p in (endpoints["pid"], endpoints.get("openai_pid")) if p)
         note(f"server running in the background; stop it with: kill {pids}")
         return
@@ -64,11 +154,16 @@ def command(repo, host, http_port, grpc_port, metrics_port, openai_port, api_key
 def _triton_host(host: str, expose_triton: bool, openai_port: int | None) -> str:
     if is_loopback(host) or expose_triton:
         if expose_triton and not is_loopback(host):
-            note(f"[yellow]warning:[/] Triton's HTTP and gRPC ports are open on {host} with no API key: anyone who reaches them can generate")
+            note(
+                f"[yellow]warning:[/] Triton's HTTP and gRPC ports are open on {host} with no API key: anyone who "
+                "reaches them can generate"
+            )
         return host
     if openai_port is None:
         raise ServerError(
-            f"--host {host} would open nothing but the metrics endpoint: Triton's HTTP and gRPC ports stay on 127.0.0.1, where no API key is checked",
-            hint="add --openai-port PORT (the OpenAI API, with --api-key-file) to serve on that address, or --expose-triton to open Triton's ports unauthenticated",
+            f"--host {host} would open nothing but the metrics endpoint: Triton's HTTP and gRPC ports stay on "
+            "127.0.0.1, where no API key is checked",
+            hint="add --openai-port PORT (the OpenAI API, with --api-key-file) to serve on that address, or "
+            "--expose-triton to open Triton's ports unauthenticated",
         )
     return "127.0.0.1"

@@ -11,7 +11,11 @@ import click
 from toolkit import __version__
 from toolkit.errors import ToolkitError
 
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True, "auto_envvar_prefix": "TOOLKIT"}
+CONTEXT_SETTINGS = {
+    "help_option_names": ["-h", "--help"],
+    "show_default": True,
+    "auto_envvar_prefix": "TOOLKIT",
+}
 
 
 class ToolkitGroup(click.Group):

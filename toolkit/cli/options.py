@@ -11,10 +11,17 @@ from toolkit.settings import API_KEYS
 
 def api_key_options(function):
     """-k/--api-key-file (repeatable) and a hidden --api-key that refuses a key on the command line."""
-    function = click.option("--api-key", "api_key", default=None, hidden=True, expose_value=True)(function)
+    function = click.option("--api-key", "api_key", default=None, hidden=True, expose_value=True)(
+        function
+    )
     return click.option(
-        "-k", "--api-key-file", "api_key_files", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-        help=f"OpenAI API: a file of bearer keys, one per line (repeatable); also {API_KEYS} (comma-separated). None: no auth.",
+        "-k",
+        "--api-key-file",
+        "api_key_files",
+        multiple=True,
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help=f"OpenAI API: a file of bearer keys, one per line (repeatable); also {API_KEYS} (comma-separated). "
+        "None: no auth.",
     )(function)
 
 

@@ -33,12 +33,17 @@ def template_from_server(url: str, protocol: str) -> ChatTemplate | None:
             config = client.get_model_config("preprocessing")
             client.close()
     except Exception as exc:  # noqa: BLE001 - any transport failure means: cannot reach the server
-        raise ClientError(f"cannot read the chat template from {url}: {exc}", hint="start the server (toolkit serve), fix --url, or pass --raw") from exc
+        raise ClientError(
+            f"cannot read the chat template from {url}: {exc}",
+            hint="start the server (toolkit serve), fix --url, or pass --raw",
+        ) from exc
     source = config.get("parameters", {}).get("chat_template", {}).get("string_value")
     return ChatTemplate(source) if source else None
 
 
-def render_chat_prompt(prompt: str, *, repo: str | None = None, url: str = "127.0.0.1:8001", protocol: str = "grpc") -> tuple[str, bool]:
+def render_chat_prompt(
+    prompt: str, *, repo: str | None = None, url: str = "127.0.0.1:8001", protocol: str = "grpc"
+) -> tuple[str, bool]:
     """(text to send, whether a template was applied)."""
     template = template_from_repository(Path(repo)) if repo else template_from_server(url, protocol)
     if template is None:

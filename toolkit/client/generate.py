@@ -12,8 +12,8 @@ import queue
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -35,11 +35,18 @@ class GenerateRequest:
 
     def validate(self) -> None:
         if self.max_tokens <= 0:
-            raise ClientError(f"--max-tokens={self.max_tokens} must be at least 1", hint="pass --max-tokens 64, say")
+            raise ClientError(
+                f"--max-tokens={self.max_tokens} must be at least 1",
+                hint="pass --max-tokens 64, say",
+            )
         if self.temperature is not None and self.temperature < 0:
-            raise ClientError(f"--temperature={self.temperature} must be >= 0", hint="0 is greedy; 0.7 is typical")
+            raise ClientError(
+                f"--temperature={self.temperature} must be >= 0", hint="0 is greedy; 0.7 is typical"
+            )
         if self.top_p is not None and not 0 <= self.top_p <= 1:
-            raise ClientError(f"--top-p={self.top_p} must be within [0, 1]", hint="pass --top-p 0.9, say")
+            raise ClientError(
+                f"--top-p={self.top_p} must be within [0, 1]", hint="pass --top-p 0.9, say"
+            )
         if self.top_k is not None and self.top_k < 0:
             raise ClientError(f"--top-k={self.top_k} must be >= 0", hint="0 disables top-k")
 
@@ -54,8 +61,12 @@ class GenerateResult:
 
 def _optional_inputs(request: GenerateRequest) -> dict[str, tuple[object, str]]:
     values = {
-        "temperature": (request.temperature, "FP32"), "top_k": (request.top_k, "INT32"), "top_p": (request.top_p, "FP32"),
-        "seed": (request.seed, "UINT64"), "min_tokens": (request.min_tokens, "INT32"), "end_id": (request.end_id, "INT32"),
+        "temperature": (request.temperature, "FP32"),
+        "top_k": (request.top_k, "INT32"),
+        "top_p": (request.top_p, "FP32"),
+        "seed": (request.seed, "UINT64"),
+        "min_tokens": (request.min_tokens, "INT32"),
+        "end_id": (request.end_id, "INT32"),
     }
     return {name: pair for name, pair in values.items() if pair[0] is not None}
 
@@ -67,13 +78,28 @@ def grpc_inputs(request: GenerateRequest, stream: bool):
         scalar("stream", stream, "BOOL"),
     ]
     if request.stop_words:
-        tensors.append(("stop_words", np.array([[w.encode() for w in request.stop_words]], dtype=object), "BYTES"))
-    tensors += [scalar(name, value, dtype) for name, (value, dtype) in _optional_inputs(request).items()]
+        tensors.append(
+            (
+                "stop_words",
+                np.array([[w.encode() for w in request.stop_words]], dtype=object),
+                "BYTES",
+            )
+        )
+    tensors += [
+        scalar(name, value, dtype) for name, (value, dtype) in _optional_inputs(request).items()
+    ]
     return infer_inputs(tensors)
 
 
-def generate_grpc(url: str, request: GenerateRequest, *, model: str = "ensemble", stream: bool = True,
-                  on_piece: Callable[[str], None] = lambda _: None, timeout_s: float = 600.0) -> GenerateResult:
+def generate_grpc(
+    url: str,
+    request: GenerateRequest,
+    *,
+    model: str = "ensemble",
+    stream: bool = True,
+    on_piece: Callable[[str], None] = lambda _: None,
+    timeout_s: float = 600.0,
+) -> GenerateResult:
     """Stream one request over gRPC; calls on_piece with each decoded piece as it arrives."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
@@ -87,7 +113,9 @@ def generate_grpc(url: str, request: GenerateRequest, *, model: str = "ensemble"
     finished = False
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer(model, grpc_inputs(request, stream), enable_empty_final_response=True)
+        client.async_stream_infer(
+            model, grpc_inputs(request, stream), enable_empty_final_response=True
+        )
         for piece in _pieces(responses, timeout_s):
             text = decoder.decode(piece)
             if result.time_to_first_piece_s is None:
@@ -101,7 +129,9 @@ def generate_grpc(url: str, request: GenerateRequest, *, model: str = "ensemble"
             on_piece(tail)
         finished = True
     except InferenceServerException as exc:
-        raise ClientError(f"{model} at {url}: {exc.message()}", hint=_hint_for(exc.message())) from exc
+        raise ClientError(
+            f"{model} at {url}: {exc.message()}", hint=_hint_for(exc.message())
+        ) from exc
     finally:
         # Cancel only what is still running (an error, a timeout, Ctrl-C); a finished request needs no cancel.
         client.stop_stream(cancel_requests=not finished)
@@ -119,7 +149,10 @@ def _pieces(responses: queue.Queue, timeout_s: float) -> Iterator[bytes]:
         try:
             res, err = responses.get(timeout=max(deadline - time.monotonic(), 0.001))
         except queue.Empty as exc:
-            raise ClientError(f"no response within {timeout_s:.0f}s", hint="raise --timeout, or check the server log") from exc
+            raise ClientError(
+                f"no response within {timeout_s:.0f}s",
+                hint="raise --timeout, or check the server log",
+            ) from exc
         if err is not None:
             message = err.message() if isinstance(err, InferenceServerException) else str(err)
             raise ClientError(message, hint=_hint_for(message))
@@ -132,7 +165,9 @@ def _pieces(responses: queue.Queue, timeout_s: float) -> Iterator[bytes]:
             return
 
 
-def generate_http(url: str, request: GenerateRequest, *, model: str = "ensemble", timeout_s: float = 600.0) -> GenerateResult:
+def generate_http(
+    url: str, request: GenerateRequest, *, model: str = "ensemble", timeout_s: float = 600.0
+) -> GenerateResult:
     """Triton's HTTP generate endpoint: one JSON request, one JSON response."""
     request.validate()
     body = {"text_input": request.prompt, "max_tokens": request.max_tokens, "stream": False}
@@ -140,8 +175,11 @@ def generate_http(url: str, request: GenerateRequest, *, model: str = "ensemble"
     if request.stop_words:
         body["stop_words"] = list(request.stop_words)
     base = url if url.startswith("http") else f"http://{url}"
-    http = urllib.request.Request(f"{base}/v2/models/{model}/generate", data=json.dumps(body).encode(),
-                                  headers={"Content-Type": "application/json"})
+    http = urllib.request.Request(
+        f"{base}/v2/models/{model}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     start = time.perf_counter()
     try:
         with urllib.request.urlopen(http, timeout=timeout_s) as response:
@@ -150,7 +188,10 @@ def generate_http(url: str, request: GenerateRequest, *, model: str = "ensemble"
         message = _error_message(exc)
         raise ClientError(f"{model} at {base}: {message}", hint=_hint_for(message)) from exc
     except urllib.error.URLError as exc:
-        raise ClientError(f"cannot reach {base}: {exc.reason}", hint="start the server with toolkit serve, or fix --url") from exc
+        raise ClientError(
+            f"cannot reach {base}: {exc.reason}",
+            hint="start the server with toolkit serve, or fix --url",
+        ) from exc
     elapsed = time.perf_counter() - start
     text = payload.get("text_output", "")
     return GenerateResult(text=text, pieces=[text], time_to_first_piece_s=elapsed, total_s=elapsed)

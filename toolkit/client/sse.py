@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 DONE = "[DONE]"
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)[,}]')
@@ -49,14 +49,18 @@ class LeanStreamClient:
         self.host, port = url.removeprefix("http://").rsplit(":", 1)
         self.port = int(port)
         payload = json.dumps(body).encode()
-        self.request = (f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                        f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+        self.request = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
         self.idle: list = []
 
     async def stream(self) -> tuple[float | None, int | None]:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        reader, writer = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
+        reader, writer = (
+            self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
+        )
         writer.write(self.request)
         status = await reader.readline()
         if not status:  # the server closed an idle keep-alive connection: open a new one

@@ -6,7 +6,7 @@ request to the engine model (`tensorrt_llm`) with every scalar typed as the cont
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -33,7 +33,9 @@ def scalar(name: str, value, dtype: str) -> tuple[str, np.ndarray, str]:
     return name, np.array([[value]], dtype=NUMPY[dtype]), dtype
 
 
-def engine_tensors(prompt_ids: list[int], max_tokens: int, **scalars) -> list[tuple[str, np.ndarray, str]]:
+def engine_tensors(
+    prompt_ids: list[int], max_tokens: int, **scalars
+) -> list[tuple[str, np.ndarray, str]]:
     """input_ids, input_lengths, request_output_len, plus optional engine scalars (streaming=True, end_id=2, ...)."""
     tensors = [
         ("input_ids", np.array([prompt_ids], dtype=np.int32), "INT32"),

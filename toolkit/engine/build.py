@@ -7,17 +7,17 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from toolkit.engine.build_plan import EngineBuildPlan
-from toolkit.engine.cache import RECORD, cache_key, checkpoint_hash, is_cached, read_record
+from toolkit.engine.cache import RECORD, cache_key, checkpoint_hash, is_cached
 from toolkit.engine.tools import require_gpu_sm, require_trtllm
 from toolkit.engine.trtllm_flags import PINNED_TRTLLM_VERSION
-from toolkit.subprocs import stop_process
 from toolkit.errors import EngineBuildError
 from toolkit.fsutil import file_lock, write_text_atomic
+from toolkit.subprocs import stop_process
 
 Progress = Callable[[str], None]
 _LOG_TAIL_LINES = 25
@@ -37,7 +37,9 @@ class EngineBuildResult:
         return asdict(self)
 
 
-def execute_engine_build(plan: EngineBuildPlan, *, progress: Progress | None = None) -> EngineBuildResult:
+def execute_engine_build(
+    plan: EngineBuildPlan, *, progress: Progress | None = None
+) -> EngineBuildResult:
     """Run quantize/convert and trtllm-build unless an engine with the same cache key is already there.
 
     The plan's checkpoint must be on local disk with its weights (toolkit.build downloads hub models first).
@@ -46,7 +48,10 @@ def execute_engine_build(plan: EngineBuildPlan, *, progress: Progress | None = N
     started = time.monotonic()
     version = require_trtllm()
     if version != PINNED_TRTLLM_VERSION:
-        say(f"warning: TensorRT-LLM {version} is installed; the toolkit's flags are checked against {PINNED_TRTLLM_VERSION}")
+        say(
+            f"warning: TensorRT-LLM {version} is installed; the toolkit's flags are checked against "
+            f"{PINNED_TRTLLM_VERSION}"
+        )
     sm = require_gpu_sm(plan.gpu_sm, plan.target)
     model_dir = _checkpoint_with_weights(plan)
     key = cache_key(checkpoint_hash(model_dir), plan.build_inputs(), version, sm)
@@ -54,18 +59,25 @@ def execute_engine_build(plan: EngineBuildPlan, *, progress: Progress | None = N
     with file_lock(engine_dir.parent / f".{engine_dir.name}.lock"):
         if is_cached(engine_dir, key, plan.world_size):
             say(f"engine unchanged (cache key {key[:12]}): {engine_dir}")
-            return EngineBuildResult(str(engine_dir), True, key, version, sm, plan.world_size, time.monotonic() - started)
+            return EngineBuildResult(
+                str(engine_dir), True, key, version, sm, plan.world_size, time.monotonic() - started
+            )
         _run_steps(plan, say)
         _install(plan, key, version, sm)
     say(f"engine ready: {engine_dir}")
-    return EngineBuildResult(str(engine_dir), False, key, version, sm, plan.world_size, time.monotonic() - started)
+    return EngineBuildResult(
+        str(engine_dir), False, key, version, sm, plan.world_size, time.monotonic() - started
+    )
 
 
 def _checkpoint_with_weights(plan: EngineBuildPlan) -> Path:
     from toolkit.model.sources import check_weights
 
     if plan.checkpoint_dir is None:
-        raise EngineBuildError(f"the checkpoint of {plan.model_source} is not on local disk", hint="build with toolkit build (it downloads the weights first)")
+        raise EngineBuildError(
+            f"the checkpoint of {plan.model_source} is not on local disk",
+            hint="build with toolkit build (it downloads the weights first)",
+        )
     path = Path(plan.checkpoint_dir)
     check_weights(path, allow_pickle=False)
     return path
@@ -75,7 +87,7 @@ def _run_steps(plan: EngineBuildPlan, say: Progress) -> None:
     work = Path(plan.work_dir)
     shutil.rmtree(work, ignore_errors=True)
     (work / "logs").mkdir(parents=True)
-    for name, argv in zip(plan.step_names, plan.commands):
+    for name, argv in zip(plan.step_names, plan.commands, strict=True):
         say(f"{name}: {' '.join(argv)}")
         run_logged(list(argv), work / "logs" / f"{name}.log", name)
 
@@ -84,7 +96,9 @@ def run_logged(argv: list[str], log_path: Path, name: str) -> None:
     """Run one tool in its own session, output to a log file; EngineBuildError with the log tail on failure."""
     with open(log_path, "w") as log:
         try:
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         except FileNotFoundError as exc:
             from toolkit.engine.tools import container_hint
 
@@ -96,7 +110,10 @@ def run_logged(argv: list[str], log_path: Path, name: str) -> None:
             raise
     if code != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:])
-        raise EngineBuildError(f"{name} failed with exit code {code} (log: {log_path}):\n{tail}", hint="read the log above; fix the input, then rebuild")
+        raise EngineBuildError(
+            f"{name} failed with exit code {code} (log: {log_path}):\n{tail}",
+            hint="read the log above; fix the input, then rebuild",
+        )
 
 
 def _install(plan: EngineBuildPlan, key: str, version: str, sm: str) -> None:
@@ -136,9 +153,16 @@ def check_engine_layout(engine_dir: Path, world_size: int | None = None) -> dict
         config["build_config"]["max_batch_size"]
         config["version"]
     except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise EngineBuildError(f"{engine_dir} is not a TensorRT-LLM engine folder ({exc!r})", hint="rebuild the engine") from exc
+        raise EngineBuildError(
+            f"{engine_dir} is not a TensorRT-LLM engine folder ({exc!r})", hint="rebuild the engine"
+        ) from exc
     expected = world_size or mapping.get("world_size", 1)
-    missing = [f"rank{r}.engine" for r in range(expected) if not (engine_dir / f"rank{r}.engine").is_file()]
+    missing = [
+        f"rank{r}.engine" for r in range(expected) if not (engine_dir / f"rank{r}.engine").is_file()
+    ]
     if missing:
-        raise EngineBuildError(f"{engine_dir} lacks {', '.join(missing)}", hint="rebuild the engine; trtllm-build writes one file per rank")
+        raise EngineBuildError(
+            f"{engine_dir} lacks {', '.join(missing)}",
+            hint="rebuild the engine; trtllm-build writes one file per rank",
+        )
     return config

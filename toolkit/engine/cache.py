@@ -24,7 +24,12 @@ def checkpoint_hash(checkpoint: Path) -> str:
 
 def cache_key(checkpoint_digest: str, build_inputs: dict, trtllm_version: str, gpu_sm: str) -> str:
     canonical = json.dumps(
-        {"checkpoint": checkpoint_digest, "build": build_inputs, "trtllm": trtllm_version, "sm": gpu_sm},
+        {
+            "checkpoint": checkpoint_digest,
+            "build": build_inputs,
+            "trtllm": trtllm_version,
+            "sm": gpu_sm,
+        },
         sort_keys=True,
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -41,4 +46,9 @@ def read_record(engine_dir: Path) -> dict | None:
 def is_cached(engine_dir: Path, key: str, world_size: int) -> bool:
     record = read_record(engine_dir)
     ranks_present = all((engine_dir / f"rank{r}.engine").is_file() for r in range(world_size))
-    return bool(record) and record.get("cache_key") == key and (engine_dir / "config.json").is_file() and ranks_present
+    return (
+        bool(record)
+        and record.get("cache_key") == key
+        and (engine_dir / "config.json").is_file()
+        and ranks_present
+    )

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.settings import TrtllmTools
 from toolkit.engine.trtllm_flags import LLAMA_CONVERT_SCRIPT, QUANTIZE_SCRIPT
 from toolkit.plan.memory import MemoryPlan
+from toolkit.settings import TrtllmTools
 
 _QFORMAT = {"fp8": "fp8", "int4-awq": "int4_awq", "bf16": "full_prec"}
 _GEMM_PLUGIN = {"bf16": "auto", "int4-awq": "auto", "fp8": "disable"}
@@ -44,26 +44,41 @@ def checkpoint_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools
 
 def convert_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
     return [
-        tools.python, f"{tools.examples_dir}/{LLAMA_CONVERT_SCRIPT}",
-        "--model_dir", str(settings.model_dir),
-        "--output_dir", str(settings.checkpoint_dir),
-        "--dtype", "bfloat16",
-        "--tp_size", str(plan.tp_size),
-        "--pp_size", str(plan.pp_size),
-        "--workers", "1",
+        tools.python,
+        f"{tools.examples_dir}/{LLAMA_CONVERT_SCRIPT}",
+        "--model_dir",
+        str(settings.model_dir),
+        "--output_dir",
+        str(settings.checkpoint_dir),
+        "--dtype",
+        "bfloat16",
+        "--tp_size",
+        str(plan.tp_size),
+        "--pp_size",
+        str(plan.pp_size),
+        "--workers",
+        "1",
     ]
 
 
 def quantize_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
     argv = [
-        tools.python, f"{tools.examples_dir}/{QUANTIZE_SCRIPT}",
-        "--model_dir", str(settings.model_dir),
-        "--output_dir", str(settings.checkpoint_dir),
-        "--dtype", "bfloat16",
-        "--qformat", _QFORMAT[plan.dtype],
-        "--calib_size", str(settings.calib_size),
-        "--tp_size", str(plan.tp_size),
-        "--pp_size", str(plan.pp_size),
+        tools.python,
+        f"{tools.examples_dir}/{QUANTIZE_SCRIPT}",
+        "--model_dir",
+        str(settings.model_dir),
+        "--output_dir",
+        str(settings.checkpoint_dir),
+        "--dtype",
+        "bfloat16",
+        "--qformat",
+        _QFORMAT[plan.dtype],
+        "--calib_size",
+        str(settings.calib_size),
+        "--tp_size",
+        str(plan.tp_size),
+        "--pp_size",
+        str(plan.pp_size),
     ]
     if plan.dtype == "int4-awq":
         argv += ["--awq_block_size", str(settings.awq_block_size)]
@@ -75,26 +90,46 @@ def quantize_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) 
 def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
     argv = [
         tools.trtllm_build,
-        "--checkpoint_dir", str(settings.checkpoint_dir),
-        "--output_dir", str(settings.engine_dir),
-        "--max_batch_size", str(plan.max_batch_size),
-        "--max_input_len", str(plan.max_input_len),
-        "--max_seq_len", str(plan.max_seq_len),
-        "--max_num_tokens", str(plan.max_num_tokens),
-        "--max_beam_width", "1",
-        "--kv_cache_type", "paged",
-        "--tokens_per_block", str(plan.tokens_per_block),
-        "--remove_input_padding", "enable",
-        "--context_fmha", "enable",
-        "--use_paged_context_fmha", "enable",
-        "--gpt_attention_plugin", "auto",
-        "--gemm_plugin", _GEMM_PLUGIN[plan.dtype],
-        "--multiple_profiles", "enable",
-        "--workers", str(plan.world_size),
-        "--log_level", "info",
+        "--checkpoint_dir",
+        str(settings.checkpoint_dir),
+        "--output_dir",
+        str(settings.engine_dir),
+        "--max_batch_size",
+        str(plan.max_batch_size),
+        "--max_input_len",
+        str(plan.max_input_len),
+        "--max_seq_len",
+        str(plan.max_seq_len),
+        "--max_num_tokens",
+        str(plan.max_num_tokens),
+        "--max_beam_width",
+        "1",
+        "--kv_cache_type",
+        "paged",
+        "--tokens_per_block",
+        str(plan.tokens_per_block),
+        "--remove_input_padding",
+        "enable",
+        "--context_fmha",
+        "enable",
+        "--use_paged_context_fmha",
+        "enable",
+        "--gpt_attention_plugin",
+        "auto",
+        "--gemm_plugin",
+        _GEMM_PLUGIN[plan.dtype],
+        "--multiple_profiles",
+        "enable",
+        "--workers",
+        str(plan.world_size),
+        "--log_level",
+        "info",
     ]
     if plan.dtype in ("bf16", "fp8"):
-        argv += ["--use_fused_mlp", "enable"]  # trtllm-build turns it off itself for weight-only int4
+        argv += [
+            "--use_fused_mlp",
+            "enable",
+        ]  # trtllm-build turns it off itself for weight-only int4
     if plan.dtype == "fp8" and plan.kv_dtype == "fp8":
         argv += ["--use_fp8_context_fmha", "enable"]  # FP8 attention in the context phase on Hopper
     return argv

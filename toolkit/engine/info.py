@@ -23,13 +23,18 @@ class EngineInfo:
     max_seq_len: int | None
     max_num_tokens: int | None
     gpu_sm: str | None  # from the toolkit's build record; None for an engine built elsewhere
-    record: dict | None = None  # the toolkit's build record (toolkit_build.json), when it built the engine
+    record: dict | None = (
+        None  # the toolkit's build record (toolkit_build.json), when it built the engine
+    )
 
     @property
     def runtime(self) -> dict:
         """The serving settings the build planned (KV pool, reuse, chunked context, scheduler policy)."""
         if not self.record:
-            raise EngineBuildError(f"{self.engine_dir} has no toolkit build record", hint="build the engine with toolkit build")
+            raise EngineBuildError(
+                f"{self.engine_dir} has no toolkit build record",
+                hint="build the engine with toolkit build",
+            )
         return self.record["runtime"]
 
 
@@ -54,7 +59,9 @@ def read_engine_info(engine_dir: Path) -> EngineInfo:
     )
 
 
-def check_engine_compatible(engine_dir: Path, *, installed_version: str | None = None, gpu_sm: str | None = None) -> EngineInfo:
+def check_engine_compatible(
+    engine_dir: Path, *, installed_version: str | None = None, gpu_sm: str | None = None
+) -> EngineInfo:
     """Refuse to serve an engine this machine cannot load: no TensorRT-LLM, another version, another SM."""
     info = read_engine_info(Path(engine_dir))
     version = installed_version or detect_trtllm_version()
@@ -65,8 +72,10 @@ def check_engine_compatible(engine_dir: Path, *, installed_version: str | None =
         )
     if version != info.trtllm_version:
         raise EngineBuildError(
-            f"{engine_dir} was built by TensorRT-LLM {info.trtllm_version}; this machine has {version}, which cannot load it",
-            hint="rebuild it here: toolkit build --target <gpu> (an engine only loads in the TensorRT-LLM version that built it)",
+            f"{engine_dir} was built by TensorRT-LLM {info.trtllm_version}; this machine has {version}, which "
+            "cannot load it",
+            hint="rebuild it here: toolkit build --target <gpu> (an engine only loads in the TensorRT-LLM version "
+            "that built it)",
         )
     sm = gpu_sm or detect_gpu_sm()
     if sm is None:

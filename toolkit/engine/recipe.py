@@ -6,9 +6,10 @@ recipe's target are refused by name, so a recipe always means what it says.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -87,10 +88,25 @@ ALL, GPU, CPU, SYNTHETIC, PYTHON = "all", "gpu", "cpu", "synthetic", "cpu/synthe
 # section.key (or key at the top) -> (BuildRecipe field, validator, what the value must be, targets it applies to)
 _SCHEMA: dict[str, tuple[str, Callable[[Any], bool], str, str]] = {
     "name": ("name", _text, "a non-empty string", ALL),
-    "model": ("model", _text, "a model source (a catalog name, hf:ORG/NAME, a folder, or smollm2-135m-instruct)", ALL),
+    "model": (
+        "model",
+        _text,
+        "a model source (a catalog name, hf:ORG/NAME, a folder, or smollm2-135m-instruct)",
+        ALL,
+    ),
     "target": ("target", _one_of(*TARGETS), f"one of {', '.join(TARGETS)}", ALL),
-    "quantization.dtype": ("dtype", _one_of("bf16", "fp8", "int4-awq", "fp32"), "one of bf16, fp8, int4-awq (fp32 on cpu)", ALL),
-    "quantization.kv_cache_dtype": ("kv_dtype", _one_of("bf16", "fp8", "fp32"), "one of bf16, fp8 (fp32 on cpu)", ALL),
+    "quantization.dtype": (
+        "dtype",
+        _one_of("bf16", "fp8", "int4-awq", "fp32"),
+        "one of bf16, fp8, int4-awq (fp32 on cpu)",
+        ALL,
+    ),
+    "quantization.kv_cache_dtype": (
+        "kv_dtype",
+        _one_of("bf16", "fp8", "fp32"),
+        "one of bf16, fp8 (fp32 on cpu)",
+        ALL,
+    ),
     "quantization.calib_size": ("calib_size", _positive_int, "a positive integer", GPU),
     "quantization.awq_block_size": ("awq_block_size", _one_of(64, 128), "64 or 128", GPU),
     "parallelism.tp": ("tp", _one_of(1, 2, 4, 8), "1, 2, 4 or 8", GPU),
@@ -100,14 +116,49 @@ _SCHEMA: dict[str, tuple[str, Callable[[Any], bool], str, str]] = {
     "limits.max_output_len": ("max_output_len", _positive_int, "a positive integer", ALL),
     "batching.max_batch_size": ("max_batch_size", _positive_int, "a positive integer", ALL),
     "batching.max_num_tokens": ("max_num_tokens", _positive_int, "a positive integer", ALL),
-    "batching.max_queue_size": ("max_queue_size", _non_negative_int, "a non-negative integer (0: no bound)", ALL),
-    "batching.batch_scheduler_policy": ("batch_scheduler_policy", _one_of(*POLICIES), f"one of {', '.join(POLICIES)}", GPU),
+    "batching.max_queue_size": (
+        "max_queue_size",
+        _non_negative_int,
+        "a non-negative integer (0: no bound)",
+        ALL,
+    ),
+    "batching.batch_scheduler_policy": (
+        "batch_scheduler_policy",
+        _one_of(*POLICIES),
+        f"one of {', '.join(POLICIES)}",
+        GPU,
+    ),
     "kv_cache.tokens": ("kv_cache_tokens", _positive_int, "a positive integer", CPU),
-    "kv_cache.free_gpu_mem_fraction": ("kv_cache_free_gpu_mem_fraction", _fraction, "a number in (0, 1]", GPU),
-    "kv_cache.enable_block_reuse": ("enable_kv_cache_reuse", lambda v: isinstance(v, bool), "true or false", GPU),
-    "kv_cache.enable_chunked_context": ("enable_chunked_context", lambda v: isinstance(v, bool), "true or false", GPU),
-    "engine.num_threads": ("num_threads", _non_negative_int, "a non-negative integer (0: torch's default)", CPU),
-    "engine.step_time_ms": ("step_time_ms", _non_negative_number, "a non-negative number of milliseconds", SYNTHETIC),
+    "kv_cache.free_gpu_mem_fraction": (
+        "kv_cache_free_gpu_mem_fraction",
+        _fraction,
+        "a number in (0, 1]",
+        GPU,
+    ),
+    "kv_cache.enable_block_reuse": (
+        "enable_kv_cache_reuse",
+        lambda v: isinstance(v, bool),
+        "true or false",
+        GPU,
+    ),
+    "kv_cache.enable_chunked_context": (
+        "enable_chunked_context",
+        lambda v: isinstance(v, bool),
+        "true or false",
+        GPU,
+    ),
+    "engine.num_threads": (
+        "num_threads",
+        _non_negative_int,
+        "a non-negative integer (0: torch's default)",
+        CPU,
+    ),
+    "engine.step_time_ms": (
+        "step_time_ms",
+        _non_negative_number,
+        "a non-negative number of milliseconds",
+        SYNTHETIC,
+    ),
 }
 _SECTIONS = sorted({key.split(".")[0] for key in _SCHEMA if "." in key})
 
@@ -131,7 +182,10 @@ def load_recipe(name_or_path: str | Path) -> BuildRecipe:
     if not path.is_file():
         path = recipes_dir() / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise RecipeError(f"no recipe {str(name_or_path)!r}", hint=f"use a path to a YAML file or one of: {', '.join(list_recipes())}")
+        raise RecipeError(
+            f"no recipe {str(name_or_path)!r}",
+            hint=f"use a path to a YAML file or one of: {', '.join(list_recipes())}",
+        )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -141,17 +195,24 @@ def load_recipe(name_or_path: str | Path) -> BuildRecipe:
 
 def recipe_from_dict(data: Any, path: Path) -> BuildRecipe:
     if not isinstance(data, dict):
-        raise RecipeError(f"{path}: a recipe is a YAML mapping, got {type(data).__name__}", hint="see build/*.yaml for examples")
+        raise RecipeError(
+            f"{path}: a recipe is a YAML mapping, got {type(data).__name__}",
+            hint="see build/*.yaml for examples",
+        )
     fields: dict[str, Any] = {"name": path.stem, "path": str(path)}
     items = _flatten(data, path)
     for key, value in items:
         field, valid, expected, _ = _SCHEMA[key]
         if not valid(value):
-            raise RecipeError(f"{path}: {key} must be {expected}, got {value!r}", hint=f"fix {key} in {path}")
+            raise RecipeError(
+                f"{path}: {key} must be {expected}, got {value!r}", hint=f"fix {key} in {path}"
+            )
         fields[field] = value
     for required in ("model", "target"):
         if required not in fields:
-            raise RecipeError(f"{path}: missing required key {required!r}", hint=f"add `{required}:` to {path}")
+            raise RecipeError(
+                f"{path}: missing required key {required!r}", hint=f"add `{required}:` to {path}"
+            )
     recipe = BuildRecipe(**fields)
     _check_applies(recipe, [key for key, _ in items], path)
     _check_consistency(recipe, path)
@@ -163,13 +224,18 @@ def _flatten(data: dict, path: Path) -> list[tuple[str, Any]]:
     for key, value in data.items():
         if key in _SECTIONS:
             if not isinstance(value, dict):
-                raise RecipeError(f"{path}: {key} must be a mapping, got {value!r}", hint=f"write {key}: as a section with keys under it")
+                raise RecipeError(
+                    f"{path}: {key} must be a mapping, got {value!r}",
+                    hint=f"write {key}: as a section with keys under it",
+                )
             items += [(f"{key}.{sub}", v) for sub, v in value.items()]
         else:
             items.append((str(key), value))
     for key, _ in items:
         if key not in _SCHEMA:
-            raise RecipeError(f"{path}: unknown key {key!r}", hint=f"allowed keys: {', '.join(_SCHEMA)}")
+            raise RecipeError(
+                f"{path}: unknown key {key!r}", hint=f"allowed keys: {', '.join(_SCHEMA)}"
+            )
     return items
 
 
@@ -178,22 +244,36 @@ def _check_applies(recipe: BuildRecipe, keys: list[str], path: Path) -> None:
         scope = _SCHEMA[key][3]
         applies = scope == ALL or (scope == GPU and recipe.gpu) or scope == recipe.target
         if not applies:
-            raise RecipeError(f"{path}: {key} does not apply to target {recipe.target} (only to {scope} targets)",
-                              hint=f"remove {key} from {path}")
+            raise RecipeError(
+                f"{path}: {key} does not apply to target {recipe.target} (only to {scope} targets)",
+                hint=f"remove {key} from {path}",
+            )
 
 
 def _check_consistency(recipe: BuildRecipe, path: Path) -> None:
     precisions = {recipe.dtype, recipe.kv_dtype} - {None}
     if recipe.gpu and "fp32" in precisions:
-        raise RecipeError(f"{path}: fp32 is for the cpu target only", hint="use bf16, fp8 or int4-awq on a GPU target")
+        raise RecipeError(
+            f"{path}: fp32 is for the cpu target only",
+            hint="use bf16, fp8 or int4-awq on a GPU target",
+        )
     if not recipe.gpu and precisions - {"fp32"}:
-        raise RecipeError(f"{path}: the {recipe.target} target runs fp32 weights and KV cache, not {', '.join(sorted(precisions - {'fp32'}))}",
-                          hint=f"drop quantization from the {recipe.target} recipe (or write fp32)")
+        raise RecipeError(
+            f"{path}: the {recipe.target} target runs fp32 weights and KV cache, not "
+            f"{', '.join(sorted(precisions - {'fp32'}))}",
+            hint=f"drop quantization from the {recipe.target} recipe (or write fp32)",
+        )
     if recipe.gpu and "fp8" in precisions and not GPU_PROFILES[recipe.target].supports_fp8:
-        raise RecipeError(f"{path}: {recipe.target} has no FP8 support", hint="use bf16 or int4-awq for this target")
+        raise RecipeError(
+            f"{path}: {recipe.target} has no FP8 support",
+            hint="use bf16 or int4-awq for this target",
+        )
     if recipe.max_input_len and recipe.max_seq_len and recipe.max_input_len >= recipe.max_seq_len:
-        raise RecipeError(f"{path}: limits.max_input_len {recipe.max_input_len} leaves no room to generate within limits.max_seq_len {recipe.max_seq_len}",
-                          hint="make max_input_len smaller than max_seq_len")
+        raise RecipeError(
+            f"{path}: limits.max_input_len {recipe.max_input_len} leaves no room to generate within "
+            f"limits.max_seq_len {recipe.max_seq_len}",
+            hint="make max_input_len smaller than max_seq_len",
+        )
 
 
 def command_line_recipe(model: str | None, target: str) -> BuildRecipe:

@@ -1,7 +1,8 @@
 """Where the TensorRT-LLM tools are, which TensorRT-LLM is installed, which GPU is here.
 
 The tools' locations come from toolkit.settings (TOOLKIT_TRTLLM_BIN_DIR, TOOLKIT_TRTLLM_PYTHON,
-TOOLKIT_TRTLLM_EXAMPLES_DIR). Detection runs the real things: `python3 -c "import tensorrt_llm"` and `nvidia-smi`; tests put
+TOOLKIT_TRTLLM_EXAMPLES_DIR). Detection runs the real things: `python3 -c "import tensorrt_llm"`
+and `nvidia-smi`; tests put
 fakes of both on PATH / PYTHONPATH, the same seam.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 from toolkit.engine.trtllm_flags import (
     PINNED_TRTLLM_VERSION,
@@ -25,7 +25,10 @@ _DETECT_TIMEOUT_S = 120  # importing tensorrt_llm loads CUDA libraries: seconds,
 
 
 def container_hint() -> str:
-    return f"run it inside NVIDIA's Triton TRT-LLM container, e.g. docker run --gpus all {TRITON_TRTLLM_CONTAINER} (TensorRT-LLM {PINNED_TRTLLM_VERSION})"
+    return (
+        "run it inside NVIDIA's Triton TRT-LLM container, e.g. docker run --gpus all "
+        f"{TRITON_TRTLLM_CONTAINER} (TensorRT-LLM {PINNED_TRTLLM_VERSION})"
+    )
 
 
 def detect_trtllm_version(python: str | None = None) -> str | None:
@@ -35,7 +38,9 @@ def detect_trtllm_version(python: str | None = None) -> str | None:
         return None
     code = "import tensorrt_llm, sys; sys.stdout.write('\\n' + tensorrt_llm.__version__ + '\\n')"
     try:
-        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=_DETECT_TIMEOUT_S)
+        done = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=_DETECT_TIMEOUT_S
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
@@ -50,7 +55,9 @@ def detect_gpu_sm() -> str | None:
     try:
         done = subprocess.run(
             ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -84,10 +91,14 @@ def require_trtllm() -> str:
 def require_gpu_sm(expected: str, target: str) -> str:
     sm = detect_gpu_sm()
     if sm is None:
-        raise EngineBuildError(f"no NVIDIA GPU found (nvidia-smi is missing or failed); --target {target} needs one", hint=container_hint())
+        raise EngineBuildError(
+            f"no NVIDIA GPU found (nvidia-smi is missing or failed); --target {target} needs one",
+            hint=container_hint(),
+        )
     if sm != expected:
         raise EngineBuildError(
-            f"--target {target} is SM {expected}, but this machine's GPU is SM {sm}; engines only run on the SM they were built on",
+            f"--target {target} is SM {expected}, but this machine's GPU is SM {sm}; "
+            "engines only run on the SM they were built on",
             hint=f"build on a {target}, or pick the --target that matches this GPU",
         )
     return sm

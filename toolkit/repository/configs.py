@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -27,7 +27,12 @@ def tensor_inputs(tensors: Iterable[c.Tensor]) -> list[mc.ModelInput]:
 
 
 def tensor_outputs(tensors: Iterable[c.Tensor]) -> list[mc.ModelOutput]:
-    return [mc.ModelOutput(name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.dtype}"), dims=list(t.dims)) for t in tensors]
+    return [
+        mc.ModelOutput(
+            name=t.name, data_type=mc.DataType.Value(f"TYPE_{t.dtype}"), dims=list(t.dims)
+        )
+        for t in tensors
+    ]
 
 
 def set_parameters(config: mc.ModelConfig, parameters: Mapping[str, object]) -> None:
@@ -56,7 +61,9 @@ def python_model(
     config.input.extend(tensor_inputs(inputs))
     config.output.extend(tensor_outputs(outputs))
     config.model_transaction_policy.decoupled = decoupled
-    config.instance_group.append(mc.ModelInstanceGroup(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU))
+    config.instance_group.append(
+        mc.ModelInstanceGroup(count=instances, kind=mc.ModelInstanceGroup.KIND_CPU)
+    )
     if dynamic_batching:
         config.dynamic_batching.SetInParent()
     set_parameters(config, parameters or {})

@@ -86,7 +86,9 @@ PREPROCESSING_INPUTS = (
     _opt("EMBEDDING_BIAS_WEIGHTS", "FP32", (-1,)),
     _opt("END_ID", "INT32"),
     _opt("PAD_ID", "INT32"),
-    _opt("MIN_TOKENS", "INT32"),  # ours: with min_tokens the model's other end tokens are not added as stop words
+    _opt(
+        "MIN_TOKENS", "INT32"
+    ),  # ours: with min_tokens the model's other end tokens are not added as stop words
 )
 PREPROCESSING_OUTPUTS = (
     Tensor("INPUT_ID", "INT32", (-1,)),
@@ -147,7 +149,8 @@ TEXT_OUTPUTS = (
     Tensor("num_output_tokens", "INT32", (1,)),
 )
 
-# Ensemble wiring, as in NVIDIA's ensemble: (step model, {step tensor: ensemble tensor}, {step output: ensemble tensor}).
+# Ensemble wiring, as in NVIDIA's ensemble:
+# (step model, {step tensor: ensemble tensor}, {step output: ensemble tensor}).
 PREPROCESSING_INPUT_MAP = {
     "QUERY": "text_input",
     "REQUEST_OUTPUT_LEN": "max_tokens",

@@ -35,15 +35,22 @@ class RepositoryLimits:
         try:
             return cls(**{k: int(v) for k, v in data.items() if k in known})
         except (TypeError, ValueError) as exc:
-            raise RepositoryError(f"the limits in the {where} are malformed: {data!r}", hint="rebuild the repository") from exc
+            raise RepositoryError(
+                f"the limits in the {where} are malformed: {data!r}", hint="rebuild the repository"
+            ) from exc
 
     @classmethod
-    def from_memory_plan(cls, plan, *, max_output_len: int | None = None, max_queue_size: int | None = None) -> RepositoryLimits:
+    def from_memory_plan(
+        cls, plan, *, max_output_len: int | None = None, max_queue_size: int | None = None
+    ) -> RepositoryLimits:
         """A GPU engine's limits, from the planner's numbers (toolkit.plan.memory.MemoryPlan)."""
         return cls(
-            max_batch_size=plan.max_batch_size, max_input_len=plan.max_input_len,
-            max_output_len=max_output_len or plan.max_seq_len - 1, max_seq_len=plan.max_seq_len,
-            max_num_tokens=plan.max_num_tokens, kv_cache_tokens=max(plan.kv_cache_tokens, plan.max_seq_len),
+            max_batch_size=plan.max_batch_size,
+            max_input_len=plan.max_input_len,
+            max_output_len=max_output_len or plan.max_seq_len - 1,
+            max_seq_len=plan.max_seq_len,
+            max_num_tokens=plan.max_num_tokens,
+            kv_cache_tokens=max(plan.kv_cache_tokens, plan.max_seq_len),
             kv_block_size=plan.tokens_per_block,
             max_queue_size=cls.max_queue_size if max_queue_size is None else max_queue_size,
         )
@@ -56,20 +63,26 @@ class RepositoryLimits:
         """Refuse limits the engine cannot run, naming the flag and the fix."""
         for name, value in self.to_dict().items():
             if value <= 0 and name != "max_queue_size" or value < 0:
-                raise RepositoryError(f"--{name.replace('_', '-')}={value} must be positive", hint="pass a positive number")
+                raise RepositoryError(
+                    f"--{name.replace('_', '-')}={value} must be positive",
+                    hint="pass a positive number",
+                )
         if self.max_seq_len > max_position_embeddings:
             raise RepositoryError(
-                f"--max-seq-len={self.max_seq_len} is over the model's max_position_embeddings {max_position_embeddings}",
+                f"--max-seq-len={self.max_seq_len} is over the model's max_position_embeddings "
+                f"{max_position_embeddings}",
                 hint=f"pass --max-seq-len {max_position_embeddings} or less",
             )
         if self.max_input_len >= self.max_seq_len:
             raise RepositoryError(
-                f"--max-input-len={self.max_input_len} leaves no room to generate within --max-seq-len={self.max_seq_len}",
+                f"--max-input-len={self.max_input_len} leaves no room to generate within "
+                f"--max-seq-len={self.max_seq_len}",
                 hint="make --max-input-len smaller than --max-seq-len",
             )
         if self.kv_cache_tokens < self.max_seq_len:
             raise RepositoryError(
-                f"--kv-cache-tokens={self.kv_cache_tokens} cannot hold one sequence of --max-seq-len={self.max_seq_len}",
+                f"--kv-cache-tokens={self.kv_cache_tokens} cannot hold one sequence of "
+                f"--max-seq-len={self.max_seq_len}",
                 hint=f"pass --kv-cache-tokens {self.max_seq_len} or more",
             )
         return self

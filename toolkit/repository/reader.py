@@ -53,17 +53,28 @@ class Manifest:
     @classmethod
     def from_dict(cls, data, path: Path) -> Manifest:
         if not isinstance(data, dict) or data.get("generator") != GENERATOR:
-            raise RepositoryError(f"{path} was not written by this toolkit (no \"generator\": \"{GENERATOR}\" in it)",
-                                  hint="this folder is not a toolkit model repository; build one with toolkit build -o NEW_DIR")
+            raise RepositoryError(
+                f'{path} was not written by this toolkit (no "generator": "{GENERATOR}" in it)',
+                hint="this folder is not a toolkit model repository; build one with toolkit build -o NEW_DIR",
+            )
         if data.get("format") != MANIFEST_FORMAT:
-            raise RepositoryError(f"{path} has manifest format {data.get('format')!r}; this toolkit reads format {MANIFEST_FORMAT}",
-                                  hint=f"rebuild it: {rebuild_command(data, path.parent)}")
+            raise RepositoryError(
+                f"{path} has manifest format {data.get('format')!r}; this toolkit reads format {MANIFEST_FORMAT}",
+                hint=f"rebuild it: {rebuild_command(data, path.parent)}",
+            )
         try:
-            return cls(**{**data, "limits": RepositoryLimits.from_dict(data["limits"], str(path)),
-                          "tokens": TokenFacts.from_dict(data["tokens"])})
+            return cls(
+                **{
+                    **data,
+                    "limits": RepositoryLimits.from_dict(data["limits"], str(path)),
+                    "tokens": TokenFacts.from_dict(data["tokens"]),
+                }
+            )
         except (KeyError, TypeError, ValueError) as exc:
-            raise RepositoryError(f"{path} is malformed ({type(exc).__name__}: {exc})",
-                                  hint=f"rebuild it: {rebuild_command(data, path.parent)}") from exc
+            raise RepositoryError(
+                f"{path} is malformed ({type(exc).__name__}: {exc})",
+                hint=f"rebuild it: {rebuild_command(data, path.parent)}",
+            ) from exc
 
 
 def read_manifest(repo: Path) -> Manifest:
@@ -77,9 +88,13 @@ def read_manifest(repo: Path) -> Manifest:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RepositoryError(f"{path} is not valid JSON: {exc}", hint="rebuild the repository with toolkit build") from exc
+        raise RepositoryError(
+            f"{path} is not valid JSON: {exc}", hint="rebuild the repository with toolkit build"
+        ) from exc
     except OSError as exc:
-        raise RepositoryError(f"cannot read {path}: {exc.strerror}", hint="check the folder's permissions") from exc
+        raise RepositoryError(
+            f"cannot read {path}: {exc.strerror}", hint="check the folder's permissions"
+        ) from exc
     return Manifest.from_dict(data, path)
 
 
@@ -95,14 +110,20 @@ def is_toolkit_repository(folder: Path) -> bool:
         return True
     # Format 1 (toolkit 0.1 before the marker): every one of its own keys, with their types.
     legacy = ("toolkit_version", "sources_digest", "target", "created")
-    return data.get("format") == 1 and all(isinstance(data.get(k), str) for k in legacy) and isinstance(data.get("model"), dict)
+    return (
+        data.get("format") == 1
+        and all(isinstance(data.get(k), str) for k in legacy)
+        and isinstance(data.get("model"), dict)
+    )
 
 
 def rebuild_command(data: dict, repo: Path) -> str:
     model = data.get("model") if isinstance(data, dict) else None
     source = model.get("source", "") if isinstance(model, dict) else ""
     kind, _, value = str(source).partition(":")
-    model_arg = {"embedded": value, "hf": f"hf:{value}", "local": value, "catalog": value}.get(kind, "MODEL")
+    model_arg = {"embedded": value, "hf": f"hf:{value}", "local": value, "catalog": value}.get(
+        kind, "MODEL"
+    )
     target = data.get("target", "cpu") if isinstance(data, dict) else "cpu"
     return f"toolkit build --target {target} --model {model_arg} --output {repo}"
 
@@ -148,7 +169,10 @@ class Repository:
     def tokenizer_json(self) -> Path:
         path = self.tokenizer_dir / "tokenizer.json"
         if not path.is_file():
-            raise RepositoryError(f"{self.path} is missing its tokenizer: {path} does not exist", hint=f"rebuild it: {self.rebuild_command}")
+            raise RepositoryError(
+                f"{self.path} is missing its tokenizer: {path} does not exist",
+                hint=f"rebuild it: {self.rebuild_command}",
+            )
         return path
 
     @property
@@ -166,7 +190,8 @@ class Repository:
 
     @property
     def served_model_name(self) -> str:
-        """The model id clients see: the last part of the model source (SmolLM2-135M-Instruct, Llama-3.1-8B-Instruct)."""
+        """The model id clients see: the last part of the model source
+        (SmolLM2-135M-Instruct, Llama-3.1-8B-Instruct)."""
         name = self.model_source.split(":", 1)[-1].rstrip("/").rsplit("/", 1)[-1]
         return name or self.path.resolve().name
 
@@ -190,11 +215,12 @@ class Repository:
             except OSError:
                 changes.append(FileChange(relative, "missing"))
                 continue
-            if stat.st_size != size:
+            if stat.st_size != size or stat.st_mtime_ns != mtime_ns and sha256_file(path) != digest:
                 changes.append(FileChange(relative, "modified"))
-            elif stat.st_mtime_ns != mtime_ns and sha256_file(path) != digest:
-                changes.append(FileChange(relative, "modified"))
-        changes += [FileChange(p, "added") for p in sorted(set(repository_file_names(self.path)) - set(recorded) - {MANIFEST})]
+        changes += [
+            FileChange(p, "added")
+            for p in sorted(set(repository_file_names(self.path)) - set(recorded) - {MANIFEST})
+        ]
         return changes
 
 
@@ -229,10 +255,15 @@ def open_repository(path: Path) -> Repository:
     """Open a built repository: RepositoryError for a missing, foreign, half-made or other-format one."""
     path = Path(path)
     if not path.is_dir():
-        raise RepositoryError(f"model repository {path} does not exist",
-                              hint=f"build it with: toolkit build --target cpu --output {path}")
+        raise RepositoryError(
+            f"model repository {path} does not exist",
+            hint=f"build it with: toolkit build --target cpu --output {path}",
+        )
     repo = Repository(path, read_manifest(path))
     missing = [name for name in c.MODEL_NAMES if not (path / name / "config.pbtxt").is_file()]
     if missing:
-        raise RepositoryError(f"{path} is incomplete: no config.pbtxt for {', '.join(missing)}", hint=f"rebuild: {repo.rebuild_command}")
+        raise RepositoryError(
+            f"{path} is incomplete: no config.pbtxt for {', '.join(missing)}",
+            hint=f"rebuild: {repo.rebuild_command}",
+        )
     return repo

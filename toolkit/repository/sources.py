@@ -30,7 +30,7 @@ def model_repo_sources() -> Path:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def common_module(name: str) -> ModuleType:
     """A module of model_repo/common/ (e.g. textcodec), imported once from the toolkit's own sources."""
     if name not in COMMON_MODULES:

@@ -15,14 +15,20 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from toolkit import __version__
 from toolkit.errors import RepositoryError, ToolkitError
 from toolkit.fsutil import (
-    check_free_space, copy_file, deferred_interrupts, disk_full_error, file_lock, make_world_readable, write_text_atomic,
+    check_free_space,
+    copy_file,
+    deferred_interrupts,
+    disk_full_error,
+    file_lock,
+    make_world_readable,
+    write_text_atomic,
 )
 from toolkit.model.chat_template import template_from_tokenizer_dir
 from toolkit.model.facts import ModelFacts, read_model_facts
@@ -31,10 +37,20 @@ from toolkit.model.tokens import TokenFacts, read_token_facts
 from toolkit.model.verify import checked_sha256
 from toolkit.repository import configs
 from toolkit.repository import contract as c
-from toolkit.repository.engines import CHECKPOINT_FILES, EngineSpec, SyntheticEngine, checkpoint_files
+from toolkit.repository.engines import (
+    CHECKPOINT_FILES,
+    EngineSpec,
+    SyntheticEngine,
+    checkpoint_files,
+)
 from toolkit.repository.limits import RepositoryLimits
 from toolkit.repository.reader import (
-    MANIFEST, MANIFEST_FORMAT, Manifest, is_toolkit_repository, open_repository, record_files,
+    MANIFEST,
+    MANIFEST_FORMAT,
+    Manifest,
+    is_toolkit_repository,
+    open_repository,
+    record_files,
 )
 from toolkit.repository.sources import COMMON_MODULES, model_repo_sources, sources_digest
 
@@ -53,7 +69,9 @@ class RepositoryPlan:
     output: Path
     limits: RepositoryLimits
     decoupled: bool = True
-    memory_plan: dict | None = None  # GPU targets: the planner's numbers (bench compares against its bounds)
+    memory_plan: dict | None = (
+        None  # GPU targets: the planner's numbers (bench compares against its bounds)
+    )
     preprocessing_instances: int = 1
     postprocessing_instances: int = 1
 
@@ -64,13 +82,22 @@ class RepositoryPlan:
     @property
     def key(self) -> str:
         payload = {
-            "toolkit": __version__, "sources": sources_digest(), "target": self.target,
-            "model": self.model.source, "revision": self.model.revision, "files": checkpoint_hashes(self.model.path),
-            "limits": self.limits.to_dict(), "tokens": self.tokens.to_dict(), "engine": self.engine.describe(),
-            "decoupled": self.decoupled, "instances": [self.preprocessing_instances, self.postprocessing_instances],
+            "toolkit": __version__,
+            "sources": sources_digest(),
+            "target": self.target,
+            "model": self.model.source,
+            "revision": self.model.revision,
+            "files": checkpoint_hashes(self.model.path),
+            "limits": self.limits.to_dict(),
+            "tokens": self.tokens.to_dict(),
+            "engine": self.engine.describe(),
+            "decoupled": self.decoupled,
+            "instances": [self.preprocessing_instances, self.postprocessing_instances],
             "memory_plan": self.memory_plan,
         }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
+        return hashlib.sha256(
+            json.dumps(payload, sort_keys=True, default=str).encode()
+        ).hexdigest()[:20]
 
 
 @dataclass(frozen=True)
@@ -78,21 +105,40 @@ class RepositoryResult:
     path: Path
     skipped: bool
     key: str
-    interrupted_after_swap: bool = False  # Ctrl-C or SIGTERM arrived during the swap; the new repository is whole
+    interrupted_after_swap: bool = (
+        False  # Ctrl-C or SIGTERM arrived during the swap; the new repository is whole
+    )
 
 
-def plan_repository(model: ResolvedModel, engine: EngineSpec, output: Path, limits: RepositoryLimits | None = None, *,
-                    memory_plan: dict | None = None, decoupled: bool = True) -> RepositoryPlan:
+def plan_repository(
+    model: ResolvedModel,
+    engine: EngineSpec,
+    output: Path,
+    limits: RepositoryLimits | None = None,
+    *,
+    memory_plan: dict | None = None,
+    decoupled: bool = True,
+) -> RepositoryPlan:
     facts = read_model_facts(model.path)
     tokens = read_token_facts(model.path)
     limits = (limits or RepositoryLimits()).check(facts.max_position_embeddings)
     if isinstance(engine, SyntheticEngine) and not engine.token_ids:
         engine = replace(engine, token_ids=tuple(_plain_word_ids(model.path, tokens)))
-    return RepositoryPlan(model=model, facts=facts, tokens=tokens, engine=engine, output=Path(output).resolve(),
-                          limits=limits, decoupled=decoupled, memory_plan=memory_plan)
+    return RepositoryPlan(
+        model=model,
+        facts=facts,
+        tokens=tokens,
+        engine=engine,
+        output=Path(output).resolve(),
+        limits=limits,
+        decoupled=decoupled,
+        memory_plan=memory_plan,
+    )
 
 
-def write_repository(plan: RepositoryPlan, progress: Callable[[str], None] = lambda _: None) -> RepositoryResult:
+def write_repository(
+    plan: RepositoryPlan, progress: Callable[[str], None] = lambda _: None
+) -> RepositoryResult:
     output = plan.output
     output.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(output.parent / f".{output.name}.lock"):
@@ -102,7 +148,9 @@ def write_repository(plan: RepositoryPlan, progress: Callable[[str], None] = lam
             return RepositoryResult(output, True, key)
         _refuse_foreign(output)
         check_free_space(output.parent, _bytes_needed(plan), f"writing the repository {output}")
-        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-{os.getpid()}-", dir=output.parent))
+        staging = Path(
+            tempfile.mkdtemp(prefix=f".{output.name}.building-{os.getpid()}-", dir=output.parent)
+        )
         try:
             make_world_readable(staging)
             _render(plan, staging, key, progress)
@@ -110,7 +158,9 @@ def write_repository(plan: RepositoryPlan, progress: Callable[[str], None] = lam
                 _swap_into_place(staging, output)
         except OSError as exc:
             if exc.errno in _DISK_FULL:
-                raise disk_full_error(exc, output.parent, f"writing the repository {output}") from exc
+                raise disk_full_error(
+                    exc, output.parent, f"writing the repository {output}"
+                ) from exc
             raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -138,10 +188,17 @@ def _refuse_foreign(output: Path) -> None:
     if not output.exists():
         return
     if not output.is_dir():
-        raise RepositoryError(f"--output {output} is a file, not a folder; refusing to replace it", hint="choose another --output")
+        raise RepositoryError(
+            f"--output {output} is a file, not a folder; refusing to replace it",
+            hint="choose another --output",
+        )
     if is_toolkit_repository(output) or not any(output.iterdir()):
         return
-    marker = " (its manifest.json was not written by this toolkit)" if (output / MANIFEST).exists() else ""
+    marker = (
+        " (its manifest.json was not written by this toolkit)"
+        if (output / MANIFEST).exists()
+        else ""
+    )
     raise RepositoryError(
         f"{output} exists and is not a toolkit repository{marker}; refusing to overwrite it, nothing in it was touched",
         hint="choose another --output, or remove that folder yourself",
@@ -157,7 +214,11 @@ def _remove_leftovers(output: Path) -> None:
 
 def _bytes_needed(plan: RepositoryPlan) -> int:
     files = checkpoint_files(plan.model.path)
-    weights = sum(p.stat().st_size for p in files if p.name not in CHECKPOINT_FILES) if plan.target == "cpu" else 0
+    weights = (
+        sum(p.stat().st_size for p in files if p.name not in CHECKPOINT_FILES)
+        if plan.target == "cpu"
+        else 0
+    )
     tokenizer = sum(p.stat().st_size for p in files if p.name in CHECKPOINT_FILES)
     return weights + tokenizer * (len(TEXT_MODELS) + 1) + (1 << 20)
 
@@ -167,10 +228,15 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
     sources = model_repo_sources()
     limits, tokens = plan.limits, plan.tokens
     text_params = {
-        "tokenizer_dir": "tokenizer", "add_special_tokens": tokens.add_special_tokens,
-        "bos_id": -1 if tokens.bos_id is None else tokens.bos_id, "end_id": tokens.end_id, "pad_id": tokens.pad_id,
+        "tokenizer_dir": "tokenizer",
+        "add_special_tokens": tokens.add_special_tokens,
+        "bos_id": -1 if tokens.bos_id is None else tokens.bos_id,
+        "end_id": tokens.end_id,
+        "pad_id": tokens.pad_id,
         "stop_ids": ",".join(str(i) for i in tokens.stop_ids),
-        "max_input_len": limits.max_input_len, "max_output_len": limits.max_output_len, "max_seq_len": limits.max_seq_len,
+        "max_input_len": limits.max_input_len,
+        "max_output_len": limits.max_output_len,
+        "max_seq_len": limits.max_seq_len,
     }
     progress("text models")
     for name in TEXT_MODELS:
@@ -180,16 +246,46 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
             shutil.copy2(sources / "common" / f"{module}.py", version / f"{module}.py")
         _copy_tokenizer(plan.model.path, version / "tokenizer")
     template = template_from_tokenizer_dir(plan.model.path)
-    _write_config(root, configs.python_model(c.PREPROCESSING, c.PREPROCESSING_INPUTS, c.PREPROCESSING_OUTPUTS,
-                  max_batch_size=limits.max_batch_size, instances=plan.preprocessing_instances, dynamic_batching=True,
-                  parameters={**text_params, **({"chat_template": template} if template else {})}))
-    _write_config(root, configs.python_model(c.POSTPROCESSING, c.POSTPROCESSING_INPUTS, c.POSTPROCESSING_OUTPUTS,
-                  max_batch_size=limits.max_batch_size, instances=plan.postprocessing_instances, dynamic_batching=True,
-                  parameters={"tokenizer_dir": "tokenizer", "skip_special_tokens": True}))
-    _write_config(root, configs.python_model(c.BLS, c.TEXT_INPUTS, c.TEXT_OUTPUTS, max_batch_size=limits.max_batch_size,
-                  decoupled=plan.decoupled, parameters={**text_params, "tensorrt_llm_model_name": c.ENGINE,
-                                                        "max_concurrent_requests": limits.max_batch_size,
-                                                        "decoupled": plan.decoupled}))
+    _write_config(
+        root,
+        configs.python_model(
+            c.PREPROCESSING,
+            c.PREPROCESSING_INPUTS,
+            c.PREPROCESSING_OUTPUTS,
+            max_batch_size=limits.max_batch_size,
+            instances=plan.preprocessing_instances,
+            dynamic_batching=True,
+            parameters={**text_params, **({"chat_template": template} if template else {})},
+        ),
+    )
+    _write_config(
+        root,
+        configs.python_model(
+            c.POSTPROCESSING,
+            c.POSTPROCESSING_INPUTS,
+            c.POSTPROCESSING_OUTPUTS,
+            max_batch_size=limits.max_batch_size,
+            instances=plan.postprocessing_instances,
+            dynamic_batching=True,
+            parameters={"tokenizer_dir": "tokenizer", "skip_special_tokens": True},
+        ),
+    )
+    _write_config(
+        root,
+        configs.python_model(
+            c.BLS,
+            c.TEXT_INPUTS,
+            c.TEXT_OUTPUTS,
+            max_batch_size=limits.max_batch_size,
+            decoupled=plan.decoupled,
+            parameters={
+                **text_params,
+                "tensorrt_llm_model_name": c.ENGINE,
+                "max_concurrent_requests": limits.max_batch_size,
+                "decoupled": plan.decoupled,
+            },
+        ),
+    )
     (root / c.ENSEMBLE / "1").mkdir(parents=True)
     _write_config(root, configs.ensemble_model(limits.max_batch_size))
     progress("engine")
@@ -199,11 +295,25 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
     hashes = checkpoint_hashes(plan.model.path)
     known = {f"{c.ENGINE}/1/weights/{name}": digest for name, digest in hashes.items()}
     manifest = Manifest(
-        format=MANIFEST_FORMAT, toolkit_version=__version__, sources_digest=sources_digest(), build_key=key,
-        target=plan.target, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        model={"source": plan.model.source, "revision": plan.model.revision, "facts": plan.facts.to_dict()},
-        checkpoint_files=hashes, files=record_files(root, known), limits=limits, tokens=tokens,
-        engine=plan.engine.describe(), decoupled=plan.decoupled, memory_plan=plan.memory_plan, versions=_library_versions(),
+        format=MANIFEST_FORMAT,
+        toolkit_version=__version__,
+        sources_digest=sources_digest(),
+        build_key=key,
+        target=plan.target,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        model={
+            "source": plan.model.source,
+            "revision": plan.model.revision,
+            "facts": plan.facts.to_dict(),
+        },
+        checkpoint_files=hashes,
+        files=record_files(root, known),
+        limits=limits,
+        tokens=tokens,
+        engine=plan.engine.describe(),
+        decoupled=plan.decoupled,
+        memory_plan=plan.memory_plan,
+        versions=_library_versions(),
     )
     write_text_atomic(root / MANIFEST, json.dumps(manifest.to_dict(), indent=2) + "\n")
 
@@ -215,11 +325,15 @@ def _plain_word_ids(checkpoint: Path, tokens: TokenFacts) -> list[int]:
     tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
     ids = tokenizer.encode(SYNTHETIC_TEXT, add_special_tokens=False).ids
     ends = {tokens.end_id, *tokens.stop_ids}
-    return [i for i in dict.fromkeys(ids) if i not in ends]  # each id once: a cycle position names one token
+    return [
+        i for i in dict.fromkeys(ids) if i not in ends
+    ]  # each id once: a cycle position names one token
 
 
-SYNTHETIC_TEXT = (" The quick brown fox jumps over the lazy dog while a patient engineer measures every layer of"
-                  " the serving stack, one streamed token at a time.")
+SYNTHETIC_TEXT = (
+    " The quick brown fox jumps over the lazy dog while a patient engineer measures every layer of"
+    " the serving stack, one streamed token at a time."
+)
 
 
 def _write_config(root: Path, config) -> None:
@@ -253,8 +367,8 @@ def _swap_into_place(staging: Path, output: Path) -> None:
 
 
 def _library_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
     import platform
+    from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": platform.python_version()}
     for name in ("torch", "transformers", "tokenizers", "tritonclient", "nvidia-pytriton"):

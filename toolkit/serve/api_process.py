@@ -20,23 +20,46 @@ from toolkit.settings import cache_dir, child_environment
 from toolkit.subprocs import start_process, stop_process, tail_lines
 
 
-def launch_api(settings: ApiSettings, *, host: str, port: int, timeout_s: float = 60.0,
-               log_file: Path | None = None, detached: bool = False) -> tuple[subprocess.Popen, Path]:
+def launch_api(
+    settings: ApiSettings,
+    *,
+    host: str,
+    port: int,
+    timeout_s: float = 60.0,
+    log_file: Path | None = None,
+    detached: bool = False,
+) -> tuple[subprocess.Popen, Path]:
     check_port_free(host, port, "--openai-port")
     log_file = log_file or cache_dir("logs") / f"openai-api-{port}.log"
     log_file.write_bytes(b"")
-    payload = {**asdict(settings), "repo": str(settings.repo), "api_keys": list(settings.api_keys),
-               "host": host, "port": port, "log_level": "warning"}
-    process = start_process([sys.executable, "-m", "toolkit.api"], log_file, env=child_environment(), stdin=subprocess.PIPE,
-                            die_with_parent=not detached)
+    payload = {
+        **asdict(settings),
+        "repo": str(settings.repo),
+        "api_keys": list(settings.api_keys),
+        "host": host,
+        "port": port,
+        "log_level": "warning",
+    }
+    process = start_process(
+        [sys.executable, "-m", "toolkit.api"],
+        log_file,
+        env=child_environment(),
+        stdin=subprocess.PIPE,
+        die_with_parent=not detached,
+    )
     try:
         process.stdin.write(json.dumps(payload).encode())
         process.stdin.close()
-        wait_http_ok(f"http://{client_host(host)}:{port}/health", timeout_s, process, "the OpenAI API")
+        wait_http_ok(
+            f"http://{client_host(host)}:{port}/health", timeout_s, process, "the OpenAI API"
+        )
     except BaseException as exc:
         stop_process(process)
         if isinstance(exc, (ServerError, OSError)):
             tail = "\n".join(tail_lines(log_file, 15))
-            raise ServerError(f"the OpenAI API on port {port} did not become healthy\n{tail}", hint=f"see {log_file}") from exc
+            raise ServerError(
+                f"the OpenAI API on port {port} did not become healthy\n{tail}",
+                hint=f"see {log_file}",
+            ) from exc
         raise
     return process, log_file

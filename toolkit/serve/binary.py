@@ -38,7 +38,10 @@ def find_tritonserver() -> TritonBinary:
     dist = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
     executable = dist / "bin" / "tritonserver"
     if not executable.is_file():
-        raise ServerError(f"{executable} is missing from nvidia-pytriton", hint="pip install --force-reinstall nvidia-pytriton==0.7.0")
+        raise ServerError(
+            f"{executable} is missing from nvidia-pytriton",
+            hint="pip install --force-reinstall nvidia-pytriton==0.7.0",
+        )
     return TritonBinary(executable, _python_backend_dir(dist), _bundled_env(dist))
 
 
@@ -51,12 +54,18 @@ def _python_backend_dir(dist: Path) -> Path:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
-        raise ServerError(f"nvidia-pytriton has no Python-backend stub for Python {version}", hint="use Python 3.10 to 3.12")
+        raise ServerError(
+            f"nvidia-pytriton has no Python-backend stub for Python {version}",
+            hint="use Python 3.10 to 3.12",
+        )
     backends = cache_dir("triton", f"backends-py{version}")
     python = backends / "python"
     python.mkdir(parents=True, exist_ok=True)
-    for source in (dist / "backends" / "python" / "libtriton_python.so",
-                   dist / "backends" / "python" / "triton_python_backend_utils.py", stub):
+    for source in (
+        dist / "backends" / "python" / "libtriton_python.so",
+        dist / "backends" / "python" / "triton_python_backend_utils.py",
+        stub,
+    ):
         link = python / source.name
         if not link.exists() or link.resolve() != source.resolve():
             tmp = link.with_name(f".{link.name}.{os.getpid()}")
@@ -70,7 +79,10 @@ def _bundled_env(dist: Path) -> dict:
     """The stub must load the libpython of the interpreter that holds our packages, so its lib
     directory goes first on LD_LIBRARY_PATH; pytriton's vendored libs come next."""
     env = dict(os.environ)
-    libs = [sysconfig.get_config_var("LIBDIR") or "", str(dist.parent.parent / "nvidia_pytriton.libs")]
+    libs = [
+        sysconfig.get_config_var("LIBDIR") or "",
+        str(dist.parent.parent / "nvidia_pytriton.libs"),
+    ]
     if env.get("LD_LIBRARY_PATH"):
         libs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)

@@ -6,9 +6,9 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from toolkit.errors import RepositoryError, ServerError
 from toolkit.repository import contract as c
@@ -20,7 +20,9 @@ from toolkit.serve.net import check_port_free, client_host, http_ok
 from toolkit.settings import cache_dir, child_environment
 from toolkit.subprocs import start_process, stop_process, tail_lines
 
-EXIT_TIMEOUT_S = 30  # tritonserver's own wait for in-flight requests on SIGTERM (--exit-timeout-secs)
+EXIT_TIMEOUT_S = (
+    30  # tritonserver's own wait for in-flight requests on SIGTERM (--exit-timeout-secs)
+)
 
 
 @dataclass(frozen=True)
@@ -67,15 +69,21 @@ class RunningServer:
 
     def stop(self, timeout_s: float | None = None) -> int:
         self.stopping = True
-        return stop_process(self.process, self.config.exit_timeout_s + 5 if timeout_s is None else timeout_s)
+        return stop_process(
+            self.process, self.config.exit_timeout_s + 5 if timeout_s is None else timeout_s
+        )
 
 
 def check_repository(repo: Path, *, allow_modified: bool = False) -> Repository:
     """Open `repo` and refuse what cannot be served as built: foreign, stale, modified files, other model sources."""
     repository = open_repository(repo)
-    if repository.target in PYTHON_TARGETS and repository.manifest.sources_digest != sources_digest():
+    if (
+        repository.target in PYTHON_TARGETS
+        and repository.manifest.sources_digest != sources_digest()
+    ):
         raise RepositoryError(
-            f"{repo} was built by toolkit {repository.manifest.toolkit_version} from other model sources than this toolkit's",
+            f"{repo} was built by toolkit {repository.manifest.toolkit_version} from other model sources than this "
+            "toolkit's",
             hint=f"rebuild: {repository.rebuild_command}",
         )
     changes = repository.file_changes()
@@ -101,21 +109,43 @@ def engine_preflight(repository: Repository):
 
 def server_command(binary: TritonBinary, config: ServerConfig, world_size: int = 1) -> list[str]:
     endpoints = [
-        f"--http-address={config.host}", f"--http-port={config.http_port}",
-        f"--grpc-address={config.host}", f"--grpc-port={config.grpc_port}",
-        f"--metrics-address={config.metrics_host or config.host}", f"--metrics-port={config.metrics_port}",
+        f"--http-address={config.host}",
+        f"--http-port={config.http_port}",
+        f"--grpc-address={config.host}",
+        f"--grpc-port={config.grpc_port}",
+        f"--metrics-address={config.metrics_host or config.host}",
+        f"--metrics-port={config.metrics_port}",
     ]
-    common = ["--exit-on-error=true", "--strict-readiness=true", "--log-verbose=0", f"--exit-timeout-secs={config.exit_timeout_s}"]
+    common = [
+        "--exit-on-error=true",
+        "--strict-readiness=true",
+        "--log-verbose=0",
+        f"--exit-timeout-secs={config.exit_timeout_s}",
+    ]
     if binary.backend_dir is not None:
         common.append(f"--backend-directory={binary.backend_dir}")
     if world_size > 1:
         from toolkit.serve.mpi import mpirun_command, tritonserver_rank_argv
 
-        return mpirun_command(world_size, lambda rank: tritonserver_rank_argv(
-            rank, str(config.repo), tritonserver=str(binary.executable), endpoints=endpoints,
-            shm_prefix=shm_prefix(config, rank), extra=[*common, *config.extra_args]))
-    return [str(binary.executable), f"--model-repository={config.repo}", *endpoints, *common,
-            f"--backend-config=python,shm-region-prefix-name={shm_prefix(config)}", *config.extra_args]
+        return mpirun_command(
+            world_size,
+            lambda rank: tritonserver_rank_argv(
+                rank,
+                str(config.repo),
+                tritonserver=str(binary.executable),
+                endpoints=endpoints,
+                shm_prefix=shm_prefix(config, rank),
+                extra=[*common, *config.extra_args],
+            ),
+        )
+    return [
+        str(binary.executable),
+        f"--model-repository={config.repo}",
+        *endpoints,
+        *common,
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix(config)}",
+        *config.extra_args,
+    ]
 
 
 def shm_prefix(config: ServerConfig, rank: int = 0) -> str:
@@ -123,25 +153,38 @@ def shm_prefix(config: ServerConfig, rank: int = 0) -> str:
     return f"toolkit_{os.getpid()}_{config.grpc_port}_r{rank}_"
 
 
-def launch_server(config: ServerConfig, on_wait: Callable[[str], None] = lambda _: None, *, detached: bool = False) -> RunningServer:
+def launch_server(
+    config: ServerConfig, on_wait: Callable[[str], None] = lambda _: None, *, detached: bool = False
+) -> RunningServer:
     """Start tritonserver and wait until every model is ready. `detached`: it may outlive this process."""
     _check_distinct_ports(config)
     repository = check_repository(config.repo, allow_modified=config.allow_modified)
     engine = engine_preflight(repository)
-    for flag, port in (("--http-port", config.http_port), ("--grpc-port", config.grpc_port), ("--metrics-port", config.metrics_port)):
-        check_port_free(config.metrics_host or config.host if flag == "--metrics-port" else config.host, port, flag)
+    for flag, port in (
+        ("--http-port", config.http_port),
+        ("--grpc-port", config.grpc_port),
+        ("--metrics-port", config.metrics_port),
+    ):
+        check_port_free(
+            config.metrics_host or config.host if flag == "--metrics-port" else config.host,
+            port,
+            flag,
+        )
     binary = find_tritonserver()
     if engine is not None and binary.bundled:
         raise ServerError(
             f"{config.repo} holds a TensorRT-LLM engine ({repository.target}), and the tritonserver found here "
             "(bundled by nvidia-pytriton) has no tensorrtllm backend",
-            hint="serve it inside NVIDIA's Triton TRT-LLM container (nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3)",
+            hint="serve it inside NVIDIA's Triton TRT-LLM container "
+            "(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3)",
         )
     log_file = config.log_file or cache_dir("logs") / f"tritonserver-{config.grpc_port}.log"
     log_file.write_bytes(b"")
     argv = server_command(binary, config, engine.world_size if engine else 1)
     # tritonserver and its stubs need no secrets: API keys and hub tokens stay out of their environment.
-    process = start_process(argv, log_file, env=child_environment(binary.env), die_with_parent=not detached)
+    process = start_process(
+        argv, log_file, env=child_environment(binary.env), die_with_parent=not detached
+    )
     server = RunningServer(process, config, log_file, repository, c.MODEL_NAMES)
     try:
         wait_until_ready(server, on_wait)
@@ -157,15 +200,19 @@ def wait_until_ready(server: RunningServer, on_wait: Callable[[str], None]) -> N
     while pending:
         if server.process.poll() is not None:
             raise ServerError(
-                f"tritonserver exited with code {server.process.returncode} before its models were ready\n{log_tail(server.log_file)}",
+                f"tritonserver exited with code {server.process.returncode} before its models were "
+                f"ready\n{log_tail(server.log_file)}",
                 hint=f"read the full log: {server.log_file}",
             )
         if time.monotonic() > deadline:
             raise ServerError(
-                f"models {', '.join(pending)} not ready after {server.config.ready_timeout_s:.0f}s\n{log_tail(server.log_file)}",
+                f"models {', '.join(pending)} not ready after "
+                f"{server.config.ready_timeout_s:.0f}s\n{log_tail(server.log_file)}",
                 hint="raise --ready-timeout, or read the log: " + str(server.log_file),
             )
-        pending = [m for m in pending if not http_ok(f"http://{server.http_url}/v2/models/{m}/ready")]
+        pending = [
+            m for m in pending if not http_ok(f"http://{server.http_url}/v2/models/{m}/ready")
+        ]
         if pending:
             on_wait(f"waiting for {', '.join(pending)}")
             time.sleep(0.5)
@@ -178,23 +225,44 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return "(no server log)"
     errors = [line for line in text if line[:1] == "E" and line[1:5].isdigit()][:10]
     tail = [line for line in text[-lines:] if line not in errors]
-    return "--- tritonserver errors ---\n" + "\n".join(errors) + "\n--- tritonserver log (last lines) ---\n" + "\n".join(tail)
+    return (
+        "--- tritonserver errors ---\n"
+        + "\n".join(errors)
+        + "\n--- tritonserver log (last lines) ---\n"
+        + "\n".join(tail)
+    )
 
 
 def _check_distinct_ports(config: ServerConfig) -> None:
-    ports = {"--http-port": config.http_port, "--grpc-port": config.grpc_port, "--metrics-port": config.metrics_port}
+    ports = {
+        "--http-port": config.http_port,
+        "--grpc-port": config.grpc_port,
+        "--metrics-port": config.metrics_port,
+    }
     for flag, port in ports.items():
         others = [other for other, value in ports.items() if value == port and other != flag]
         if others:
-            raise ServerError(f"{flag} and {others[0]} are both {port}", hint="give each endpoint its own port")
+            raise ServerError(
+                f"{flag} and {others[0]} are both {port}", hint="give each endpoint its own port"
+            )
 
 
 def write_server_record(server: RunningServer, extra: dict | None = None) -> Path:
     """What `toolkit serve --background` started, for `toolkit bench` and `toolkit generate` to find it."""
     record = cache_dir("servers") / f"{server.config.grpc_port}.json"
-    record.write_text(json.dumps({"pid": server.pid, "repo": str(server.config.repo), "log": str(server.log_file),
-                                  "http": server.http_url, "grpc": server.grpc_url, "metrics": server.metrics_url,
-                                  **(extra or {})}))
+    record.write_text(
+        json.dumps(
+            {
+                "pid": server.pid,
+                "repo": str(server.config.repo),
+                "log": str(server.log_file),
+                "http": server.http_url,
+                "grpc": server.grpc_url,
+                "metrics": server.metrics_url,
+                **(extra or {}),
+            }
+        )
+    )
     return record
 
 

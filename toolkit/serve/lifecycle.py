@@ -16,9 +16,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from toolkit.errors import ServerError
 from toolkit.serve.launcher import RunningServer, ServerConfig, launch_server, log_tail
@@ -49,12 +49,26 @@ class ServeSession:
     stop_requested: int | None = None  # the signal that asked us to stop
 
     def endpoints(self) -> dict:
-        found = {"http": self.server.http_url, "grpc": self.server.grpc_url, "metrics": self.server.metrics_url,
-                 "pid": self.server.pid, "log": str(self.server.log_file)}
+        found = {
+            "http": self.server.http_url,
+            "grpc": self.server.grpc_url,
+            "metrics": self.server.metrics_url,
+            "pid": self.server.pid,
+            "log": str(self.server.log_file),
+        }
         if self.api is not None:
-            host = self.options.api_host if self.options.api_host not in ("", "0.0.0.0") else "127.0.0.1"
-            found.update({"openai": f"http://{host}:{self.options.openai_port}/v1", "openai_pid": self.api.pid,
-                          "openai_log": str(self.api_log)})
+            host = (
+                self.options.api_host
+                if self.options.api_host not in ("", "0.0.0.0")
+                else "127.0.0.1"
+            )
+            found.update(
+                {
+                    "openai": f"http://{host}:{self.options.openai_port}/v1",
+                    "openai_pid": self.api.pid,
+                    "openai_log": str(self.api_log),
+                }
+            )
         return found
 
     def run_until_stopped(self, on_event: Callable[[str], None] = lambda _: None) -> None:
@@ -68,7 +82,9 @@ class ServeSession:
                     self.stop()
                     raise ServerError(failure, hint=f"read the server log: {self.server.log_file}")
                 time.sleep(WATCH_INTERVAL_S)
-            on_event(f"{signal.Signals(self.stop_requested).name}: finishing in-flight requests, then stopping")
+            on_event(
+                f"{signal.Signals(self.stop_requested).name}: finishing in-flight requests, then stopping"
+            )
             self.stop()
         finally:
             for sig, handler in previous.items():
@@ -84,14 +100,20 @@ class ServeSession:
             return f"the OpenAI API exited with code {self.api.returncode}\n{tail}"
         for pid, model in self.stubs.items():
             if not process_alive(pid):
-                return (f"the {model} model's process (Python-backend stub, pid {pid}) died; Triton would keep "
-                        "reporting it ready while failing every request, so the server is stopped")
+                return (
+                    f"the {model} model's process (Python-backend stub, pid {pid}) died; Triton would keep "
+                    "reporting it ready while failing every request, so the server is stopped"
+                )
         return None
 
     def stop(self) -> None:
         """Stop both, the API first (it stops admitting and finishes its streams as Triton finishes them)."""
         grace = self.server.config.exit_timeout_s + 5
-        threads = [threading.Thread(target=stop_process, args=(self.api, grace))] if self.api is not None else []
+        threads = (
+            [threading.Thread(target=stop_process, args=(self.api, grace))]
+            if self.api is not None
+            else []
+        )
         threads.append(threading.Thread(target=self.server.stop, args=(grace,)))
         for thread in threads:
             thread.start()
@@ -105,7 +127,12 @@ class ServeSession:
         raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for in-flight requests
 
 
-def start_serving(options: ServeOptions, on_wait: Callable[[str], None] = lambda _: None, *, detached: bool = False) -> ServeSession:
+def start_serving(
+    options: ServeOptions,
+    on_wait: Callable[[str], None] = lambda _: None,
+    *,
+    detached: bool = False,
+) -> ServeSession:
     """Start tritonserver, wait for its models, then the OpenAI API if asked; on any failure stop what started."""
     server = launch_server(options.server, on_wait, detached=detached)
     session = ServeSession(options, server, stubs=python_stubs(server.pid))
@@ -114,11 +141,20 @@ def start_serving(options: ServeOptions, on_wait: Callable[[str], None] = lambda
     from toolkit.api.app import ApiSettings
     from toolkit.serve.api_process import launch_api
 
-    settings = ApiSettings(triton_url=server.grpc_url, repo=options.server.repo, api_keys=options.api_keys,
-                           max_in_flight=options.max_in_flight)
+    settings = ApiSettings(
+        triton_url=server.grpc_url,
+        repo=options.server.repo,
+        api_keys=options.api_keys,
+        max_in_flight=options.max_in_flight,
+    )
     try:
-        session.api, session.api_log = launch_api(settings, host=options.api_host, port=options.openai_port,
-                                                  log_file=options.api_log, detached=detached)
+        session.api, session.api_log = launch_api(
+            settings,
+            host=options.api_host,
+            port=options.openai_port,
+            log_file=options.api_log,
+            detached=detached,
+        )
     except BaseException:
         server.stop(10)
         raise

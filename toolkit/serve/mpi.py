@@ -7,10 +7,9 @@ backend shared-memory prefix (unique per server too, see launcher.shm_prefix) so
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from toolkit.repository.contract import ENGINE as ENGINE_MODEL
-
 
 
 def tritonserver_rank_argv(
@@ -22,7 +21,11 @@ def tritonserver_rank_argv(
     shm_prefix: str,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    argv = [tritonserver, f"--model-repository={model_repository}", "--disable-auto-complete-config"]
+    argv = [
+        tritonserver,
+        f"--model-repository={model_repository}",
+        "--disable-auto-complete-config",
+    ]
     if rank == 0:
         argv += list(endpoints)
     else:

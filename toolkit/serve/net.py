@@ -27,7 +27,10 @@ def check_port_free(host: str, port: int, flag: str) -> None:
         try:
             probe.bind((host if host not in ("", "0.0.0.0") else "0.0.0.0", port))
         except OSError as exc:
-            raise ServerError(f"port {port} on {host} ({flag}) is in use ({exc.strerror})", hint=f"pass a free port with {flag}") from exc
+            raise ServerError(
+                f"port {port} on {host} ({flag}) is in use ({exc.strerror})",
+                hint=f"pass a free port with {flag}",
+            ) from exc
 
 
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
@@ -38,14 +41,21 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def wait_http_ok(url: str, timeout_s: float, process: subprocess.Popen | None = None, what: str = "the server") -> None:
+def wait_http_ok(
+    url: str, timeout_s: float, process: subprocess.Popen | None = None, what: str = "the server"
+) -> None:
     """Poll `url` until it answers 200; ServerError when `process` exits first or time runs out."""
     deadline = time.monotonic() + timeout_s
     while not http_ok(url):
         if process is not None and process.poll() is not None:
-            raise ServerError(f"{what} exited with code {process.returncode} before {url} answered", hint="read its log")
+            raise ServerError(
+                f"{what} exited with code {process.returncode} before {url} answered",
+                hint="read its log",
+            )
         if time.monotonic() > deadline:
-            raise ServerError(f"{what} did not answer {url} within {timeout_s:.0f}s", hint="read its log")
+            raise ServerError(
+                f"{what} did not answer {url} within {timeout_s:.0f}s", hint="read its log"
+            )
         time.sleep(0.2)
 
 

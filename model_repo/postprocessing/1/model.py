@@ -22,7 +22,10 @@ from textcodec import TextCodec  # noqa: E402
 class TritonPythonModel:
     def initialize(self, args):
         params = ModelParams(args)
-        self.codec = TextCodec(os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir")), params.flag("skip_special_tokens"))
+        self.codec = TextCodec(
+            os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir")),
+            params.flag("skip_special_tokens"),
+        )
 
     def execute(self, requests):
         table = self.codec.token_bytes
@@ -32,7 +35,9 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             tokens = lengths = None
-            for tensor in request.inputs():  # one pass; get_input_tensor_by_name would scan once per name
+            for (
+                tensor
+            ) in request.inputs():  # one pass; get_input_tensor_by_name would scan once per name
                 name = tensor.name()
                 if name == "TOKENS_BATCH":
                     tokens = tensor.as_numpy()

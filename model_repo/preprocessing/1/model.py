@@ -21,13 +21,17 @@ from textcodec import TextCodec, check_request_lengths, pack_word_lists  # noqa:
 class TritonPythonModel:
     def initialize(self, args):
         params = ModelParams(args)
-        self.codec = TextCodec(os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir")))
+        self.codec = TextCodec(
+            os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir"))
+        )
         self.add_special_tokens = params.flag("add_special_tokens")
         bos = params.integer("bos_id")
         self.bos_id = None if bos < 0 else bos
         self.end_id = params.integer("end_id")
         self.pad_id = params.integer("pad_id")
-        self.stop_ids = params.ids("stop_ids")  # the model's other end tokens: default one-token stop words
+        self.stop_ids = params.ids(
+            "stop_ids"
+        )  # the model's other end tokens: default one-token stop words
         self.max_input_len = params.integer("max_input_len")
         self.max_output_len = params.integer("max_output_len")
         self.max_seq_len = params.integer("max_seq_len")
@@ -43,10 +47,15 @@ class TritonPythonModel:
 
     def _process(self, request) -> list:
         queries = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy()
-        output_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy().reshape(-1)
+        output_len = (
+            pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy().reshape(-1)
+        )
         batch = queries.shape[0]
-        ids = [self.codec.encode_prompt(_text(q), self.add_special_tokens, self.bos_id) for q in queries.reshape(batch, -1)[:, 0]]
-        for prompt, max_tokens in zip(ids, output_len):
+        ids = [
+            self.codec.encode_prompt(_text(q), self.add_special_tokens, self.bos_id)
+            for q in queries.reshape(batch, -1)[:, 0]
+        ]
+        for prompt, max_tokens in zip(ids, output_len, strict=True):
             self._check_lengths(len(prompt), int(max_tokens))
         lengths = np.array([[len(p)] for p in ids], dtype=np.int32)
         input_ids = np.full((batch, max(len(p) for p in ids)), self.pad_id, dtype=np.int32)
@@ -58,7 +67,12 @@ class TritonPythonModel:
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len.reshape(batch, 1).astype(np.int32)),
-            pb_utils.Tensor("STOP_WORDS_IDS", self._word_lists(request, "STOP_WORDS_DICT", batch, self._default_stops(request, batch))),
+            pb_utils.Tensor(
+                "STOP_WORDS_IDS",
+                self._word_lists(
+                    request, "STOP_WORDS_DICT", batch, self._default_stops(request, batch)
+                ),
+            ),
             pb_utils.Tensor("BAD_WORDS_IDS", self._word_lists(request, "BAD_WORDS_DICT", batch)),
             pb_utils.Tensor("EMBEDDING_BIAS", self._embedding_bias(request, batch)),
             pb_utils.Tensor("OUT_END_ID", end_id),
@@ -73,15 +87,25 @@ class TritonPythonModel:
         return [() if floor > 0 else self.stop_ids for floor in floors]
 
     def _check_lengths(self, prompt_len: int, max_tokens: int) -> None:
-        check_request_lengths(prompt_len, max_tokens, self.max_input_len, self.max_output_len, self.max_seq_len)
+        check_request_lengths(
+            prompt_len, max_tokens, self.max_input_len, self.max_output_len, self.max_seq_len
+        )
 
-    def _word_lists(self, request, name: str, batch: int, defaults: list[tuple[int, ...]] | None = None) -> np.ndarray:
+    def _word_lists(
+        self, request, name: str, batch: int, defaults: list[tuple[int, ...]] | None = None
+    ) -> np.ndarray:
         """The request's words as TensorRT-LLM's [batch, 2, N] lists, plus each row's `defaults` as one-token words."""
         tensor = pb_utils.get_input_tensor_by_name(request, name)
-        rows = tensor.as_numpy().reshape(batch, -1) if tensor is not None else [[] for _ in range(batch)]
+        rows = (
+            tensor.as_numpy().reshape(batch, -1)
+            if tensor is not None
+            else [[] for _ in range(batch)]
+        )
         words = [[self.codec.encode(_text(w), False) for w in row if _text(w)] for row in rows]
         extra = defaults or [()] * batch
-        return pack_word_lists([row + [[i] for i in ids] for row, ids in zip(words, extra)])
+        return pack_word_lists(
+            [row + [[i] for i in ids] for row, ids in zip(words, extra, strict=True)]
+        )
 
     def _embedding_bias(self, request, batch: int) -> np.ndarray:
         words = pb_utils.get_input_tensor_by_name(request, "EMBEDDING_BIAS_WORDS")
@@ -89,8 +113,14 @@ class TritonPythonModel:
         if words is None or weights is None:
             return np.zeros((batch, 0), dtype=np.float32)
         bias = np.zeros((batch, self.codec.vocab_size), dtype=np.float32)
-        for row, (row_words, row_weights) in enumerate(zip(words.as_numpy().reshape(batch, -1), weights.as_numpy().reshape(batch, -1))):
-            for word, weight in zip(row_words, row_weights):
+        for row, (row_words, row_weights) in enumerate(
+            zip(
+                words.as_numpy().reshape(batch, -1),
+                weights.as_numpy().reshape(batch, -1),
+                strict=True,
+            )
+        ):
+            for word, weight in zip(row_words, row_weights, strict=False):
                 ids = self.codec.encode(_text(word), False)
                 if ids:
                     bias[row, ids[0]] += weight

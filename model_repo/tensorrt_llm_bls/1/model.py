@@ -23,13 +23,24 @@ from textcodec import TextCodec, check_request_lengths, pack_word_lists  # noqa:
 
 # ensemble input -> tensorrt_llm input, for the scalars passed through unchanged
 PASSTHROUGH = {
-    "exclude_input_in_output": "exclude_input_in_output", "end_id": "end_id", "pad_id": "pad_id",
-    "top_k": "runtime_top_k", "top_p": "runtime_top_p", "temperature": "temperature",
-    "length_penalty": "len_penalty", "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens",
-    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed",
-    "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
-    "return_generation_logits": "return_generation_logits", "return_num_input_tokens": "return_num_input_tokens",
-    "return_num_output_tokens": "return_num_output_tokens", "num_return_sequences": "num_return_sequences",
+    "exclude_input_in_output": "exclude_input_in_output",
+    "end_id": "end_id",
+    "pad_id": "pad_id",
+    "top_k": "runtime_top_k",
+    "top_p": "runtime_top_p",
+    "temperature": "temperature",
+    "length_penalty": "len_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_tokens",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "seed": "seed",
+    "return_log_probs": "return_log_probs",
+    "return_context_logits": "return_context_logits",
+    "return_generation_logits": "return_generation_logits",
+    "return_num_input_tokens": "return_num_input_tokens",
+    "return_num_output_tokens": "return_num_output_tokens",
+    "num_return_sequences": "num_return_sequences",
     "beam_width": "beam_width",
 }
 ENGINE_OUTPUTS = ["output_ids", "sequence_length", "num_input_tokens", "num_output_tokens"]
@@ -42,16 +53,22 @@ def _final() -> int:
 class TritonPythonModel:
     def initialize(self, args):
         params = ModelParams(args)
-        self.codec = TextCodec(os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir")))
+        self.codec = TextCodec(
+            os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir"))
+        )
         self.engine = params.text("tensorrt_llm_model_name")
         self.end_id = params.integer("end_id")
         self.stop_ids = params.ids("stop_ids")
         self.add_special_tokens = params.flag("add_special_tokens")
         bos = params.integer("bos_id")
         self.bos_id = None if bos < 0 else bos
-        self.limits = tuple(params.integer(k) for k in ("max_input_len", "max_output_len", "max_seq_len"))
+        self.limits = tuple(
+            params.integer(k) for k in ("max_input_len", "max_output_len", "max_seq_len")
+        )
         # As many requests in flight as the engine batches; more wait in the pool's queue.
-        self.pool = ThreadPoolExecutor(max_workers=max(1, params.integer("max_concurrent_requests")), thread_name_prefix="bls")
+        self.pool = ThreadPoolExecutor(
+            max_workers=max(1, params.integer("max_concurrent_requests")), thread_name_prefix="bls"
+        )
 
     def execute(self, requests):
         for request in requests:
@@ -62,16 +79,30 @@ class TritonPythonModel:
         try:
             self._serve(request, sender)
         except Exception as exc:  # noqa: BLE001 - each request's failure is its own final error
-            message = str(exc) if isinstance(exc, ValueError) else f"tensorrt_llm_bls: {type(exc).__name__}: {exc}"
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_final())
+            message = (
+                str(exc)
+                if isinstance(exc, ValueError)
+                else f"tensorrt_llm_bls: {type(exc).__name__}: {exc}"
+            )
+            sender.send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_final()
+            )
 
     def finalize(self):
-        self.pool.shutdown(wait=False, cancel_futures=True)  # never hang the unload on a request still waiting for the engine
+        self.pool.shutdown(
+            wait=False, cancel_futures=True
+        )  # never hang the unload on a request still waiting for the engine
 
     def _serve(self, request, sender) -> None:
         text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0]
-        max_tokens = int(pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0])
-        prompt = self.codec.encode_prompt(text.decode("utf-8") if isinstance(text, bytes) else str(text), self.add_special_tokens, self.bos_id)
+        max_tokens = int(
+            pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0]
+        )
+        prompt = self.codec.encode_prompt(
+            text.decode("utf-8") if isinstance(text, bytes) else str(text),
+            self.add_special_tokens,
+            self.bos_id,
+        )
         check_request_lengths(len(prompt), max_tokens, *self.limits)
         stream = bool(scalar(pb_utils, request, "stream", False))
         inputs = [
@@ -79,7 +110,10 @@ class TritonPythonModel:
             pb_utils.Tensor("input_lengths", np.array([[len(prompt)]], dtype=np.int32)),
             pb_utils.Tensor("request_output_len", np.array([[max_tokens]], dtype=np.int32)),
             pb_utils.Tensor("streaming", np.array([[stream]], dtype=bool)),
-            pb_utils.Tensor("stop_words_list", self._stop_words(request, int(scalar(pb_utils, request, "min_tokens", 0) or 0) > 0)),
+            pb_utils.Tensor(
+                "stop_words_list",
+                self._stop_words(request, int(scalar(pb_utils, request, "min_tokens", 0) or 0) > 0),
+            ),
         ]
         if pb_utils.get_input_tensor_by_name(request, "end_id") is None:
             inputs.append(pb_utils.Tensor("end_id", np.array([[self.end_id]], dtype=np.int32)))
@@ -87,11 +121,15 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, source)
             if tensor is not None:
                 inputs.append(pb_utils.Tensor(target, tensor.as_numpy().reshape(1, 1)))
-        engine_request = pb_utils.InferenceRequest(model_name=self.engine, inputs=inputs, requested_output_names=ENGINE_OUTPUTS)
+        engine_request = pb_utils.InferenceRequest(
+            model_name=self.engine, inputs=inputs, requested_output_names=ENGINE_OUTPUTS
+        )
         responses = engine_request.exec(decoupled=True)
         for response in responses:
             if request.is_cancelled():
-                if hasattr(responses, "cancel"):  # Python backend 24.08+: stops the engine's work too
+                if hasattr(
+                    responses, "cancel"
+                ):  # Python backend 24.08+: stops the engine's work too
                     responses.cancel()
                 sender.send(flags=_final())
                 return
@@ -109,7 +147,9 @@ class TritonPythonModel:
             return []
         lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
         tokens = ids.as_numpy()
-        text = np.array([[self.codec.decode_bytes(tokens[0, 0, : lengths[0, 0]].tolist())]], dtype=object)
+        text = np.array(
+            [[self.codec.decode_bytes(tokens[0, 0, : lengths[0, 0]].tolist())]], dtype=object
+        )
         outputs = [pb_utils.Tensor("text_output", text.reshape(1, 1))]
         for name in ("num_input_tokens", "num_output_tokens"):
             tensor = pb_utils.get_output_tensor_by_name(response, name)
@@ -120,6 +160,9 @@ class TritonPythonModel:
     def _stop_words(self, request, under_min_tokens: bool) -> np.ndarray:
         """The request's stop words, plus the model's other end tokens unless min_tokens holds ends back."""
         words = pb_utils.get_input_tensor_by_name(request, "stop_words")
-        texts = [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in (words.as_numpy().reshape(-1) if words is not None else [])]
+        texts = [
+            w.decode("utf-8") if isinstance(w, bytes) else str(w)
+            for w in (words.as_numpy().reshape(-1) if words is not None else [])
+        ]
         ids = [self.codec.encode(t, False) for t in texts if t]
         return pack_word_lists([ids + ([] if under_min_tokens else [[i] for i in self.stop_ids])])

@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 
 import torch
-from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
+from transformers.generation.continuous_batching.cb_logits_processors import (
+    ContinuousBatchingLogitsProcessor,
+)
 
 NO_SEED = 0
 

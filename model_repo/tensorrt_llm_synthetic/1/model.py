@@ -31,15 +31,36 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(__file__))
 from params import ModelParams, scalar  # noqa: E402
 
-FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL_FLAG; pb_utils only gets its constants after import
+FINAL = (
+    1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL_FLAG; pb_utils only gets its constants after import
+)
 
 
 class _Stream:
     """One request in flight: how many tokens it still owes and where it is in the token cycle."""
 
-    __slots__ = ("request", "sender", "remaining", "produced", "position", "streaming", "prefix", "count_outputs", "input_len")
+    __slots__ = (
+        "request",
+        "sender",
+        "remaining",
+        "produced",
+        "position",
+        "streaming",
+        "prefix",
+        "count_outputs",
+        "input_len",
+    )
 
-    def __init__(self, request, remaining: int, streaming: bool, prefix: np.ndarray | None, count_outputs: bool, input_len: int, position: int):
+    def __init__(
+        self,
+        request,
+        remaining: int,
+        streaming: bool,
+        prefix: np.ndarray | None,
+        count_outputs: bool,
+        input_len: int,
+        position: int,
+    ):
         self.request = request
         self.sender = request.get_response_sender()
         self.remaining = remaining
@@ -61,10 +82,14 @@ class TritonPythonModel:
         self.step_s = params.number("step_time_ms") / 1000.0
         self.token_ids = np.array(params.ids("token_ids"), dtype=np.int32)
         if not self.token_ids.size:
-            raise ValueError("synthetic engine: parameter token_ids is empty; rebuild the repository with toolkit build")
+            raise ValueError(
+                "synthetic engine: parameter token_ids is empty; rebuild the repository with toolkit build"
+            )
         self.cancel_every = max(1, params.integer("cancel_check_steps"))
         # Prebuilt per-token response tensors, shapes with the batch dim: output_ids [1, beam 1, 1 token].
-        self.id_tensors = [pb_utils.Tensor("output_ids", np.full((1, 1, 1), t, np.int32)) for t in self.token_ids]
+        self.id_tensors = [
+            pb_utils.Tensor("output_ids", np.full((1, 1, 1), t, np.int32)) for t in self.token_ids
+        ]
         self.one_length = pb_utils.Tensor("sequence_length", np.ones((1, 1), np.int32))
         self.pending: deque[_Stream] = deque()
         self.wake = threading.Condition()
@@ -91,18 +116,29 @@ class TritonPythonModel:
         beams = int(_scalar(request, "beam_width", 1))
         returns = int(_scalar(request, "num_return_sequences", 1))
         if output_len <= 0 or beams != 1 or returns != 1:
-            message = f"synthetic engine: request_output_len must be > 0 (got {output_len}); beam_width and num_return_sequences must be 1 (got {beams}, {returns})"
-            request.get_response_sender().send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
+            message = (
+                f"synthetic engine: request_output_len must be > 0 (got {output_len}); "
+                f"beam_width and num_return_sequences must be 1 (got {beams}, {returns})"
+            )
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL
+            )
             return None
         streaming = bool(_scalar(request, "streaming", False))
         input_len = int(_scalar(request, "input_lengths", 0))
         prefix = None
         if not streaming and not bool(_scalar(request, "exclude_input_in_output", False)):
             ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
-            prefix = ids.as_numpy().reshape(-1)[:input_len].astype(np.int32) if ids is not None else np.zeros(0, np.int32)
+            prefix = (
+                ids.as_numpy().reshape(-1)[:input_len].astype(np.int32)
+                if ids is not None
+                else np.zeros(0, np.int32)
+            )
         count_outputs = bool(_scalar(request, "return_num_output_tokens", False))
         position = self.next_position
-        self.next_position = (position + 7) % len(self.token_ids)  # requests start at different tokens
+        self.next_position = (position + 7) % len(
+            self.token_ids
+        )  # requests start at different tokens
         return _Stream(request, output_len, streaming, prefix, count_outputs, input_len, position)
 
     # -- tokens out -----------------------------------------------------------------------------
@@ -149,7 +185,9 @@ class TritonPythonModel:
             return True
         if s.count_outputs:
             outputs.append(pb_utils.Tensor("num_output_tokens", np.array([[s.produced]], np.int32)))
-        s.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if last else 0)
+        s.sender.send(
+            pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if last else 0
+        )
         return not last
 
     def _whole_output(self, s: _Stream) -> list:
