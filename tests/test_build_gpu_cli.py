@@ -79,6 +79,7 @@ def gpu_checkpoint(tmp_path):
     return folder
 
 
+@pytest.mark.server  # finds the bundled tritonserver (which refuses the engine)
 @pytest.mark.parametrize("tp", [1, 2])
 def test_build_packages_the_engine_and_serve_preflights_it(
     monkeypatch, tmp_path, gpu_checkpoint, tp

@@ -192,6 +192,7 @@ def test_serve_refuses_a_port_in_use(tiny, tmp_path):
     )
 
 
+@pytest.mark.server
 def test_a_model_that_fails_to_load_exits_with_the_log_tail(tiny, tmp_path):
     build(tiny, tmp_path / "repo")
     (tmp_path / "repo" / "postprocessing" / "1" / "model.py").write_text(

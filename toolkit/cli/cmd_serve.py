@@ -9,7 +9,12 @@ import click
 from toolkit.cli.options import api_key_options, reject_api_key_value
 from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
-from toolkit.serve.launcher import EXIT_TIMEOUT_S, ServerConfig, write_server_record
+from toolkit.serve.launcher import (
+    EXIT_TIMEOUT_S,
+    ServerConfig,
+    remove_server_record,
+    write_server_record,
+)
 from toolkit.serve.lifecycle import ServeOptions, start_serving
 from toolkit.serve.net import is_loopback
 from toolkit.settings import api_keys as read_api_keys
@@ -147,7 +152,10 @@ def command(
         note(f"server running in the background; stop it with: kill {pids}")
         return
     note("ready; Ctrl-C (or SIGTERM) drains in-flight requests and stops")
-    session.run_until_stopped(on_event=note)
+    try:
+        session.run_until_stopped(on_event=note)
+    finally:
+        remove_server_record(session.server)
     note("stopped")
 
 

@@ -18,7 +18,7 @@ from toolkit.repository.sources import sources_digest
 from toolkit.serve.binary import TritonBinary, find_tritonserver
 from toolkit.serve.net import check_port_free, client_host, http_ok
 from toolkit.settings import cache_dir, child_environment
-from toolkit.subprocs import start_process, stop_process, tail_lines
+from toolkit.subprocs import process_alive, start_process, stop_process, tail_lines
 
 EXIT_TIMEOUT_S = (
     30  # tritonserver's own wait for in-flight requests on SIGTERM (--exit-timeout-secs)
@@ -248,7 +248,7 @@ def _check_distinct_ports(config: ServerConfig) -> None:
 
 
 def write_server_record(server: RunningServer, extra: dict | None = None) -> Path:
-    """What `toolkit serve --background` started, for `toolkit bench` and `toolkit generate` to find it."""
+    """What `toolkit serve` started, for `toolkit bench` to find the repository and metrics it serves."""
     record = cache_dir("servers") / f"{server.config.grpc_port}.json"
     record.write_text(
         json.dumps(
@@ -266,11 +266,17 @@ def write_server_record(server: RunningServer, extra: dict | None = None) -> Pat
     return record
 
 
+def remove_server_record(server: RunningServer) -> None:
+    (cache_dir("servers") / f"{server.config.grpc_port}.json").unlink(missing_ok=True)
+
+
 def read_server_record(grpc_url: str) -> dict | None:
-    """What `toolkit serve --background` recorded for the server on this gRPC port (repo, metrics URL)."""
+    """What `toolkit serve` recorded for a live server on this gRPC port (repo, metrics URL), else None."""
     port = grpc_url.rsplit(":", 1)[-1]
     try:
         data = json.loads((cache_dir("servers") / f"{port}.json").read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not process_alive(int(data.get("pid", 0) or 0)):
+        return None  # a record left by a server that is gone
+    return data
