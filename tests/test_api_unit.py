@@ -375,8 +375,9 @@ def test_the_stop_that_completes_first_wins_whatever_the_grouping():
 class _FakeBackend:
     """Stands in for Triton at the backend seam: yields the given pieces, records whether it was closed early."""
 
-    def __init__(self, pieces: list[Piece]):
+    def __init__(self, pieces: list[Piece], engine: bool = True):
         self.pieces = pieces
+        self.engine = engine  # True: the tensorrt_llm contract (token counts); False: ensemble / BLS text
         self.closed_early = False
 
     async def generate(self, prompt, prompt_ids, max_tokens, sampling):
@@ -405,8 +406,8 @@ def _job(**kw) -> Job:
     return Job(**{**fields, **kw})
 
 
-async def _run(job: Job, backend) -> tuple[str, Generation]:
-    generation = Generation(job, backend, ApiMetrics())
+async def _run(job: Job, backend, count_tokens=None) -> tuple[str, Generation]:
+    generation = Generation(job, backend, ApiMetrics(), count_tokens)
     text = "".join([t async for t in generation.texts()])
     return text, generation
 
@@ -427,6 +428,18 @@ def test_generation_counts_tokens_and_finish_reason(count_reported):
     )
     text, generation = asyncio.run(_run(_job(max_tokens=10), _FakeBackend(pieces)))
     assert generation.finish_reason == "stop"  # the engine ended early: end of sequence
+
+
+def test_the_text_models_answers_are_counted_with_the_tokenizer_when_they_end():
+    """The pinned release's ensemble and BLS return no token count: the text is counted at the end."""
+    import asyncio
+
+    pieces = [Piece(b"one two ", None, False), Piece(b"three", None, True)]
+    words = lambda data: len(data.split())  # noqa: E731 - stands in for the repository's tokenizer
+    text, generation = asyncio.run(_run(_job(max_tokens=3), _FakeBackend(pieces, engine=False), words))
+    assert text == "one two three" and generation.completion_tokens == 3 and generation.finish_reason == "length"
+    text, generation = asyncio.run(_run(_job(max_tokens=8), _FakeBackend(pieces, engine=False), words))
+    assert generation.completion_tokens == 3 and generation.finish_reason == "stop"
 
 
 def test_stop_string_ends_generation_and_cancels_the_engine_request():
@@ -476,7 +489,7 @@ def test_sse_chunks_follow_openai_chunk_format():
     job = _job()
     sse = SseFormatter(job)
     events = [sse.first(), sse.text('say "hi"\n')]
-    generation = Generation(job, None, ApiMetrics())
+    generation = Generation(job, _FakeBackend([]), ApiMetrics())
     generation.completion_tokens, generation.finish_reason = 2, "stop"
     events.append(sse.end(generation))
     lines = [line for event in events for line in event.decode().split("\n\n") if line]

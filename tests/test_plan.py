@@ -40,20 +40,62 @@ def test_llama_8b_bf16_on_h100_sxm():
     assert plan.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
     assert plan.weights_bytes == 8_030_261_248 * 2  # ~16.06 GB
     assert round(plan.weights_bytes / GB, 2) == 16.06
-    reserve = 0.10 * 80 * GB
-    pool = 80 * GB - 16_060_522_496 - reserve
+    card = 81559 * 2**20  # nvidia-smi memory.total of an H100 80GB HBM3
+    assert plan.gpu_memory_bytes == card == 85_520_809_984
+    reserve = int(0.10 * card)
+    pool = card - 16_060_522_496 - reserve
     assert plan.kv_pool_bytes == pool
-    assert plan.kv_cache_tokens == int(pool // 131072) // 64 * 64 == 426_752
-    assert plan.max_sequences_at_max_seq_len == 426_752 // 8192 == 52
-    assert plan.max_seq_len == 8192 and plan.max_batch_size == 52 and plan.max_num_tokens == 8192
+    assert plan.kv_cache_tokens == int(pool // 131072) // 64 * 64 == 464_640
+    assert plan.max_sequences_at_max_seq_len == 464_640 // 8192 == 56
+    # trtllm-bench's rule for 1024 in / 512 out: 464640 / 1536 = 302.5 requests -> 128 * ceil(302.5 / 128);
+    # step tokens 302.5 * (1 + 1024 / 512) = 907.5 -> at least 2048.
+    assert plan.max_seq_len == 8192 and plan.max_batch_size == 384 and plan.max_num_tokens == 2048
+    assert (
+        "trtllm-bench" in plan.batch_limits_from and "1024 in / 512 out" in plan.batch_limits_from
+    )
+    assert plan.kv_tokens_per_request_at_max_batch == 464_640 // 384
     assert plan.decode_step_ms_lower_bound == pytest.approx(16_060_522_496 / 3.35e12 * 1e3)
     assert plan.decode_step_ms_lower_bound == pytest.approx(4.79, abs=0.01)
     assert plan.decode_tokens_per_s_per_stream_ceiling == pytest.approx(208.6, abs=0.1)
+    running = (
+        464_640 // 1536
+    )  # the pool holds 302 requests of the target size, fewer than the batch
+    step = (16_060_522_496 + running * (1024 + 256) * 131072) / 3.35e12 * 1e3
+    assert plan.decode_step_ms_at_max_batch == pytest.approx(step)
+    assert plan.decode_tokens_per_s_ceiling == pytest.approx(running * 1e3 / step)
     matmul_params = (
         8_030_261_248 - 128256 * 4096 - 65 * 4096
     )  # all but the embedding table and norms
     assert plan.prefill_tokens_per_s_upper_bound == pytest.approx(989.5e12 / (2 * matmul_params))
     assert plan.min_tp_that_fits == 1 and plan.fits
+
+
+def test_batch_limits_follow_trtllm_bench_and_never_the_full_length_sequence_count():
+    from toolkit.plan.memory import batch_limits
+
+    assert batch_limits(1_000_000, 128, 128) == (
+        4096,
+        8192,
+    )  # capped at 4096 requests; 8192 step tokens
+    assert batch_limits(10_000, 1024, 512) == (64, 2048)  # floors: 64 requests, 2048 tokens
+    assert batch_limits(600_000, 1000, 1000) == (384, 2048)
+    assert batch_limits(600_000, 1000, 1000, pp=2) == (
+        160,
+        2048,
+    )  # 150 per stage -> 32 * ceil(150 / 32)
+    plan = plan_memory(facts(LLAMA_8B), get_gpu("h100-sxm"), dtype="fp8", kv_dtype="fp8")
+    assert plan.max_batch_size > 4 * plan.max_sequences_at_max_seq_len
+
+
+def test_given_batch_limits_are_kept_and_named():
+    plan = plan_memory(facts(LLAMA_8B), get_gpu("h100-sxm"), max_batch_size=32, max_num_tokens=4096)
+    assert (plan.max_batch_size, plan.max_num_tokens) == (32, 4096)
+    assert plan.batch_limits_from.startswith("max_batch_size and max_num_tokens given")
+
+
+def test_without_tp_the_plan_takes_the_smallest_that_fits():
+    plan = plan_memory(facts(LLAMA_70B), get_gpu("h100-sxm"), dtype="bf16")
+    assert plan.tp_size == plan.min_tp_that_fits == 2
 
 
 def test_llama_8b_fp8_weights_and_fp8_kv_halve_the_bytes():
@@ -85,8 +127,12 @@ def test_smollm2_numbers():
     assert plan.weights_bytes == 134_515_008 * 2
     # on the GPU TensorRT-LLM keeps its own LM head copy even when tied
     assert plan.weights_bytes_per_gpu == (134_515_008 + 49152 * 576) * 2
-    assert plan.max_batch_size == 256  # capped; 379 sequences of 8192 tokens would fit
-    assert plan.max_sequences_at_max_seq_len == 379
+    card = 81559 * 2**20
+    pool = card - (134_515_008 + 49152 * 576) * 2 - int(0.1 * card)
+    assert plan.kv_cache_tokens == pool // 23040 // 64 * 64
+    assert plan.max_sequences_at_max_seq_len == plan.kv_cache_tokens // 8192 == 406
+    raw = plan.kv_cache_tokens / (1024 + 512)  # requests of the target size the pool holds
+    assert plan.max_batch_size == 256 * -(-raw // 256) == 2304
 
 
 def test_llama_70b_bf16_on_one_h100_is_refused_with_options():
@@ -94,10 +140,11 @@ def test_llama_70b_bf16_on_one_h100_is_refused_with_options():
         plan_memory(facts(LLAMA_70B), get_gpu("h100-sxm"), model="llama-70b", tp=1)
     message, hint = err.value.message, err.value.hint
     assert "does not fit on h100-sxm" in message and "141.11 GB of weights" in message
+    # 85.5 GB usable per H100: bf16 fits at TP 2, fp8 and int4-awq on one card
     assert (
-        "--dtype fp8 --tp 2" in hint
+        "--dtype bf16 --tp 2" in hint
+        and "--dtype fp8 --tp 1" in hint
         and "--dtype int4-awq --tp 1" in hint
-        and "--dtype bf16 --tp 4" in hint
     )
 
 
@@ -119,8 +166,17 @@ def test_unknown_gpu_names_the_known_ones():
 
 def test_gpu_profiles_have_the_datasheet_numbers():
     h100, h200 = get_gpu("h100-sxm"), get_gpu("h200")
-    assert (h100.memory_bytes, h100.bandwidth_bytes_per_s, h100.sm) == (80 * GB, 3.35e12, "9.0")
-    assert (h200.memory_bytes, h200.bandwidth_bytes_per_s) == (141 * GB, 4.8e12)
+    # memory: what nvidia-smi reports as memory.total on each card, in MiB
+    assert (h100.memory_bytes, h100.bandwidth_bytes_per_s, h100.sm) == (
+        81559 * 2**20,
+        3.35e12,
+        "9.0",
+    )
+    assert (h200.memory_bytes, h200.bandwidth_bytes_per_s) == (143771 * 2**20, 4.8e12)
+    assert (
+        get_gpu("a100-80gb").memory_bytes == 81920 * 2**20
+        and get_gpu("l40s").memory_bytes == 46068 * 2**20
+    )
     assert get_gpu("a100-80gb").fp8_tflops is None and get_gpu("l40s").sm == "8.9"
 
 
@@ -152,7 +208,28 @@ def test_cli_plan_table_from_a_folder_without_weights():
 
 
 def test_cli_plan_refuses_70b_with_exit_1():
-    result = CliRunner().invoke(cli, ["plan", "-m", str(LLAMA_70B), "--gpu", "h100-sxm"])
+    result = CliRunner().invoke(
+        cli, ["plan", "-m", str(LLAMA_70B), "--gpu", "h100-sxm", "--tp", "1"]
+    )
     assert result.exit_code == 1
     assert "Error: llama-3.1-70b-instruct in bf16 does not fit on h100-sxm" in result.stderr
-    assert "fix: options that fit:" in result.stderr and "--dtype fp8 --tp 2" in result.stderr
+    assert "fix: options that fit:" in result.stderr and "--dtype fp8 --tp 1" in result.stderr
+
+
+def test_cli_plan_of_a_catalog_model_needs_no_network(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for model in ("llama-3.1-8b-instruct", "hf:meta-llama/Llama-3.1-8B-Instruct"):
+        result = CliRunner().invoke(cli, ["plan", "-m", model, "--json"])
+        assert result.exit_code == 0, result.output
+        data = json.loads(result.stdout)
+        assert data["kv_bytes_per_token"] == 131072 and data["parameter_count"] == 8_030_261_248
+        assert data["config_from"] == "catalog (config.json of hf:meta-llama/Llama-3.1-8B-Instruct)"
+    for name in (
+        "llama-3.1-70b-instruct",
+        "llama-3.2-1b-instruct",
+        "llama-3.2-3b-instruct",
+        "mistral-7b-instruct-v0.3",
+        "qwen2.5-7b-instruct",
+        "qwen2.5-72b-instruct",
+    ):
+        assert CliRunner().invoke(cli, ["plan", "-m", name, "--dtype", "fp8"]).exit_code == 0, name

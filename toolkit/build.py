@@ -35,7 +35,7 @@ from toolkit.repository.limits import RepositoryLimits
 from toolkit.repository.writer import RepositoryResult, plan_repository, write_repository
 
 Progress = Callable[[str], None]
-_GPU_ONLY = ("dtype", "kv_dtype", "tp", "pp", "engine_dir")
+_GPU_ONLY = ("dtype", "kv_dtype", "tp", "pp", "engine_dir", "target_input_len", "target_output_len")
 _LIMIT_FIELDS = (
     "max_batch_size",
     "max_input_len",
@@ -65,6 +65,8 @@ class BuildRequest:
     max_seq_len: int | None = None
     max_num_tokens: int | None = None
     max_queue_size: int | None = None
+    target_input_len: int | None = None
+    target_output_len: int | None = None
     kv_cache_tokens: int | None = None
     num_threads: int | None = None
     step_time_ms: float | None = None
@@ -237,6 +239,8 @@ def _plan_gpu(request: BuildRequest, recipe: BuildRecipe, model: ModelSpec) -> B
         max_input_len=recipe.max_input_len,
         max_batch_size=recipe.max_batch_size,
         max_num_tokens=recipe.max_num_tokens,
+        target_input_len=recipe.target_input_len,
+        target_output_len=recipe.target_output_len,
     )
     engine_build = plan_engine_build(
         planned.name,

@@ -15,6 +15,7 @@ class ModelParams:
     def __init__(self, args: dict):
         config = json.loads(args["model_config"])
         self.model = config.get("name", "?")
+        self.max_batch_size = int(config.get("max_batch_size", 0))
         self.values = {
             key: value.get("string_value", "")
             for key, value in config.get("parameters", {}).items()

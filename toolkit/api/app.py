@@ -41,6 +41,7 @@ from toolkit.repository.reader import Repository, open_repository
 
 ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 502, 503)}
 LONG_PROMPT_CHARS = 32768
+RETRY_AFTER_S = 1
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -69,8 +70,14 @@ class ApiState:
         self.limits = repository.limits
         self.codec = PromptCodec(repository)
         decoder = self.codec if settings.model_name == ENGINE_MODEL else None
+        engine = repository.engine
         self.backend = TritonBackend(
-            settings.triton_url, settings.model_name, decoder=decoder, tokens=repository.tokens
+            settings.triton_url,
+            settings.model_name,
+            decoder=decoder,
+            tokens=repository.tokens,
+            decoupled=repository.decoupled,
+            trtllm_version=engine.trtllm_version,
         )
         self.metrics = ApiMetrics()
         self.model_id = settings.served_model_name or repository.served_model_name
@@ -290,7 +297,7 @@ async def _plan(
 
 
 async def _respond(state: ApiState, job: Job, stream: bool, request: Request):
-    generation = Generation(job, state.backend, state.metrics)
+    generation = Generation(job, state.backend, state.metrics, state.codec.count_generated)
     texts = generation.texts()
     try:
         if not stream:
@@ -393,6 +400,14 @@ def _engine_error(exc: InferenceFailed) -> ApiError:
     message = str(exc)
     if "max_input_len" in message or "limit of" in message or "is empty" in message:
         return ApiError(400, message, code="context_length_exceeded")
+    if "Exceeds maximum queue size" in message:  # the engine's queue bound (Triton's own wording)
+        return ApiError(
+            429,
+            f"The engine's queue is full; retry after {RETRY_AFTER_S} s. ({message})",
+            type="rate_limit_error",
+            code="engine_queue_full",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
     return ApiError(
         502, f"The engine failed this request: {message}", type="server_error", code="engine_error"
     )

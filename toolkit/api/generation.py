@@ -35,10 +35,14 @@ class Job:
 class Generation:
     """Iterate `texts()` for the text to send; afterwards `completion_tokens` and `finish_reason` hold."""
 
-    def __init__(self, job: Job, backend: TritonBackend, metrics: ApiMetrics):
+    def __init__(self, job: Job, backend: TritonBackend, metrics: ApiMetrics, count_tokens=None):
         self.job = job
         self.backend = backend
         self.metrics = metrics
+        # The text models (ensemble, BLS) of the pinned release return no token count: their text is
+        # counted with the repository's tokenizer when it ends (bytes -> tokens).
+        self.count_tokens = None if backend.engine else count_tokens
+        self.received: list[bytes] = []
         self.completion_tokens = 0
         self.finish_reason = "length"
         self.done = False
@@ -70,6 +74,8 @@ class Generation:
                         for _ in range(new):
                             metrics.itl.observe(gap)
                     last = now
+                if self.count_tokens is not None:
+                    self.received.append(piece.data)
                 text = scanner.feed(piece.data)
                 if scanner.stopped:
                     yield text
@@ -89,6 +95,8 @@ class Generation:
 
     def _finish(self, stopped: bool) -> None:
         self.done = True
+        if self.count_tokens is not None:
+            self.completion_tokens = self.count_tokens(b"".join(self.received))
         if stopped or self.completion_tokens < self.job.max_tokens:
             self.finish_reason = "stop"
         self.metrics.finished.labels(self.finish_reason).inc()

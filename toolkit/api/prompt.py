@@ -28,6 +28,10 @@ class PromptCodec:
     def count(self, text: str) -> int:
         return len(self.encode(text))
 
+    def count_generated(self, data: bytes) -> int:
+        """Tokens of generated text (no special tokens added): the usage count of the text models' answers."""
+        return len(self.text.encode(data.decode("utf-8", errors="replace"), False))
+
     def decode_bytes(self, ids) -> bytes:
         return self.text.decode_bytes(ids)
 

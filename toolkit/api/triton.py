@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -50,30 +51,41 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_p == 0
 
-    def tensors(self, engine: bool) -> list[tuple[str, np.ndarray, str]]:
-        """Inputs for the engine contract (runtime_top_k, ...) or the text contract (top_k, ...)."""
+    def tensors(
+        self, engine: bool, names: dict[str, str] | None = None
+    ) -> list[tuple[str, np.ndarray, str]]:
+        """Inputs for the engine contract (runtime_top_k, ...) or the text contract (top_k, ...).
+
+        OpenAI samples unless told temperature 0; TensorRT-LLM decodes greedily unless top_k > 1 or
+        top_p > 0 and gives every unseeded request seed 0. So a sampled request always carries a top_p
+        (1.0: the whole distribution) and a seed (a random one when the client gives none, so that two
+        identical requests do not return the same sample). `names` renames the inputs an older
+        engine release reads under other names (min_tokens -> min_length, seed -> random_seed).
+        """
+        names = names or {}
         top_k, top_p = ("runtime_top_k", "runtime_top_p") if engine else ("top_k", "top_p")
-        floor = (
-            [("min_tokens", np.array([[self.min_tokens]], np.int32), "INT32")]
-            if self.min_tokens
-            else []
-        )
+        out = []
+        if self.min_tokens:
+            out.append(
+                (
+                    names.get("min_tokens", "min_tokens"),
+                    np.array([[self.min_tokens]], np.int32),
+                    "INT32",
+                )
+            )
         if self.greedy:
-            # TensorRT-LLM has no temperature 0: top_k 1 is its greedy decoding.
-            return [(top_k, np.array([[1]], np.int32), "INT32"), *floor]
-        out = [
-            *floor,
-            (
-                "temperature",
-                np.array([[1.0 if self.temperature is None else self.temperature]], np.float32),
-                "FP32",
-            ),
-            # top_p 1.0, not 0: with top_k and top_p both 0 TensorRT-LLM falls back to greedy.
+            return [
+                *out,
+                (top_k, np.array([[1]], np.int32), "INT32"),
+            ]  # top_k 1: TensorRT-LLM's greedy
+        seed = secrets.randbits(63) if self.seed is None else self.seed
+        temperature = 1.0 if self.temperature is None else self.temperature
+        return [
+            *out,
+            ("temperature", np.array([[temperature]], np.float32), "FP32"),
             (top_p, np.array([[1.0 if self.top_p is None else self.top_p]], np.float32), "FP32"),
+            (names.get("seed", "seed"), np.array([[seed]], np.uint64), "UINT64"),
         ]
-        if self.seed is not None:
-            out.append(("seed", np.array([[self.seed]], np.uint64), "UINT64"))
-        return out
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,8 @@ class TritonBackend:
         *,
         decoder=None,
         tokens: TokenFacts | None = None,
+        decoupled: bool = True,
+        trtllm_version: str | None = None,
     ):
         self.url = url
         self.model_name = model_name
@@ -113,6 +127,8 @@ class TritonBackend:
             )
         self.decoder = decoder
         self.tokens = tokens
+        self.decoupled = decoupled  # a --no-decoupled repository answers once: no streaming flag
+        self.names = c.engine_renames(trtllm_version) if self.engine else {}
         self._client: grpcclient.InferenceServerClient | None = None
         self._ids = itertools.count(1)
 
@@ -186,9 +202,9 @@ class TritonBackend:
             ("request_output_len", np.array([[max_tokens]], np.int32), "INT32"),
             ("end_id", np.array([[self.tokens.end_id]], np.int32), "INT32"),
             ("pad_id", np.array([[self.tokens.pad_id]], np.int32), "INT32"),
-            ("streaming", np.array([[True]], bool), "BOOL"),
+            ("streaming", np.array([[self.decoupled]], bool), "BOOL"),
             ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
-            *sampling.tensors(engine=True),
+            *sampling.tensors(engine=True, names=self.names),
         ]
         if (
             self.tokens.stop_ids and not sampling.min_tokens
@@ -202,9 +218,8 @@ class TritonBackend:
         tensors = [
             ("text_input", np.array([[prompt.encode("utf-8")]], dtype=object), "BYTES"),
             ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
-            ("stream", np.array([[True]], bool), "BOOL"),
+            ("stream", np.array([[self.decoupled]], bool), "BOOL"),
             ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
-            ("return_num_output_tokens", np.array([[True]], bool), "BOOL"),
             *sampling.tensors(engine=False),
         ]
         return self._request(tensors, None)
@@ -248,17 +263,14 @@ async def _one_request(request: dict, done: asyncio.Event):
 
 
 def _text_piece(result) -> Piece:
+    """The text bytes of one response; the pinned release returns no token count (Generation counts the text)."""
     response = result.get_response()
     final = FINAL_FLAG in response.parameters and response.parameters[FINAL_FLAG].bool_param
     data = b""
-    count = None
-    names = {output.name for output in response.outputs}
-    if "text_output" in names:
+    if any(output.name == "text_output" for output in response.outputs):
         text = result.as_numpy("text_output")
         if text is not None and text.size:
             data = b"".join(
                 item if isinstance(item, bytes) else str(item).encode() for item in text.reshape(-1)
             )
-    if "num_output_tokens" in names:
-        count = int(result.as_numpy("num_output_tokens").reshape(-1)[0])
-    return Piece(data, count, final)
+    return Piece(data, None, final)

@@ -8,9 +8,10 @@ from pathlib import Path
 import click
 
 from toolkit.build import BuildRequest, build_repository, plan_build
-from toolkit.cli.render import emit_json, emit_table, note
+from toolkit.cli.render import emit_json, emit_table, note, plan_rows
 from toolkit.engine.recipe import TARGETS
 from toolkit.model.spec import EMBEDDED_DEFAULT
+from toolkit.plan.memory import MemoryPlan
 
 
 @click.command("build")
@@ -101,6 +102,18 @@ from toolkit.model.spec import EMBEDDED_DEFAULT
     help="Tokens per engine step [cpu: 256; GPU: the plan].",
 )
 @click.option(
+    "--target-input-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="GPU: typical prompt tokens the batch limits are sized for [1024].",
+)
+@click.option(
+    "--target-output-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="GPU: typical output tokens the batch limits are sized for [512].",
+)
+@click.option(
     "--max-queue-size",
     type=click.IntRange(min=0),
     default=None,
@@ -156,6 +169,8 @@ def command(
     max_seq_len,
     max_num_tokens,
     max_queue_size,
+    target_input_len,
+    target_output_len,
     kv_cache_tokens,
     num_threads,
     step_time_ms,
@@ -181,6 +196,8 @@ def command(
         max_seq_len=max_seq_len,
         max_num_tokens=max_num_tokens,
         max_queue_size=max_queue_size,
+        target_input_len=target_input_len,
+        target_output_len=target_output_len,
         kv_cache_tokens=kv_cache_tokens,
         num_threads=num_threads,
         step_time_ms=step_time_ms,
@@ -210,6 +227,6 @@ def _print(data: dict, title: str) -> None:
     commands = data.pop("commands", None)
     emit_table(title, [(key, value) for key, value in data.items() if key != "plan"])
     if "plan" in data:
-        emit_table("memory plan", list(data["plan"].items()))
+        emit_table("memory plan", plan_rows(MemoryPlan(**data["plan"])))
     for argv in commands or ():
         note("$ " + " ".join(argv))

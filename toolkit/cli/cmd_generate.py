@@ -37,7 +37,7 @@ UINT64_MAX = 2**64 - 1  # seed: a UINT64 tensor
     "--temperature",
     type=click.FloatRange(min=0),
     default=None,
-    help="Sampling temperature; 0 or unset: greedy.",
+    help="Sampling temperature; 0 or unset: greedy (alone, it samples from the whole distribution: top-p 1).",
 )
 @click.option(
     "--top-k",

@@ -9,6 +9,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from toolkit.plan.gpus import GB
+from toolkit.plan.memory import MemoryPlan
+
 stderr_console = Console(stderr=True)
 stdout_console = Console()
 
@@ -28,3 +31,44 @@ def emit_table(title: str, rows: list[tuple[str, Any]]) -> None:
 
 def note(message: str) -> None:
     stderr_console.print(message, highlight=False)
+
+
+def plan_rows(plan: MemoryPlan) -> list[tuple[str, str]]:
+    gb = lambda n: f"{n / GB:.2f} GB"  # noqa: E731
+    return [
+        ("parameters", f"{plan.parameter_count:,}"),
+        ("weights", f"{gb(plan.weights_bytes)} ({gb(plan.weights_bytes_per_gpu)} per GPU)"),
+        (
+            "GPU memory",
+            f"{gb(plan.gpu_memory_bytes)} per GPU, of which {gb(plan.activation_reserve_bytes)} held back "
+            "(CUDA context, workspaces, activations)",
+        ),
+        (
+            "KV cache per token",
+            f"{plan.kv_bytes_per_token:,} bytes ({plan.kv_bytes_per_token_per_gpu:,} per GPU)",
+        ),
+        ("KV pool", f"{gb(plan.kv_pool_bytes)} per GPU = {plan.kv_cache_tokens:,} tokens"),
+        (
+            "sequences of max_seq_len",
+            f"{plan.max_sequences_at_max_seq_len:,} x {plan.max_seq_len:,} tokens",
+        ),
+        ("max_batch_size / max_num_tokens", f"{plan.max_batch_size} / {plan.max_num_tokens}"),
+        ("  from", plan.batch_limits_from),
+        ("KV tokens per request at max batch", f"{plan.kv_tokens_per_request_at_max_batch:,}"),
+        (
+            "decode step lower bound (batch 1)",
+            f"{plan.decode_step_ms_lower_bound:.2f} ms -> at most "
+            f"{plan.decode_tokens_per_s_per_stream_ceiling:,.0f} tokens/s per stream",
+        ),
+        (
+            "decode ceiling at max batch",
+            f"{plan.decode_step_ms_at_max_batch:.2f} ms per step -> at most "
+            f"{plan.decode_tokens_per_s_ceiling:,.0f} tokens/s in all",
+        ),
+        (
+            "prefill compute bound",
+            f"{plan.prefill_tokens_per_s_upper_bound:,.0f} tokens/s "
+            f"({plan.prefill_ms_lower_bound:.1f} ms per {plan.max_num_tokens}-token chunk)",
+        ),
+        ("smallest TP that fits", str(plan.min_tp_that_fits)),
+    ]

@@ -60,10 +60,15 @@ class GenerateResult:
 
 
 def _optional_inputs(request: GenerateRequest) -> dict[str, tuple[object, str]]:
+    """The request's optional tensors. TensorRT-LLM samples only with top_k > 1 or top_p > 0, so a
+    temperature given alone comes with top_p 1.0 (the whole distribution): what a user means by it."""
+    top_p = request.top_p
+    if request.temperature and request.top_k is None and top_p is None:
+        top_p = 1.0
     values = {
         "temperature": (request.temperature, "FP32"),
         "top_k": (request.top_k, "INT32"),
-        "top_p": (request.top_p, "FP32"),
+        "top_p": (top_p, "FP32"),
         "seed": (request.seed, "UINT64"),
         "min_tokens": (request.min_tokens, "INT32"),
         "end_id": (request.end_id, "INT32"),

@@ -38,6 +38,8 @@ class BuildRecipe:
     max_batch_size: int | None = None
     max_num_tokens: int | None = None
     max_queue_size: int | None = None
+    target_input_len: int | None = None  # GPU: the typical request the batch limits are sized for
+    target_output_len: int | None = None
     kv_cache_tokens: int | None = None  # cpu: the paged KV pool, in tokens
     num_threads: int | None = None  # cpu: torch threads
     step_time_ms: float | None = None  # synthetic: time per decode step
@@ -122,6 +124,8 @@ _SCHEMA: dict[str, tuple[str, Callable[[Any], bool], str, str]] = {
         "a non-negative integer (0: no bound)",
         ALL,
     ),
+    "batching.target_input_len": ("target_input_len", _positive_int, "a positive integer", GPU),
+    "batching.target_output_len": ("target_output_len", _positive_int, "a positive integer", GPU),
     "batching.batch_scheduler_policy": (
         "batch_scheduler_policy",
         _one_of(*POLICIES),

@@ -1,8 +1,11 @@
-"""GPU profiles: memory, bandwidth and dense tensor throughput, from NVIDIA's datasheets.
+"""GPU profiles: memory, bandwidth and dense tensor throughput.
 
-Throughput is *dense* (NVIDIA's datasheets print the 2:4-sparsity figure with an asterisk;
-dense is half of it). Memory is the datasheet's decimal GB; nvidia-smi reports slightly more,
-so plans err on the safe side.
+Memory is what the driver reports as the card's total (`nvidia-smi --query-gpu=memory.total`, in
+MiB), the number TensorRT-LLM's runtime and trtllm-bench work from; it is less than the physical
+HBM (ECC and firmware keep the rest). The planner then holds back a stated reserve of it
+(toolkit.plan.memory.ACTIVATION_RESERVE_FRACTION). Bandwidth and throughput come from NVIDIA's
+datasheets; throughput is *dense* (datasheets print the 2:4-sparsity figure with an asterisk;
+dense is half of it).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from toolkit.errors import PlanError
 
 GB = 10**9
 TB = 10**12
+MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -46,20 +50,29 @@ GPU_PROFILES: dict[str, GpuProfile] = {
     for profile in (
         # NVIDIA H100 Tensor Core GPU datasheet (2023), "H100 SXM" column: 80 GB HBM3, 3.35 TB/s,
         # BF16 1,979 TFLOPS* and FP8 3,958 TFLOPS* with sparsity -> 989.5 / 1,979 dense. Hopper: SM 9.0.
-        GpuProfile("h100-sxm", "NVIDIA H100 SXM 80GB", 80 * GB, 3.35 * TB, 989.5, 1979.0, "9.0"),
-        # Same datasheet, "H100 PCIe" column: 80 GB HBM2e, 2 TB/s, BF16 1,513* / FP8 3,026* (sparse).
-        GpuProfile("h100-pcie", "NVIDIA H100 PCIe 80GB", 80 * GB, 2.0 * TB, 756.5, 1513.0, "9.0"),
+        # nvidia-smi on "NVIDIA H100 80GB HBM3": memory.total 81559 MiB.
+        GpuProfile(
+            "h100-sxm", "NVIDIA H100 SXM 80GB", 81559 * MIB, 3.35 * TB, 989.5, 1979.0, "9.0"
+        ),
+        # Same datasheet, "H100 PCIe" column: 80 GB HBM2e, 2 TB/s, BF16 1,513* / FP8 3,026* (sparse);
+        # nvidia-smi on "NVIDIA H100 PCIe": 81559 MiB.
+        GpuProfile(
+            "h100-pcie", "NVIDIA H100 PCIe 80GB", 81559 * MIB, 2.0 * TB, 756.5, 1513.0, "9.0"
+        ),
         # Same datasheet, "H100 NVL" column: 94 GB HBM3, 3.9 TB/s, BF16 1,671* / FP8 3,341* (sparse).
+        # The datasheet's 94 GB (decimal): no nvidia-smi figure we could cite; errs low.
         GpuProfile("h100-nvl", "NVIDIA H100 NVL 94GB", 94 * GB, 3.9 * TB, 835.5, 1670.5, "9.0"),
         # NVIDIA H200 Tensor Core GPU datasheet (2024), "H200 SXM": 141 GB HBM3e, 4.8 TB/s,
-        # BF16 1,979* / FP8 3,958* (sparse), same Hopper compute as H100 SXM.
-        GpuProfile("h200", "NVIDIA H200 SXM 141GB", 141 * GB, 4.8 * TB, 989.5, 1979.0, "9.0"),
+        # BF16 1,979* / FP8 3,958* (sparse), same Hopper compute as H100 SXM; nvidia-smi: 143771 MiB.
+        GpuProfile("h200", "NVIDIA H200 SXM 141GB", 143771 * MIB, 4.8 * TB, 989.5, 1979.0, "9.0"),
         # NVIDIA A100 Tensor Core GPU datasheet (2021), "A100 80GB SXM": 80 GB HBM2e, 2,039 GB/s,
-        # BF16 312 TFLOPS dense (624 sparse); no FP8. Ampere: SM 8.0.
-        GpuProfile("a100-80gb", "NVIDIA A100 SXM 80GB", 80 * GB, 2.039 * TB, 312.0, None, "8.0"),
+        # BF16 312 TFLOPS dense (624 sparse); no FP8. Ampere: SM 8.0. nvidia-smi: 81920 MiB.
+        GpuProfile(
+            "a100-80gb", "NVIDIA A100 SXM 80GB", 81920 * MIB, 2.039 * TB, 312.0, None, "8.0"
+        ),
         # NVIDIA L40S datasheet (2023): 48 GB GDDR6, 864 GB/s, BF16 362.05 dense (733 sparse),
-        # FP8 733 dense (1,466 sparse). Ada Lovelace: SM 8.9.
-        GpuProfile("l40s", "NVIDIA L40S 48GB", 48 * GB, 0.864 * TB, 362.05, 733.0, "8.9"),
+        # FP8 733 dense (1,466 sparse). Ada Lovelace: SM 8.9. nvidia-smi: 46068 MiB.
+        GpuProfile("l40s", "NVIDIA L40S 48GB", 46068 * MIB, 0.864 * TB, 362.05, 733.0, "8.9"),
     )
 }
 

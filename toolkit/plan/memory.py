@@ -7,6 +7,7 @@ a full copy of the embedding table, and its pipeline stage's layers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from toolkit.errors import PlanError
@@ -31,10 +32,15 @@ ACTIVATION_RESERVE_FRACTION = 0.10
 KV_CACHE_FREE_GPU_MEM_FRACTION = 0.9
 TOKENS_PER_BLOCK = 64  # paged KV block size passed to trtllm-build (--tokens_per_block)
 DEFAULT_MAX_SEQ_LEN = 8192
-DEFAULT_MAX_NUM_TOKENS = (
-    8192  # TensorRT-LLM's BuildConfig default; chunked context splits longer prompts
-)
-MAX_BATCH_SIZE_CAP = 256
+# The typical request the batch limits are sized for, as trtllm-bench's --target_input_len /
+# --target_output_len: the KV pool is shared by requests of this size, not of max_seq_len.
+DEFAULT_TARGET_INPUT_LEN = 1024
+DEFAULT_TARGET_OUTPUT_LEN = 512
+# trtllm-bench's engine-build heuristic (tensorrt_llm/bench/build/tuning.py, finetune_setting):
+# requests the pool holds, capped at 4096 per pipeline stage; step tokens capped at 32768.
+BATCH_CAP = 4096
+NUM_TOKENS_CAP = 32768
+BATCH_RULE = "trtllm-bench (tensorrt_llm/bench/build/tuning.py finetune_setting)"
 
 
 @dataclass(frozen=True)
@@ -59,11 +65,21 @@ class MemoryPlan:
     max_seq_len: int
     max_input_len: int
     max_sequences_at_max_seq_len: int
+    target_input_len: int  # the typical request the batch limits are sized for
+    target_output_len: int
     max_batch_size: int
     max_num_tokens: int
+    batch_limits_from: str  # where max_batch_size / max_num_tokens come from
+    kv_tokens_per_request_at_max_batch: int  # what each of max_batch_size running requests can hold
     kv_cache_free_gpu_mem_fraction: float
-    decode_step_ms_lower_bound: float
+    decode_step_ms_lower_bound: float  # batch 1: the weights read once per step
     decode_tokens_per_s_per_stream_ceiling: float
+    decode_step_ms_at_max_batch: (
+        float  # weights + every running request's KV (at its mean context) per step
+    )
+    decode_tokens_per_s_ceiling: (
+        float  # all streams together, at max_batch_size (or as many as the pool holds)
+    )
     prefill_tokens_per_s_upper_bound: float
     prefill_ms_lower_bound: float  # one max_num_tokens chunk
     fits: bool
@@ -145,20 +161,38 @@ def compute_plan(
     max_input_len: int | None = None,
     max_batch_size: int | None = None,
     max_num_tokens: int | None = None,
+    target_input_len: int | None = None,
+    target_output_len: int | None = None,
 ) -> MemoryPlan:
     """Every number of the plan, whether it fits or not (see plan_memory for the checked version)."""
     _check_choices(gpu, dtype, kv_dtype)
     _check_parallelism(facts, tp, pp)
     seq = _max_seq_len(facts, max_seq_len)
-    num_tokens = max_num_tokens or DEFAULT_MAX_NUM_TOKENS
+    isl = min(target_input_len or DEFAULT_TARGET_INPUT_LEN, seq - 1)
+    osl = min(target_output_len or DEFAULT_TARGET_OUTPUT_LEN, seq - isl)
     w_gpu = weights_bytes_per_gpu(facts, dtype, tp, pp)
     reserve = int(gpu.memory_bytes * ACTIVATION_RESERVE_FRACTION)
     pool = gpu.memory_bytes - w_gpu - reserve
     kv_gpu = kv_bytes_per_token_per_gpu(facts, kv_dtype, tp, pp)
     tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
     sequences = tokens // seq
-    batch = max_batch_size or max(1, min(MAX_BATCH_SIZE_CAP, sequences))
+    tuned_batch, tuned_tokens = batch_limits(tokens, isl, osl, pp)
+    batch = max_batch_size or tuned_batch
+    num_tokens = max_num_tokens or tuned_tokens
+    given = [
+        name
+        for name, value in (("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens))
+        if value
+    ]
+    rule = f"{BATCH_RULE} for {isl} in / {osl} out tokens"
+    source = (
+        rule
+        if not given
+        else f"{' and '.join(given)} given; " + ("the rest: " + rule if len(given) < 2 else "")
+    )
     step_ms = w_gpu / gpu.bandwidth_bytes_per_s * 1e3
+    running = max(1, min(batch, tokens // (isl + osl))) if tokens else 1
+    batch_step_ms = (w_gpu + running * (isl + osl // 2) * kv_gpu) / gpu.bandwidth_bytes_per_s * 1e3
     prefill_tps = _prefill_tokens_per_s(facts, gpu, dtype, tp)
     return MemoryPlan(
         model=model,
@@ -181,15 +215,45 @@ def compute_plan(
         max_seq_len=seq,
         max_input_len=max_input_len or seq - 1,
         max_sequences_at_max_seq_len=sequences,
+        target_input_len=isl,
+        target_output_len=osl,
         max_batch_size=batch,
         max_num_tokens=num_tokens,
+        batch_limits_from=source.rstrip("; "),
+        kv_tokens_per_request_at_max_batch=tokens // batch,
         kv_cache_free_gpu_mem_fraction=KV_CACHE_FREE_GPU_MEM_FRACTION,
         decode_step_ms_lower_bound=step_ms,
         decode_tokens_per_s_per_stream_ceiling=1e3 / step_ms,
+        decode_step_ms_at_max_batch=batch_step_ms,
+        decode_tokens_per_s_ceiling=running * 1e3 / batch_step_ms,
         prefill_tokens_per_s_upper_bound=prefill_tps,
         prefill_ms_lower_bound=num_tokens / prefill_tps * 1e3,
         fits=sequences >= 1,
     )
+
+
+def batch_limits(kv_tokens: int, isl: int, osl: int, pp: int = 1) -> tuple[int, int]:
+    """max_batch_size and max_num_tokens as trtllm-bench sizes an engine for `isl` in / `osl` out tokens:
+    as many requests as the KV pool holds (capped), rounded up to its steps; step tokens for their prefill.
+
+    NVIDIA's performance guide: "Set high enough max_batch_size when building the engine so that it
+    does not become the bottleneck of the throughput"; the scheduler keeps the KV pool from running over.
+    """
+    raw_batch = min(kv_tokens / (isl + osl), BATCH_CAP) / pp
+    raw_tokens = min(raw_batch * (1 + isl / osl), NUM_TOKENS_CAP)
+    if raw_batch < 256:
+        batch = max(64, 32 * math.ceil(raw_batch / 32))
+    elif raw_batch < 1024:
+        batch = 128 * math.ceil(raw_batch / 128)
+    else:
+        batch = 256 * math.ceil(raw_batch / 256)
+    if raw_tokens < 4096:
+        num_tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
+    elif raw_tokens < 8192:
+        num_tokens = 512 * math.ceil(raw_tokens / 512)
+    else:
+        num_tokens = 1024 * math.ceil(raw_tokens / 1024)
+    return batch, num_tokens
 
 
 def plan_memory(facts: ModelFacts, gpu: GpuProfile, **options) -> MemoryPlan:

@@ -70,13 +70,14 @@ def python_model(
     return config
 
 
-def ensemble_model(max_batch_size: int) -> mc.ModelConfig:
+def ensemble_model(max_batch_size: int, trtllm_version: str | None = None) -> mc.ModelConfig:
+    """The ensemble, its tensorrt_llm step feeding the input names an engine of `trtllm_version` reads."""
     config = mc.ModelConfig(name=c.ENSEMBLE, platform="ensemble", max_batch_size=max_batch_size)
     config.input.extend(tensor_inputs(c.TEXT_INPUTS))
     config.output.extend(tensor_outputs(c.TEXT_OUTPUTS))
     steps = (
         (c.PREPROCESSING, c.PREPROCESSING_INPUT_MAP, c.PREPROCESSING_OUTPUT_MAP),
-        (c.ENGINE, c.ENGINE_INPUT_MAP, c.ENGINE_OUTPUT_MAP),
+        (c.ENGINE, c.engine_input_map(trtllm_version), c.ENGINE_OUTPUT_MAP),
         (c.POSTPROCESSING, c.POSTPROCESSING_INPUT_MAP, c.POSTPROCESSING_OUTPUT_MAP),
     )
     for model_name, input_map, output_map in steps:

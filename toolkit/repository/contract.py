@@ -1,14 +1,22 @@
-"""Tensor contract of the TensorRT-LLM backend's inflight_batcher_llm layout.
+"""Tensor contract of the TensorRT-LLM backend's inflight_batcher_llm layout, as the pinned release has it.
 
-Names, dtypes and dims follow NVIDIA's `triton_backend/all_models/inflight_batcher_llm/*/config.pbtxt`
-(TensorRT-LLM 0.17 to 1.2), restricted to text-only decoder models: the multimodal, encoder-decoder,
-LoRA, speculative-decoding and guided-decoding tensors are left out. A client written for NVIDIA's
-stock ensemble sends the same tensors to ours.
+Names, dtypes, dims, optional flags and reshapes follow NVIDIA's stock `all_models/inflight_batcher_llm`
+configs of the backend code TensorRT-LLM 0.20.0 ships (toolkit.trtllm says why that revision), restricted
+to text-only decoder models: the multimodal, encoder-decoder, LoRA, speculative-decoding,
+guided-decoding, KV-retention and disaggregated-serving tensors are left out (a client that sends one
+is refused by Triton as an unexpected input, never silently ignored). tests/test_contract_upstream.py
+checks every tensor here against tests/data/upstream/triton_backend.json, transcribed from the backend.
+
+Where a release reads another name for the same input (0.17-0.19: `min_length`, `random_seed`;
+0.17-0.18: `return_kv_cache_reuse_stats`), `engine_name` gives the name an engine of that release
+reads; the text models (ensemble, BLS) keep the pinned names and map them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from toolkit.trtllm import PINNED_TRTLLM_VERSION, version_tuple
 
 # Model names, fixed by the layout (clients address them by name).
 ENSEMBLE = "ensemble"
@@ -22,7 +30,7 @@ MODEL_NAMES = (ENSEMBLE, PREPROCESSING, ENGINE, POSTPROCESSING, BLS)
 @dataclass(frozen=True)
 class Tensor:
     name: str
-    dtype: str  # Triton DataType name without the TYPE_ prefix: INT32, FP32, BOOL, STRING, UINT64
+    dtype: str  # Triton DataType name without the TYPE_ prefix: INT32, FP32, BOOL, STRING, UINT64, INT64
     dims: tuple[int, ...]
     optional: bool = False
     scalar: bool = False  # reshape: { shape: [ ] }: the model sees [batch] instead of [batch, 1]
@@ -33,35 +41,45 @@ def _opt(name: str, dtype: str, dims: tuple[int, ...] = (1,), **kw) -> Tensor:
     return Tensor(name, dtype, dims, optional=True, **kw)
 
 
+def _scalars(dtype: str, *names: str) -> tuple[Tensor, ...]:
+    return tuple(_opt(name, dtype, scalar=True) for name in names)
+
+
 # --- tensorrt_llm: the engine ------------------------------------------------------------------
 ENGINE_INPUTS = (
-    Tensor("input_ids", "INT32", (-1,), optional=True, ragged=True),
+    _opt("input_ids", "INT32", (-1,), ragged=True),
     Tensor("input_lengths", "INT32", (1,), scalar=True),
     Tensor("request_output_len", "INT32", (1,), scalar=True),
     _opt("num_return_sequences", "INT32", scalar=True),
-    _opt("end_id", "INT32", scalar=True),
-    _opt("pad_id", "INT32", scalar=True),
+    _opt(
+        "decoder_input_ids", "INT32", (-1,), ragged=True
+    ),  # encoder-decoder only; decoder-only engines ignore it
+    _opt("decoder_input_lengths", "INT32", scalar=True),
+    *_scalars("INT32", "end_id", "pad_id"),
     _opt("stop_words_list", "INT32", (2, -1), ragged=True),
     _opt("bad_words_list", "INT32", (2, -1), ragged=True),
     _opt("embedding_bias", "FP32", (-1,), ragged=True),
-    _opt("beam_width", "INT32", scalar=True),
-    _opt("temperature", "FP32", scalar=True),
-    _opt("runtime_top_k", "INT32", scalar=True),
-    _opt("runtime_top_p", "FP32", scalar=True),
-    _opt("len_penalty", "FP32", scalar=True),
-    _opt("repetition_penalty", "FP32", scalar=True),
-    _opt("min_tokens", "INT32", scalar=True),
-    _opt("presence_penalty", "FP32", scalar=True),
-    _opt("frequency_penalty", "FP32", scalar=True),
-    _opt("seed", "UINT64", scalar=True),
-    _opt("return_log_probs", "BOOL", scalar=True),
-    _opt("return_context_logits", "BOOL", scalar=True),
-    _opt("return_generation_logits", "BOOL", scalar=True),
-    _opt("return_num_input_tokens", "BOOL", scalar=True),
-    _opt("return_num_output_tokens", "BOOL", scalar=True),
-    _opt("exclude_input_in_output", "BOOL", scalar=True),
-    _opt("stop", "BOOL", scalar=True),
-    _opt("streaming", "BOOL", scalar=True),
+    *_scalars("INT32", "beam_width"),
+    *_scalars("FP32", "temperature"),
+    *_scalars("INT32", "runtime_top_k"),
+    *_scalars("FP32", "runtime_top_p", "runtime_top_p_min", "runtime_top_p_decay"),
+    *_scalars("INT32", "runtime_top_p_reset_ids"),
+    *_scalars("FP32", "len_penalty"),
+    *_scalars("BOOL", "early_stopping"),
+    *_scalars("FP32", "repetition_penalty"),
+    *_scalars("INT32", "min_tokens"),
+    *_scalars("FP32", "beam_search_diversity_rate", "presence_penalty", "frequency_penalty"),
+    *_scalars("UINT64", "seed"),
+    *_scalars(
+        "BOOL",
+        "return_log_probs",
+        "return_context_logits",
+        "return_generation_logits",
+        "return_perf_metrics",
+        "exclude_input_in_output",
+        "stop",
+        "streaming",
+    ),
 )
 ENGINE_OUTPUTS = (
     Tensor("output_ids", "INT32", (-1, -1)),
@@ -72,9 +90,58 @@ ENGINE_OUTPUTS = (
     Tensor("generation_logits", "FP32", (-1, -1, -1)),
     Tensor("batch_index", "INT32", (1,)),
     Tensor("sequence_index", "INT32", (1,)),
-    Tensor("num_input_tokens", "INT32", (1,)),
-    Tensor("num_output_tokens", "INT32", (1,)),
+    *(
+        Tensor(name, "INT32", (1,))
+        for name in (
+            "kv_cache_alloc_new_blocks",
+            "kv_cache_reused_blocks",
+            "kv_cache_alloc_total_blocks",
+        )
+    ),
+    *(
+        Tensor(name, "INT64", (1,))
+        for name in (
+            "arrival_time_ns",
+            "first_scheduled_time_ns",
+            "first_token_time_ns",
+            "last_token_time_ns",
+        )
+    ),
+    Tensor("acceptance_rate", "FP32", (1,)),
+    Tensor("total_accepted_draft_tokens", "INT32", (1,)),
+    Tensor("total_draft_tokens", "INT32", (1,)),
 )
+PERF_OUTPUTS = tuple(t.name for t in ENGINE_OUTPUTS[8:])  # returned only with return_perf_metrics
+
+# Inputs an earlier release reads under another name: pinned name -> (name, releases before which it applies).
+_RENAMED = {
+    "min_tokens": ("min_length", (0, 20)),
+    "seed": ("random_seed", (0, 20)),
+    "return_perf_metrics": ("return_kv_cache_reuse_stats", (0, 19)),
+}
+
+
+def engine_name(name: str, trtllm_version: str | None = None) -> str:
+    """The name under which an engine of `trtllm_version` (default: the pinned release) reads input `name`."""
+    renamed = _RENAMED.get(name)
+    version = version_tuple(trtllm_version or PINNED_TRTLLM_VERSION)
+    if renamed is None or version is None or version >= renamed[1]:
+        return name
+    return renamed[0]
+
+
+def engine_inputs(trtllm_version: str | None = None) -> tuple[Tensor, ...]:
+    return tuple(replace(t, name=engine_name(t.name, trtllm_version)) for t in ENGINE_INPUTS)
+
+
+def engine_renames(trtllm_version: str | None = None) -> dict[str, str]:
+    """{pinned name: name this release reads} for the inputs whose names differ."""
+    return {
+        name: engine_name(name, trtllm_version)
+        for name in _RENAMED
+        if engine_name(name, trtllm_version) != name
+    }
+
 
 # --- preprocessing: text -> token ids ----------------------------------------------------------
 PREPROCESSING_INPUTS = (
@@ -93,6 +160,8 @@ PREPROCESSING_INPUTS = (
 PREPROCESSING_OUTPUTS = (
     Tensor("INPUT_ID", "INT32", (-1,)),
     Tensor("REQUEST_INPUT_LEN", "INT32", (1,)),
+    Tensor("DECODER_INPUT_ID", "INT32", (-1,)),
+    Tensor("REQUEST_DECODER_INPUT_LEN", "INT32", (1,)),
     Tensor("BAD_WORDS_IDS", "INT32", (2, -1)),
     Tensor("STOP_WORDS_IDS", "INT32", (2, -1)),
     Tensor("EMBEDDING_BIAS", "FP32", (-1,)),
@@ -100,6 +169,9 @@ PREPROCESSING_OUTPUTS = (
     Tensor("OUT_END_ID", "INT32", (1,)),
     Tensor("OUT_PAD_ID", "INT32", (1,)),
 )
+OWN_EXTENSIONS = {
+    PREPROCESSING: ("MIN_TOKENS",)
+}  # ours, not in the stock models; optional, so stock clients never see them
 
 # --- postprocessing: token ids -> text ---------------------------------------------------------
 POSTPROCESSING_INPUTS = (
@@ -109,45 +181,39 @@ POSTPROCESSING_INPUTS = (
 POSTPROCESSING_OUTPUTS = (Tensor("OUTPUT", "STRING", (-1,)),)
 
 # --- ensemble and BLS: the client-facing text API ----------------------------------------------
-TEXT_INPUTS = (
-    Tensor("text_input", "STRING", (1,)),
-    Tensor("max_tokens", "INT32", (1,)),
-    _opt("num_return_sequences", "INT32"),
-    _opt("bad_words", "STRING", (-1,)),
-    _opt("stop_words", "STRING", (-1,)),
-    _opt("exclude_input_in_output", "BOOL"),
-    _opt("end_id", "INT32"),
-    _opt("pad_id", "INT32"),
-    _opt("top_k", "INT32"),
-    _opt("top_p", "FP32"),
-    _opt("temperature", "FP32"),
-    _opt("length_penalty", "FP32"),
-    _opt("repetition_penalty", "FP32"),
-    _opt("min_tokens", "INT32"),
-    _opt("presence_penalty", "FP32"),
-    _opt("frequency_penalty", "FP32"),
-    _opt("seed", "UINT64"),
-    _opt("return_log_probs", "BOOL"),
-    _opt("return_context_logits", "BOOL"),
-    _opt("return_generation_logits", "BOOL"),
-    _opt("return_num_input_tokens", "BOOL"),
-    _opt("return_num_output_tokens", "BOOL"),
-    _opt("beam_width", "INT32"),
-    _opt("stream", "BOOL"),
-    _opt("embedding_bias_words", "STRING", (-1,)),
-    _opt("embedding_bias_weights", "FP32", (-1,)),
+# (name, dtype, dims, the BLS reshapes it to a scalar) in the stock order.
+_TEXT = (
+    ("num_return_sequences", "INT32", (1,), True),
+    ("bad_words", "STRING", (-1,), False),
+    ("stop_words", "STRING", (-1,), False),
+    ("exclude_input_in_output", "BOOL", (1,), True),
+    ("end_id", "INT32", (1,), False),
+    ("pad_id", "INT32", (1,), False),
+    ("top_k", "INT32", (1,), False),
+    ("top_p", "FP32", (1,), False),
+    ("temperature", "FP32", (1,), False),
+    ("length_penalty", "FP32", (1,), False),
+    ("repetition_penalty", "FP32", (1,), False),
+    ("min_tokens", "INT32", (1,), False),
+    ("presence_penalty", "FP32", (1,), False),
+    ("frequency_penalty", "FP32", (1,), False),
+    ("seed", "UINT64", (1,), False),
+    ("return_log_probs", "BOOL", (1,), True),
+    ("return_context_logits", "BOOL", (1,), True),
+    ("return_generation_logits", "BOOL", (1,), True),
+    ("return_perf_metrics", "BOOL", (1,), True),
+    ("beam_width", "INT32", (1,), False),
+    ("stream", "BOOL", (1,), False),
+    ("embedding_bias_words", "STRING", (-1,), False),
+    ("embedding_bias_weights", "FP32", (-1,), False),
 )
-TEXT_OUTPUTS = (
-    Tensor("text_output", "STRING", (-1,)),
-    Tensor("cum_log_probs", "FP32", (-1,)),
-    Tensor("output_log_probs", "FP32", (-1, -1)),
-    Tensor("context_logits", "FP32", (-1, -1)),
-    Tensor("generation_logits", "FP32", (-1, -1, -1)),
-    Tensor("batch_index", "INT32", (1,)),
-    Tensor("sequence_index", "INT32", (1,)),
-    Tensor("num_input_tokens", "INT32", (1,)),
-    Tensor("num_output_tokens", "INT32", (1,)),
+_REQUIRED_TEXT = (Tensor("text_input", "STRING", (1,)), Tensor("max_tokens", "INT32", (1,)))
+TEXT_INPUTS = (*_REQUIRED_TEXT, *(_opt(name, dtype, dims) for name, dtype, dims, _ in _TEXT))
+BLS_INPUTS = (
+    *_REQUIRED_TEXT,
+    *(_opt(name, dtype, dims, scalar=reshaped) for name, dtype, dims, reshaped in _TEXT),
 )
+TEXT_OUTPUTS = (Tensor("text_output", "STRING", (-1,)), *ENGINE_OUTPUTS[2:])
 
 # Ensemble wiring, as in NVIDIA's ensemble:
 # (step model, {step tensor: ensemble tensor}, {step output: ensemble tensor}).
@@ -165,6 +231,8 @@ PREPROCESSING_INPUT_MAP = {
 PREPROCESSING_OUTPUT_MAP = {
     "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
     "INPUT_ID": "_INPUT_ID",
+    "REQUEST_DECODER_INPUT_LEN": "_REQUEST_DECODER_INPUT_LEN",
+    "DECODER_INPUT_ID": "_DECODER_INPUT_ID",
     "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
     "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
     "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
@@ -172,11 +240,13 @@ PREPROCESSING_OUTPUT_MAP = {
     "OUT_END_ID": "_PREPROCESSOR_END_ID",
     "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID",
 }
-ENGINE_INPUT_MAP = {
+_ENGINE_FROM_TEXT = {
     "input_ids": "_INPUT_ID",
+    "decoder_input_ids": "_DECODER_INPUT_ID",
     "input_lengths": "_REQUEST_INPUT_LEN",
-    "request_output_len": "_REQUEST_OUTPUT_LEN",
+    "decoder_input_lengths": "_REQUEST_DECODER_INPUT_LEN",
     "exclude_input_in_output": "exclude_input_in_output",
+    "request_output_len": "_REQUEST_OUTPUT_LEN",
     "end_id": "_PREPROCESSOR_END_ID",
     "pad_id": "_PREPROCESSOR_PAD_ID",
     "embedding_bias": "_EMBEDDING_BIAS",
@@ -192,8 +262,7 @@ ENGINE_INPUT_MAP = {
     "return_log_probs": "return_log_probs",
     "return_context_logits": "return_context_logits",
     "return_generation_logits": "return_generation_logits",
-    "return_num_input_tokens": "return_num_input_tokens",
-    "return_num_output_tokens": "return_num_output_tokens",
+    "return_perf_metrics": "return_perf_metrics",
     "num_return_sequences": "num_return_sequences",
     "beam_width": "beam_width",
     "streaming": "stream",
@@ -203,14 +272,19 @@ ENGINE_INPUT_MAP = {
 ENGINE_OUTPUT_MAP = {
     "output_ids": "_TOKENS_BATCH",
     "sequence_length": "_SEQUENCE_LENGTH",
-    "cum_log_probs": "cum_log_probs",
-    "output_log_probs": "output_log_probs",
-    "context_logits": "context_logits",
-    "generation_logits": "generation_logits",
-    "batch_index": "batch_index",
-    "sequence_index": "sequence_index",
-    "num_input_tokens": "num_input_tokens",
-    "num_output_tokens": "num_output_tokens",
+    **{t.name: t.name for t in ENGINE_OUTPUTS[2:]},
 }
 POSTPROCESSING_INPUT_MAP = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"}
 POSTPROCESSING_OUTPUT_MAP = {"OUTPUT": "text_output"}
+
+
+def engine_input_map(trtllm_version: str | None = None) -> dict[str, str]:
+    """The ensemble's tensorrt_llm step inputs, under the names an engine of `trtllm_version` reads."""
+    return {engine_name(name, trtllm_version): source for name, source in _ENGINE_FROM_TEXT.items()}
+
+
+# BLS: text inputs passed to tensorrt_llm unchanged but for their name (pinned names; the model renames
+# them per release with its `engine_tensor_names` parameter).
+BLS_PASSTHROUGH = {
+    text: engine for engine, text in _ENGINE_FROM_TEXT.items() if not text.startswith("_")
+}

@@ -66,6 +66,11 @@ class _PythonEngine:
     def world_size(self) -> int:
         return 1
 
+    @property
+    def trtllm_version(self) -> str | None:
+        """The TensorRT-LLM release whose tensor names the engine reads: the pinned one."""
+        return None
+
     def describe(self) -> dict:
         return {"kind": self.kind, **asdict(self)}
 
@@ -177,7 +182,7 @@ class TrtllmEngine:
         config = mc.ModelConfig(
             name=c.ENGINE, backend="tensorrtllm", max_batch_size=self.max_batch_size
         )
-        config.input.extend(configs.tensor_inputs(c.ENGINE_INPUTS))
+        config.input.extend(configs.tensor_inputs(c.engine_inputs(self.trtllm_version)))
         config.output.extend(configs.tensor_outputs(c.ENGINE_OUTPUTS))
         config.model_transaction_policy.decoupled = decoupled
         config.dynamic_batching.preferred_batch_size.append(self.max_batch_size)

@@ -274,7 +274,7 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
         root,
         configs.python_model(
             c.BLS,
-            c.TEXT_INPUTS,
+            c.BLS_INPUTS,
             c.TEXT_OUTPUTS,
             max_batch_size=limits.max_batch_size,
             decoupled=plan.decoupled,
@@ -283,11 +283,15 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
                 "tensorrt_llm_model_name": c.ENGINE,
                 "max_concurrent_requests": limits.max_batch_size,
                 "decoupled": plan.decoupled,
+                "engine_tensor_names": json.dumps(
+                    _bls_passthrough(plan.engine.trtllm_version), sort_keys=True
+                ),
+                "engine_outputs": ",".join(t.name for t in c.ENGINE_OUTPUTS),
             },
         ),
     )
     (root / c.ENSEMBLE / "1").mkdir(parents=True)
-    _write_config(root, configs.ensemble_model(limits.max_batch_size))
+    _write_config(root, configs.ensemble_model(limits.max_batch_size, plan.engine.trtllm_version))
     progress("engine")
     plan.engine.install(root / c.ENGINE / "1", plan.model.path)
     _write_config(root, plan.engine.config(limits, tokens, plan.facts, plan.decoupled))
@@ -316,6 +320,13 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
         versions=_library_versions(),
     )
     write_text_atomic(root / MANIFEST, json.dumps(manifest.to_dict(), indent=2) + "\n")
+
+
+def _bls_passthrough(trtllm_version: str | None) -> dict[str, str]:
+    """Text input -> the engine input it feeds, under the names this engine's release reads."""
+    return {
+        text: c.engine_name(engine, trtllm_version) for text, engine in c.BLS_PASSTHROUGH.items()
+    }
 
 
 def _plain_word_ids(checkpoint: Path, tokens: TokenFacts) -> list[int]:

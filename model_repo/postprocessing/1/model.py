@@ -1,4 +1,5 @@
-"""postprocessing: token ids -> text as exact UTF-8 bytes (see textcodec for why bytes).
+"""postprocessing: token ids -> text as exact UTF-8 bytes (see textcodec for why bytes), flat as the
+stock model returns it.
 
 It runs once per streamed piece (one engine response), batched across streams by the dynamic
 batcher, so the per-request work is kept to what the contract needs: one pass over the request's
@@ -43,7 +44,8 @@ class TritonPythonModel:
                     tokens = tensor.as_numpy()
                 elif name == "SEQUENCE_LENGTH":
                     lengths = tensor.as_numpy()
-            # tokens: [batch, beam, tokens]; lengths: [batch, beam]
+            # tokens: [batch, beam, tokens]; lengths: [batch, beam]. OUTPUT is flat, one entry per
+            # (row, beam), as the stock model returns it: a client reads text_output[0].
             if tokens.shape[0] == 1 and tokens.shape[1] == 1:
                 ids = tokens[0, 0, : lengths[0, 0]].tolist()
                 if len(ids) == 1:
@@ -51,11 +53,12 @@ class TritonPythonModel:
                     data = table[i] if 0 <= i < size else b""
                 else:
                     data = decode(ids)
-                text = np.array([[data]], dtype=object)
+                text = np.array([data], dtype=object)
             else:
-                text = np.empty(tokens.shape[:2], dtype=object)
-                for b in range(tokens.shape[0]):
-                    for k in range(tokens.shape[1]):
-                        text[b, k] = decode(tokens[b, k, : lengths[b, k]].tolist())
+                rows, beams = tokens.shape[:2]
+                text = np.empty(rows * beams, dtype=object)
+                for b in range(rows):
+                    for k in range(beams):
+                        text[b * beams + k] = decode(tokens[b, k, : lengths[b, k]].tolist())
             responses.append(Response(output_tensors=[Tensor("OUTPUT", text)]))
         return responses

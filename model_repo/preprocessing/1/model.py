@@ -66,6 +66,9 @@ class TritonPythonModel:
         return [
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
+            # Decoder-only models have no decoder prompt: the stock model sends pad_id, length 1.
+            pb_utils.Tensor("DECODER_INPUT_ID", np.full((batch, 1), self.pad_id, dtype=np.int32)),
+            pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", np.ones((batch, 1), dtype=np.int32)),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", output_len.reshape(batch, 1).astype(np.int32)),
             pb_utils.Tensor(
                 "STOP_WORDS_IDS",

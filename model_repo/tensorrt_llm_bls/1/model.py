@@ -2,14 +2,21 @@
 
 Tokenizing and detokenizing in-process saves the two extra model hops of the ensemble; the
 engine is called through BLS, streaming when the client streams. Same inputs and outputs as
-the ensemble. Each request is served on a thread of its own (a bounded pool): a BLS call blocks
-while it waits for the engine's next response, and one long generation must not hold up the
-others. (The Python backend's async execute does not help here: its decoupled BLS iterator
-still blocks.)
+the ensemble: `text_output` flat, one entry per response (a client reads text_output[0]), and
+whatever else the engine returns (log probs, perf outputs) passed through under its name.
+Each request is served on a thread of its own (a bounded pool): a BLS call blocks while it waits
+for the engine's next response, and one long generation must not hold up the others. (The Python
+backend's async execute does not help here: its decoupled BLS iterator still blocks.)
+Built with --no-decoupled it answers each request with one response from execute.
+
+Config parameters (written by `toolkit build`): `engine_tensor_names` (JSON: text input -> the
+engine input it feeds, under the names the engine's TensorRT-LLM release reads) and
+`engine_outputs` (the engine outputs to ask for).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -18,36 +25,20 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
+from engine_requests import Collector  # noqa: E402
+
 from params import ModelParams, final_flag, scalar  # noqa: E402
 from textcodec import TextCodec, check_request_lengths, pack_word_lists  # noqa: E402
 
-# ensemble input -> tensorrt_llm input, for the scalars passed through unchanged
-PASSTHROUGH = {
-    "exclude_input_in_output": "exclude_input_in_output",
-    "end_id": "end_id",
-    "pad_id": "pad_id",
-    "top_k": "runtime_top_k",
-    "top_p": "runtime_top_p",
-    "temperature": "temperature",
-    "length_penalty": "len_penalty",
-    "repetition_penalty": "repetition_penalty",
-    "min_tokens": "min_tokens",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "seed": "seed",
-    "return_log_probs": "return_log_probs",
-    "return_context_logits": "return_context_logits",
-    "return_generation_logits": "return_generation_logits",
-    "return_num_input_tokens": "return_num_input_tokens",
-    "return_num_output_tokens": "return_num_output_tokens",
-    "num_return_sequences": "num_return_sequences",
-    "beam_width": "beam_width",
-}
-ENGINE_OUTPUTS = ["output_ids", "sequence_length", "num_input_tokens", "num_output_tokens"]
+TOKEN_OUTPUTS = ("output_ids", "sequence_length")  # turned into text_output
 
 
 def _final() -> int:
     return final_flag(pb_utils)
+
+
+def _error(message: str):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
 class TritonPythonModel:
@@ -57,6 +48,10 @@ class TritonPythonModel:
             os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir"))
         )
         self.engine = params.text("tensorrt_llm_model_name")
+        self.decoupled = params.flag("decoupled")
+        self.passthrough = json.loads(params.text("engine_tensor_names"))
+        self.engine_outputs = [name for name in params.text("engine_outputs").split(",") if name]
+        self.streaming_name = self.passthrough.pop("stream")
         self.end_id = params.integer("end_id")
         self.stop_ids = params.ids("stop_ids")
         self.add_special_tokens = params.flag("add_special_tokens")
@@ -71,9 +66,15 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        for request in requests:
-            self.pool.submit(self._serve_one, request, request.get_response_sender())
-        return None
+        senders = [
+            request.get_response_sender() if self.decoupled else Collector(pb_utils)
+            for request in requests
+        ]
+        for request, sender in zip(requests, senders, strict=True):
+            self.pool.submit(self._serve_one, request, sender)
+        if self.decoupled:
+            return None
+        return [sender.wait() for sender in senders]
 
     def _serve_one(self, request, sender) -> None:
         try:
@@ -84,9 +85,7 @@ class TritonPythonModel:
                 if isinstance(exc, ValueError)
                 else f"tensorrt_llm_bls: {type(exc).__name__}: {exc}"
             )
-            sender.send(
-                pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_final()
-            )
+            sender.send(_error(message), flags=_final())
 
     def finalize(self):
         self.pool.shutdown(
@@ -94,6 +93,39 @@ class TritonPythonModel:
         )  # never hang the unload on a request still waiting for the engine
 
     def _serve(self, request, sender) -> None:
+        engine_request = pb_utils.InferenceRequest(
+            model_name=self.engine,
+            inputs=self._engine_inputs(request),
+            requested_output_names=self.engine_outputs,
+        )
+        if not self.decoupled:
+            response = engine_request.exec()
+            if response.has_error():
+                sender.send(_error(response.error().message()), flags=_final())
+            else:
+                sender.send(
+                    pb_utils.InferenceResponse(output_tensors=self._text_outputs(response)),
+                    flags=_final(),
+                )
+            return
+        responses = engine_request.exec(decoupled=True)
+        for response in responses:
+            if request.is_cancelled():
+                if hasattr(
+                    responses, "cancel"
+                ):  # Python backend 24.08+: stops the engine's work too
+                    responses.cancel()
+                sender.send(flags=_final())
+                return
+            if response.has_error():
+                sender.send(_error(response.error().message()), flags=_final())
+                return
+            outputs = self._text_outputs(response)
+            if outputs:
+                sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
+        sender.send(flags=_final())
+
+    def _engine_inputs(self, request) -> list:
         text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)[0]
         max_tokens = int(
             pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0]
@@ -105,54 +137,43 @@ class TritonPythonModel:
         )
         check_request_lengths(len(prompt), max_tokens, *self.limits)
         stream = bool(scalar(pb_utils, request, "stream", False))
+        under_min_tokens = int(scalar(pb_utils, request, "min_tokens", 0) or 0) > 0
         inputs = [
             pb_utils.Tensor("input_ids", np.array([prompt], dtype=np.int32)),
             pb_utils.Tensor("input_lengths", np.array([[len(prompt)]], dtype=np.int32)),
             pb_utils.Tensor("request_output_len", np.array([[max_tokens]], dtype=np.int32)),
-            pb_utils.Tensor("streaming", np.array([[stream]], dtype=bool)),
-            pb_utils.Tensor(
-                "stop_words_list",
-                self._stop_words(request, int(scalar(pb_utils, request, "min_tokens", 0) or 0) > 0),
-            ),
+            pb_utils.Tensor(self.streaming_name, np.array([[stream]], dtype=bool)),
+            pb_utils.Tensor("stop_words_list", self._stop_words(request, under_min_tokens)),
         ]
         if pb_utils.get_input_tensor_by_name(request, "end_id") is None:
             inputs.append(pb_utils.Tensor("end_id", np.array([[self.end_id]], dtype=np.int32)))
-        for source, target in PASSTHROUGH.items():
+        for source, target in self.passthrough.items():
             tensor = pb_utils.get_input_tensor_by_name(request, source)
             if tensor is not None:
                 inputs.append(pb_utils.Tensor(target, tensor.as_numpy().reshape(1, 1)))
-        engine_request = pb_utils.InferenceRequest(
-            model_name=self.engine, inputs=inputs, requested_output_names=ENGINE_OUTPUTS
-        )
-        responses = engine_request.exec(decoupled=True)
-        for response in responses:
-            if request.is_cancelled():
-                if hasattr(
-                    responses, "cancel"
-                ):  # Python backend 24.08+: stops the engine's work too
-                    responses.cancel()
-                sender.send(flags=_final())
-                return
-            if response.has_error():
-                sender.send(pb_utils.InferenceResponse(error=response.error()), flags=_final())
-                return
-            outputs = self._text_outputs(response)
-            if outputs:
-                sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
-        sender.send(flags=_final())
+        return inputs
 
     def _text_outputs(self, response) -> list:
+        """text_output (flat, the stock shape) from the engine's tokens, then its other outputs by name."""
         ids = pb_utils.get_output_tensor_by_name(response, "output_ids")
         if ids is None:
             return []
         lengths = pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy()
         tokens = ids.as_numpy()
-        text = np.array(
-            [[self.codec.decode_bytes(tokens[0, 0, : lengths[0, 0]].tolist())]], dtype=object
-        )
-        outputs = [pb_utils.Tensor("text_output", text.reshape(1, 1))]
-        for name in ("num_input_tokens", "num_output_tokens"):
-            tensor = pb_utils.get_output_tensor_by_name(response, name)
+        outputs = [
+            pb_utils.Tensor(
+                "text_output",
+                np.array(
+                    [self.codec.decode_bytes(tokens[0, 0, : lengths[0, 0]].tolist())], dtype=object
+                ),
+            )
+        ]
+        for name in self.engine_outputs:
+            tensor = (
+                None
+                if name in TOKEN_OUTPUTS
+                else pb_utils.get_output_tensor_by_name(response, name)
+            )
             if tensor is not None:
                 outputs.append(pb_utils.Tensor(name, tensor.as_numpy()))
         return outputs

@@ -4,7 +4,10 @@ Requests join and leave the running batch every step (in-flight batching) and th
 lives in transformers' paged cache; we write no attention or cache code. This model only
 translates the contract: it parses the request tensors, hands each request to the manager,
 and routes the manager's per-step outputs back to each request's response sender, applying
-end_id, min_tokens, stop words, request_output_len, streaming and cancellation.
+end_id, min_tokens, stop words, request_output_len, streaming, `stop` requests and cancellation,
+as the tensorrtllm backend does (sampling rule and defaults included: see `_sampling`).
+Decoupled (streaming) by default; built with --no-decoupled it answers each request with one
+response from execute.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
+from engine_metrics import EngineMetrics  # noqa: E402
+from engine_requests import NO_REQUEST_ID, Collector, Timing, is_stop_request, perf_outputs  # noqa: E402
+
 from params import ModelParams, final_flag, scalar  # noqa: E402
 from textcodec import unpack_word_list  # noqa: E402
 
 RESULT_WAIT_S = 0.02
 # Below this a temperature divides logits past float32's range (NaN probabilities); sampling at it
-# is greedy decoding in all but name, so it is decoded greedily (vLLM draws the same line).
+# is greedy decoding in all but name, so it is decoded greedily (TensorRT-LLM scales by 1/(t + 1e-6)).
 GREEDY_BELOW_TEMPERATURE = 1e-5
 UNSUPPORTED = {
     # input: (value that means "off", what to tell the client)
@@ -44,6 +50,16 @@ UNSUPPORTED = {
         1.0,
         "length_penalty only applies to beam search, which the CPU engine does not do",
     ),
+    "beam_search_diversity_rate": (0.0, "beam_search_diversity_rate only applies to beam search"),
+    "runtime_top_p_decay": (None, "top-p decay is not supported by the CPU engine"),
+    "runtime_top_p_min": (
+        None,
+        "top-p decay (runtime_top_p_min) is not supported by the CPU engine",
+    ),
+    "runtime_top_p_reset_ids": (
+        None,
+        "top-p decay (runtime_top_p_reset_ids) is not supported by the CPU engine",
+    ),
 }
 
 
@@ -55,11 +71,16 @@ def _scalar(request, name: str, default=None):
     return scalar(pb_utils, request, name, default)
 
 
+def _error(message: str):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
 @dataclass
 class Stream:
     """One request in flight: what it asked for and what has been sent back."""
 
     request_id: str
+    triton_id: str  # the client's request id: what a `stop` request names
     request: object
     sender: object
     prompt: list
@@ -69,8 +90,8 @@ class Stream:
     stop_words: list
     streaming: bool
     exclude_input: bool
-    want_num_input: bool
-    want_num_output: bool
+    want_perf: bool
+    timing: Timing = field(default_factory=Timing)
     seen: int = 0
     tokens: list = field(default_factory=list)
     unsent: int = 0  # tokens appended since the last streamed response
@@ -86,16 +107,19 @@ class TritonPythonModel:
         from scheduling import unblock_after_cancellation
 
         params = ModelParams(args)
-        here = os.path.dirname(__file__)
         threads = params.integer("num_threads")
         if threads > 0:
             torch.set_num_threads(threads)
+        self.decoupled = params.flag("decoupled")
         self.max_seq_len = params.integer("max_seq_len")
+        self.max_batch_size = params.max_batch_size
+        self.max_queue_size = params.integer("max_queue_size")
+        self.block_size = params.integer("kv_block_size")
         self.default_end_id = params.integer("end_id")
         self.default_exclude_input = params.flag("exclude_input_in_output")
         # Same parameter as the tensorrtllm backend: each is_cancelled() is a round trip to the server.
         self.cancel_check_s = params.integer("cancellation_check_period_ms") / 1000
-        checkpoint = os.path.join(here, params.text("checkpoint_dir"))
+        checkpoint = os.path.join(os.path.dirname(__file__), params.text("checkpoint_dir"))
         model = AutoModelForCausalLM.from_pretrained(
             checkpoint, dtype=torch.float32, attn_implementation="sdpa"
         )
@@ -117,9 +141,10 @@ class TritonPythonModel:
         batching = ContinuousBatchingConfig(
             per_request_processors=True,
             max_batch_tokens=params.integer("max_num_tokens"),
+            max_requests_per_batch=self.max_batch_size,
             num_blocks=params.integer("kv_cache_blocks"),
-            page_size=params.integer("kv_block_size"),
-            max_queue_size=params.integer("max_queue_size"),
+            page_size=self.block_size,
+            max_queue_size=0,  # our own bound refuses at once (see _check_queue); transformers' blocks for 10 s
         )
         self.manager = model.init_continuous_batching(
             generation_config=generation, continuous_batching_config=batching
@@ -131,11 +156,19 @@ class TritonPythonModel:
         self._counter = 0
         self._unreported_tokens = 0  # metric updates are round trips to the server: sent in batches
         self._running = True
-        self._metrics()
+        self._own_metrics()
+        self.metrics = EngineMetrics(
+            pb_utils,
+            model=params.model,
+            version="1",
+            max_batch_size=self.max_batch_size,
+            kv_blocks=params.integer("kv_cache_blocks"),
+            tokens_per_block=self.block_size,
+        )
         self._router = threading.Thread(target=self._route, name="cpu-engine-router", daemon=True)
         self._router.start()
 
-    def _metrics(self) -> None:
+    def _own_metrics(self) -> None:
         family = pb_utils.MetricFamily
         labels = {"model": "tensorrt_llm"}
         # Families must outlive their metrics, so both stay on the model.
@@ -169,20 +202,40 @@ class TritonPythonModel:
 
     # --- request intake ----------------------------------------------------------------------
     def execute(self, requests):
+        senders = []
         for request in requests:
-            sender = request.get_response_sender()
+            sender = request.get_response_sender() if self.decoupled else Collector(pb_utils)
+            senders.append(sender)
             try:
-                self._admit(request, sender)
+                if is_stop_request(pb_utils, request):
+                    self._stop_by_id(request, sender)
+                else:
+                    self._admit(request, sender)
             except Exception as exc:  # noqa: BLE001 - every refusal is this request's final error, never the server's
                 message = (
                     str(exc)
                     if isinstance(exc, ValueError)
                     else f"the CPU engine could not take this request: {type(exc).__name__}: {exc}"
                 )
-                sender.send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=_final()
-                )
-        return None
+                sender.send(_error(message), flags=_final())
+        if self.decoupled:
+            return None
+        return [sender.wait() for sender in senders]  # non-decoupled: one response each, in order
+
+    def _stop_by_id(self, request, sender) -> None:
+        """Stop every running request with this request's Triton id; answer the stop request itself with nothing."""
+        target = request.request_id()
+        if not target:
+            raise ValueError(NO_REQUEST_ID)
+        with self._lock:
+            streams = [s for s in self._streams.values() if s.triton_id == target]
+        for stream in streams:
+            if self._drop(stream.request_id):
+                self.manager.cancel_request(stream.request_id)
+                self._respond(
+                    stream, final=True
+                )  # what it generated so far, as a normal final response
+        sender.send(flags=_final())
 
     def _admit(self, request, sender) -> None:
         for name, (off, message) in UNSUPPORTED.items():
@@ -191,6 +244,7 @@ class TritonPythonModel:
                 raise ValueError(f"{name}={value}: {message}")
         stream, sampling = self._parse(request, sender)
         with self._lock:
+            self._check_queue()
             self._streams[stream.request_id] = stream
             self.in_flight.set(len(self._streams))
         eos = (
@@ -211,8 +265,7 @@ class TritonPythonModel:
         if added is None:
             if self._drop(stream.request_id):  # else the router already answered it (a restart)
                 raise ValueError(
-                    "the CPU engine is not accepting requests (restarting its generation loop, or its queue is "
-                    "full); retry"
+                    "the CPU engine is not accepting requests (restarting its generation loop); retry"
                 )
             return
         with self._lock:
@@ -222,7 +275,60 @@ class TritonPythonModel:
         ):  # the client cancelled between registration and add_request: stop it in the engine too
             self.manager.cancel_request(stream.request_id)
 
+    def _check_queue(self) -> None:
+        """Refuse a request that would wait behind max_batch_size running ones and max_queue_size waiting ones."""
+        if self.max_queue_size and len(self._streams) >= self.max_batch_size + self.max_queue_size:
+            raise ValueError(
+                f"Exceeds maximum queue size: {len(self._streams) - self.max_batch_size} requests already wait "
+                f"for one of the CPU engine's {self.max_batch_size} batch slots (max_queue_size "
+                f"{self.max_queue_size}); retry later"
+            )
+
     def _parse(self, request, sender):
+        prompt = self._prompt(request)
+        max_tokens = int(_scalar(request, "request_output_len"))
+        if max_tokens <= 0:
+            raise ValueError(f"request_output_len={max_tokens} must be at least 1")
+        if len(prompt) + max_tokens > self.max_seq_len:
+            raise ValueError(
+                f"input_lengths {len(prompt)} + request_output_len {max_tokens} exceeds max_seq_len "
+                f"{self.max_seq_len}; "
+                f"ask for at most {max(self.max_seq_len - len(prompt), 0)} tokens"
+            )
+        bias = pb_utils.get_input_tensor_by_name(request, "embedding_bias")
+        if bias is not None and bias.as_numpy().size:
+            raise ValueError("embedding_bias is not supported by the CPU engine")
+        if _words(request, "bad_words_list"):
+            raise ValueError("bad_words are not supported by the CPU engine")
+        streaming = bool(_scalar(request, "streaming", False))
+        if streaming and not self.decoupled:
+            raise ValueError(
+                "streaming is only supported by a decoupled model; this repository was built with "
+                "--no-decoupled: send streaming false, or rebuild without --no-decoupled"
+            )
+        min_tokens = min(int(_scalar(request, "min_tokens", 0) or 0), max_tokens)
+        with self._lock:
+            self._counter += 1
+            request_id = f"r{self._counter}"
+        stream = Stream(
+            request_id=request_id,
+            triton_id=request.request_id(),
+            request=request,
+            sender=sender,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            end_id=int(_scalar(request, "end_id", self.default_end_id)),
+            min_tokens=min_tokens,
+            stop_words=_words(request, "stop_words_list"),
+            streaming=streaming,
+            exclude_input=bool(
+                _scalar(request, "exclude_input_in_output", self.default_exclude_input)
+            ),
+            want_perf=bool(_scalar(request, "return_perf_metrics", False)),
+        )
+        return stream, self._sampling(request)
+
+    def _prompt(self, request) -> list:
         tensor = pb_utils.get_input_tensor_by_name(request, "input_ids")
         if tensor is None:
             raise ValueError(
@@ -248,68 +354,33 @@ class TritonPythonModel:
                 f"input_ids holds token id {bad}, outside this model's vocabulary [0, {self.embedding_rows}); "
                 "tokenize with the repository's tokenizer"
             )
-        prompt = prompt_ids.tolist()
-        max_tokens = int(_scalar(request, "request_output_len"))
-        if max_tokens <= 0:
-            raise ValueError(f"request_output_len={max_tokens} must be at least 1")
-        if length + max_tokens > self.max_seq_len:
-            raise ValueError(
-                f"input_lengths {length} + request_output_len {max_tokens} exceeds max_seq_len {self.max_seq_len}; "
-                f"ask for at most {max(self.max_seq_len - length, 0)} tokens"
-            )
-        bias = pb_utils.get_input_tensor_by_name(request, "embedding_bias")
-        if bias is not None and bias.as_numpy().size:
-            raise ValueError("embedding_bias is not supported by the CPU engine")
-        if _words(request, "bad_words_list"):
-            raise ValueError("bad_words are not supported by the CPU engine")
-        end_id = int(_scalar(request, "end_id", self.default_end_id))
-        min_tokens = min(int(_scalar(request, "min_tokens", 0) or 0), max_tokens)
-        with self._lock:
-            self._counter += 1
-            request_id = f"r{self._counter}"
-        stream = Stream(
-            request_id=request_id,
-            request=request,
-            sender=sender,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            end_id=end_id,
-            min_tokens=min_tokens,
-            stop_words=_words(request, "stop_words_list"),
-            streaming=bool(_scalar(request, "streaming", False)),
-            exclude_input=bool(
-                _scalar(request, "exclude_input_in_output", self.default_exclude_input)
-            ),
-            want_num_input=bool(_scalar(request, "return_num_input_tokens", False)),
-            want_num_output=bool(_scalar(request, "return_num_output_tokens", False)),
-        )
-        return stream, self._sampling(request)
+        return prompt_ids.tolist()
 
     def _sampling(self, request) -> dict:
-        """TensorRT-LLM's rule: greedy unless top_k > 1 or top_p > 0; temperature 0 is greedy too."""
+        """TensorRT-LLM's rule: with beam width 1, greedy unless runtime_top_k > 1 or runtime_top_p > 0.
+
+        A temperature alone does not sample (the stock end-to-end client sends temperature 1.0 and
+        gets greedy text); top_p <= 0 counts as absent; top_k 1 is argmax. An unseeded sampled request
+        uses seed 0, TensorRT-LLM's default, so the same request gives the same sample.
+        """
         temperature = _scalar(request, "temperature")
         top_k = int(_scalar(request, "runtime_top_k", 0) or 0)
         top_p = float(_scalar(request, "runtime_top_p", 0.0) or 0.0)
-        seed = _scalar(request, "seed")
         if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"temperature={temperature} must be a finite number >= 0")
-        if top_k < 0 or not 0.0 <= top_p <= 1.0:
-            raise ValueError(f"top_k={top_k} must be >= 0 and top_p={top_p} within [0, 1]")
-        if temperature is not None and temperature < GREEDY_BELOW_TEMPERATURE:
-            temperature = 0.0
-        sampled = (
-            (top_k > 1 or top_p > 0.0 or (temperature or 0) > 0) and temperature != 0 and top_k != 1
-        )
-        if not sampled:
+        if top_k < 0 or top_p > 1.0 or not math.isfinite(top_p):
+            raise ValueError(
+                f"runtime_top_k={top_k} must be >= 0 and runtime_top_p={top_p} within (0, 1]"
+            )
+        sampled = top_k > 1 or top_p > 0.0
+        if not sampled or (temperature is not None and temperature < GREEDY_BELOW_TEMPERATURE):
             return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
-        args = {
-            "temperature": float(temperature) if temperature else 1.0,
+        return {
+            "temperature": 1.0 if temperature is None else float(temperature),
             "top_k": top_k if top_k > 0 else self.vocab_size,
             "top_p": top_p if top_p > 0 else 1.0,
+            "seed": int(_scalar(request, "seed", 0) or 0) & 0x7FFFFFFFFFFFFFFF,
         }
-        if seed is not None:
-            args["seed"] = int(seed) & 0x7FFFFFFFFFFFFFFF
-        return args
 
     # --- output routing (one thread) ---------------------------------------------------------
     def _route(self) -> None:
@@ -325,7 +396,7 @@ class TritonPythonModel:
                 if now - last_poll >= self.cancel_check_s:
                     last_poll = now
                     self._reap_cancelled()
-                    self._report_tokens()
+                    self._report()
             except Exception as exc:  # noqa: BLE001 - this thread answers every request: it must outlive any one of them
                 print(
                     f"tensorrt_llm (CPU): routing error, continuing: {type(exc).__name__}: {exc}",
@@ -354,17 +425,27 @@ class TritonPythonModel:
                     self.manager.cancel_request(
                         stream.request_id
                     )  # queued after the crash: nobody waits for it now
-                    stream.sender.send(
-                        pb_utils.InferenceResponse(error=pb_utils.TritonError(message)),
-                        flags=_final(),
-                    )
+                    stream.sender.send(_error(message), flags=_final())
         finally:
             self.manager.start()
 
-    def _report_tokens(self) -> None:
+    def _report(self) -> None:
+        """Counters in batches, and the backend's metric families (as its stats thread reports them)."""
         if self._unreported_tokens:
             self.generated.increment(self._unreported_tokens)
             self._unreported_tokens = 0
+        with self._lock:
+            streams = list(self._streams.values())
+        scheduled = [s for s in streams if s.timing.scheduled]
+        context = [s for s in scheduled if not s.tokens]
+        used = sum(-(-(len(s.prompt) + len(s.tokens)) // self.block_size) for s in scheduled)
+        self.metrics.update(
+            active=len(streams),
+            scheduled=len(scheduled),
+            context=len(context),
+            used_blocks=used,
+            context_tokens=sum(len(s.prompt) for s in context),
+        )
 
     def _reap_cancelled(self) -> None:
         with self._lock:
@@ -380,14 +461,10 @@ class TritonPythonModel:
             stream = self._streams.get(result.request_id)
         if stream is None:
             return  # finished or cancelled already
+        stream.timing.scheduled = stream.timing.scheduled or time.time_ns()
         if result.error:
             if self._drop(stream.request_id):
-                stream.sender.send(
-                    pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"CPU engine: {result.error}")
-                    ),
-                    flags=_final(),
-                )
+                stream.sender.send(_error(f"CPU engine: {result.error}"), flags=_final())
             return
         done = self._take_tokens(stream, result.generated_tokens)
         done = done or result.is_finished()
@@ -403,6 +480,8 @@ class TritonPythonModel:
         """Append the new tokens; True once the request is complete (end_id, stop word or length)."""
         new = generated[stream.seen :]
         stream.seen = len(generated)
+        if new:
+            stream.timing.on_tokens()
         for token in new:
             if token == stream.end_id and len(stream.tokens) >= stream.min_tokens:
                 return True
@@ -416,29 +495,23 @@ class TritonPythonModel:
         return False
 
     def _respond(self, stream: Stream, final: bool) -> None:
+        if final:
+            self.metrics.request_finished(len(stream.prompt), len(stream.tokens))
         if stream.streaming:
             tokens = stream.tokens[len(stream.tokens) - stream.unsent :]
         else:
             tokens = stream.tokens if stream.exclude_input else stream.prompt + stream.tokens
         stream.unsent = 0
-        if not tokens and final and stream.streaming:
+        if not tokens and final and stream.streaming and not stream.want_perf:
             stream.sender.send(flags=_final())
             return
         outputs = [
             pb_utils.Tensor("output_ids", np.array([[tokens]], dtype=np.int32)),
             pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], dtype=np.int32)),
         ]
-        if stream.want_num_input:
-            outputs.append(
-                pb_utils.Tensor(
-                    "num_input_tokens", np.array([[len(stream.prompt)]], dtype=np.int32)
-                )
-            )
-        if stream.want_num_output:
-            outputs.append(
-                pb_utils.Tensor(
-                    "num_output_tokens", np.array([[len(stream.tokens)]], dtype=np.int32)
-                )
+        if stream.want_perf:
+            outputs += perf_outputs(
+                pb_utils, stream.timing, len(stream.prompt) + len(stream.tokens), self.block_size
             )
         stream.sender.send(
             pb_utils.InferenceResponse(output_tensors=outputs), flags=_final() if final else 0
@@ -460,12 +533,7 @@ class TritonPythonModel:
         for stream in streams:  # whoever still waits gets a final answer, not a hang
             if self._drop(stream.request_id):
                 try:
-                    stream.sender.send(
-                        pb_utils.InferenceResponse(
-                            error=pb_utils.TritonError("the CPU engine is shutting down")
-                        ),
-                        flags=_final(),
-                    )
+                    stream.sender.send(_error("the CPU engine is shutting down"), flags=_final())
                 except Exception:  # noqa: BLE001 - the server may already have released the request
                     pass
 

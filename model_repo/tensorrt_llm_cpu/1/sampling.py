@@ -4,8 +4,8 @@ Continuous batching draws every sampled request's token from one shared RNG, so 
 tokens would depend on which other requests share its batch. For a request that names a seed,
 this processor (the last in the chain, after temperature / top-k / top-p) draws the token from a
 generator seeded with (seed, step) and masks every other token, so the manager's own draw can only
-pick that one: the same seed gives the same text under any load. Requests without a seed pass
-through untouched.
+pick that one: the same seed gives the same text under any load. Every sampled request has a seed
+(TensorRT-LLM's default is 0: model.py fills it in); greedy requests (top_k 1) pass through untouched.
 """
 
 from __future__ import annotations
@@ -50,10 +50,12 @@ class SeededSampler(ContinuousBatchingLogitsProcessor):
                 continue
             generator = torch.Generator().manual_seed(int(seed))
             probs = torch.softmax(scores[row].float(), dim=-1)
-            if torch.isfinite(probs).all() and probs.sum() > 0:
-                choice = torch.multinomial(probs, 1, generator=generator)
-            else:  # NaN or infinite logits (temperatures that overflow them are decoded greedily upstream)
-                choice = torch.nan_to_num(scores[row].float(), nan=float("-inf")).argmax().view(1)
+            if not (torch.isfinite(probs).all() and probs.sum() > 0):
+                # NaN or infinite logits: a broken checkpoint (temperatures that would overflow them are
+                # decoded greedily upstream). Failing the step fails the requests in it, and the engine
+                # restarts its loop; a made-up token would be a silent wrong answer.
+                raise ValueError("the model produced nan or infinite logits; the sampling step cannot draw a token")
+            choice = torch.multinomial(probs, 1, generator=generator)
             masked = torch.full_like(scores[row], float("-inf"))
             masked[choice] = 0.0
             scores[row] = masked

@@ -8,7 +8,10 @@ token as the contract allows:
 - the response tensors are built once: the engine cycles through a fixed list of valid token ids,
   so each streamed response reuses a prebuilt `output_ids` tensor and one `sequence_length` tensor;
 - the last token goes out with the final flag (no extra empty response);
-- cancellation is polled every `cancel_check_steps` steps, not per token (each poll is an IPC call).
+- cancellation is polled every `cancel_check_steps` steps, not per token (each poll is an IPC call);
+- `stop` requests, the queue bound, non-decoupled builds and the backend's metric families behave as
+  in the CPU engine (model_repo/common/engine_requests.py, engine_metrics.py). Sampling and stop words
+  have no meaning without a model and are ignored; perf outputs are refused.
 
 Model parameters (config.pbtxt `parameters`, all strings):
   step_time_ms        time of one decode step in ms (float; 0: as fast as the stack takes tokens)
@@ -29,11 +32,15 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
+from engine_metrics import EngineMetrics  # noqa: E402
+from engine_requests import NO_REQUEST_ID, Collector, is_stop_request  # noqa: E402
+
 from params import ModelParams, scalar  # noqa: E402
 
 FINAL = (
     1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL_FLAG; pb_utils only gets its constants after import
 )
+METRICS_EVERY_S = 0.1  # the backend's stats_check_period_ms
 
 
 class _Stream:
@@ -42,33 +49,33 @@ class _Stream:
     __slots__ = (
         "request",
         "sender",
+        "triton_id",
         "remaining",
         "produced",
         "position",
         "streaming",
         "prefix",
-        "count_outputs",
         "input_len",
     )
 
     def __init__(
         self,
         request,
+        sender,
         remaining: int,
         streaming: bool,
         prefix: np.ndarray | None,
-        count_outputs: bool,
         input_len: int,
         position: int,
     ):
         self.request = request
-        self.sender = request.get_response_sender()
+        self.sender = sender
+        self.triton_id = request.request_id()
         self.remaining = remaining
         self.produced = 0
         self.position = position
         self.streaming = streaming
         self.prefix = prefix  # input ids echoed before the output (non-streaming, exclude_input_in_output false)
-        self.count_outputs = count_outputs
         self.input_len = input_len
 
 
@@ -76,9 +83,14 @@ def _scalar(request, name: str, default):
     return scalar(pb_utils, request, name, default)
 
 
+def _error(message: str):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
 class TritonPythonModel:
     def initialize(self, args):
         params = ModelParams(args)
+        self.decoupled = params.flag("decoupled")
         self.step_s = params.number("step_time_ms") / 1000.0
         self.token_ids = np.array(params.ids("token_ids"), dtype=np.int32)
         if not self.token_ids.size:
@@ -86,12 +98,25 @@ class TritonPythonModel:
                 "synthetic engine: parameter token_ids is empty; rebuild the repository with toolkit build"
             )
         self.cancel_every = max(1, params.integer("cancel_check_steps"))
+        self.max_batch_size = params.max_batch_size
+        self.max_queue_size = params.integer("max_queue_size")
+        self.block_size = params.integer("kv_block_size")
+        self.metrics = EngineMetrics(
+            pb_utils,
+            model=params.model,
+            version="1",
+            max_batch_size=self.max_batch_size,
+            kv_blocks=params.integer("kv_cache_blocks"),
+            tokens_per_block=self.block_size,
+        )
         # Prebuilt per-token response tensors, shapes with the batch dim: output_ids [1, beam 1, 1 token].
         self.id_tensors = [
             pb_utils.Tensor("output_ids", np.full((1, 1, 1), t, np.int32)) for t in self.token_ids
         ]
         self.one_length = pb_utils.Tensor("sequence_length", np.ones((1, 1), np.int32))
         self.pending: deque[_Stream] = deque()
+        self.active: list[_Stream] = []  # the generator thread's; others only read its length
+        self.stops: deque[str] = deque()  # Triton request ids to stop, for the generator thread
         self.wake = threading.Condition()
         self.running = True
         self.next_position = 0
@@ -100,31 +125,58 @@ class TritonPythonModel:
 
     # -- requests in ----------------------------------------------------------------------------
     def execute(self, requests):
-        streams = []
+        streams, senders = [], []
         for request in requests:
-            stream = self._admit(request)
-            if stream is not None:
-                streams.append(stream)
+            sender = request.get_response_sender() if self.decoupled else Collector(pb_utils)
+            senders.append(sender)
+            try:
+                if is_stop_request(pb_utils, request):
+                    self._stop_by_id(request, sender)
+                else:
+                    streams.append(self._admit(request, sender, len(streams)))
+            except ValueError as exc:
+                sender.send(_error(f"synthetic engine: {exc}"), flags=FINAL)
         if streams:
             with self.wake:
                 self.pending.extend(streams)
                 self.wake.notify()
-        return None
+        if self.decoupled:
+            return None
+        return [sender.wait() for sender in senders]
 
-    def _admit(self, request) -> _Stream | None:
+    def _stop_by_id(self, request, sender) -> None:
+        target = request.request_id()
+        if not target:
+            raise ValueError(NO_REQUEST_ID)
+        with self.wake:
+            self.stops.append(target)
+            self.wake.notify()
+        sender.send(flags=FINAL)  # the stop request itself: one empty final response
+
+    def _admit(self, request, sender, batch_so_far: int) -> _Stream:
         output_len = int(_scalar(request, "request_output_len", 0))
         beams = int(_scalar(request, "beam_width", 1))
         returns = int(_scalar(request, "num_return_sequences", 1))
         if output_len <= 0 or beams != 1 or returns != 1:
-            message = (
-                f"synthetic engine: request_output_len must be > 0 (got {output_len}); "
-                f"beam_width and num_return_sequences must be 1 (got {beams}, {returns})"
+            raise ValueError(
+                f"request_output_len must be > 0 (got {output_len}); beam_width and num_return_sequences "
+                f"must be 1 (got {beams}, {returns})"
             )
-            request.get_response_sender().send(
-                pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL
+        if _scalar(request, "return_perf_metrics", False):
+            raise ValueError(
+                "return_perf_metrics: the synthetic engine has no model, so no perf metrics"
             )
-            return None
         streaming = bool(_scalar(request, "streaming", False))
+        if streaming and not self.decoupled:
+            raise ValueError(
+                "streaming is only supported by a decoupled model; this repository was built with --no-decoupled"
+            )
+        waiting = len(self.active) + len(self.pending) + batch_so_far
+        if self.max_queue_size and waiting >= self.max_batch_size + self.max_queue_size:
+            raise ValueError(
+                f"Exceeds maximum queue size: {waiting - self.max_batch_size} requests already wait for a "
+                f"batch slot (max_queue_size {self.max_queue_size}); retry later"
+            )
         input_len = int(_scalar(request, "input_lengths", 0))
         prefix = None
         if not streaming and not bool(_scalar(request, "exclude_input_in_output", False)):
@@ -134,30 +186,34 @@ class TritonPythonModel:
                 if ids is not None
                 else np.zeros(0, np.int32)
             )
-        count_outputs = bool(_scalar(request, "return_num_output_tokens", False))
         position = self.next_position
         self.next_position = (position + 7) % len(
             self.token_ids
         )  # requests start at different tokens
-        return _Stream(request, output_len, streaming, prefix, count_outputs, input_len, position)
+        return _Stream(request, sender, output_len, streaming, prefix, input_len, position)
 
     # -- tokens out -----------------------------------------------------------------------------
     def _generate(self) -> None:
-        active: list[_Stream] = []
         step = 0
-        deadline = time.monotonic()
+        deadline = reported = time.monotonic()
         while True:
             with self.wake:
-                while self.running and not active and not self.pending:
-                    self.wake.wait()
+                while self.running and not self.active and not self.pending and not self.stops:
+                    self._report()
+                    self.wake.wait(timeout=1.0)
                     deadline = time.monotonic()
                 if not self.running:
                     break
                 while self.pending:
-                    active.append(self.pending.popleft())
+                    self.active.append(self.pending.popleft())
+                stops = set(self.stops)
+                self.stops.clear()
             step += 1
             check_cancel = step % self.cancel_every == 0
-            active = [s for s in active if self._step(s, check_cancel)]
+            self.active = [s for s in self.active if self._step(s, check_cancel, stops)]
+            if time.monotonic() - reported >= METRICS_EVERY_S:
+                reported = time.monotonic()
+                self._report()
             if self.step_s > 0:
                 deadline += self.step_s
                 delay = deadline - time.monotonic()
@@ -165,14 +221,29 @@ class TritonPythonModel:
                     time.sleep(delay)
                 else:
                     deadline = time.monotonic()  # behind: do not try to catch up in a burst
-        for stream in active:
+        for stream in self.active:
             stream.sender.send(flags=FINAL)
 
-    def _step(self, s: _Stream, check_cancel: bool) -> bool:
+    def _report(self) -> None:
+        running = self.active[: self.max_batch_size]
+        used = sum(-(-(s.input_len + s.produced) // self.block_size) for s in running)
+        self.metrics.update(
+            active=len(self.active),
+            scheduled=len(running),
+            context=0,
+            used_blocks=used,
+            context_tokens=0,
+        )
+
+    def _step(self, s: _Stream, check_cancel: bool, stops: set) -> bool:
         """Emit one token for `s`; returns whether it stays active."""
         if check_cancel and s.request.is_cancelled():
             s.sender.send(flags=FINAL)
             return False
+        if (
+            s.triton_id in stops
+        ):  # stopped by a `stop` request: a normal final response with what it has
+            s.remaining = 1
         s.remaining -= 1
         s.produced += 1
         last = s.remaining == 0
@@ -183,11 +254,11 @@ class TritonPythonModel:
             outputs = self._whole_output(s)
         else:
             return True
-        if s.count_outputs:
-            outputs.append(pb_utils.Tensor("num_output_tokens", np.array([[s.produced]], np.int32)))
         s.sender.send(
             pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if last else 0
         )
+        if last:
+            self.metrics.request_finished(s.input_len, s.produced)
         return not last
 
     def _whole_output(self, s: _Stream) -> list:

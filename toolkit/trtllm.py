@@ -1,0 +1,56 @@
+"""The TensorRT-LLM release the GPU path is pinned to, and what differs in the releases around it.
+
+Pinned: TensorRT-LLM 0.20.0 in NVIDIA's Triton container 25.06 (`tritonserver:25.06-trtllm-python-py3`;
+25.07 carries the same release). Why this one:
+- it has the TensorRT engine flow (checkpoint -> trtllm-build -> engine) that the tensorrtllm backend
+  serves; releases after 1.1 deprecate it and 1.2 removes trtllm-build flags;
+- its Triton backend reads `min_tokens` and `seed`: the backend code it was cut from is the last
+  revision of github.com/triton-inference-server/tensorrtllm_backend before the backend moved into
+  TensorRT-LLM (commit c2e65b8, 2025-05-13, branch r25.05), where the stock models and clients also
+  use those names. 0.17-0.19 read `min_length` / `random_seed` (tags v0.17.0-v0.19.0);
+- it returns no `num_input_tokens` / `num_output_tokens` (TensorRT-LLM PR #5445 added them after the
+  0.20.0 submodule pin of 2025-06-19), so the toolkit's contract does not use them.
+Sources, with file, revision and line: tests/data/upstream/triton_backend.json (the backend and its
+stock models) and tests/data/upstream/trtllm_tools.json (the build tools' flags).
+"""
+
+from __future__ import annotations
+
+import re
+
+PINNED_TRTLLM_VERSION = "0.20.0"
+TRITON_TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3"
+# Releases whose trtllm-build still writes TensorRT engines the tensorrtllm backend serves (major, minor).
+SUPPORTED_TRTLLM_RANGE = ((0, 17), (1, 2))
+# NVIDIA's Triton container of each release (server repo, docs/introduction/compatibility.md).
+CONTAINERS = {
+    (0, 17): "25.02",
+    (0, 18): "25.04",
+    (0, 19): "25.05",
+    (0, 20): "25.06",
+    (0, 21): "25.08",
+    (1, 0): "25.10",
+    (1, 1): "26.02",
+    (1, 2): "26.07",
+}
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)")
+
+
+def version_tuple(version: str) -> tuple[int, int] | None:
+    match = _VERSION.match(version.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def supported(version: str) -> bool:
+    parsed = version_tuple(version)
+    low, high = SUPPORTED_TRTLLM_RANGE
+    return parsed is not None and low <= parsed <= high
+
+
+def container_for(version: str) -> str:
+    """The Triton TRT-LLM container image that carries `version` (the pinned one when unknown)."""
+    tag = CONTAINERS.get(version_tuple(version) or (0, 0))
+    return (
+        f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3" if tag else TRITON_TRTLLM_CONTAINER
+    )
