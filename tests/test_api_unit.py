@@ -377,7 +377,9 @@ class _FakeBackend:
 
     def __init__(self, pieces: list[Piece], engine: bool = True):
         self.pieces = pieces
-        self.engine = engine  # True: the tensorrt_llm contract (token counts); False: ensemble / BLS text
+        self.engine = (
+            engine  # True: the tensorrt_llm contract (token counts); False: ensemble / BLS text
+        )
         self.closed_early = False
 
     async def generate(self, prompt, prompt_ids, max_tokens, sampling):
@@ -436,9 +438,17 @@ def test_the_text_models_answers_are_counted_with_the_tokenizer_when_they_end():
 
     pieces = [Piece(b"one two ", None, False), Piece(b"three", None, True)]
     words = lambda data: len(data.split())  # noqa: E731 - stands in for the repository's tokenizer
-    text, generation = asyncio.run(_run(_job(max_tokens=3), _FakeBackend(pieces, engine=False), words))
-    assert text == "one two three" and generation.completion_tokens == 3 and generation.finish_reason == "length"
-    text, generation = asyncio.run(_run(_job(max_tokens=8), _FakeBackend(pieces, engine=False), words))
+    text, generation = asyncio.run(
+        _run(_job(max_tokens=3), _FakeBackend(pieces, engine=False), words)
+    )
+    assert (
+        text == "one two three"
+        and generation.completion_tokens == 3
+        and generation.finish_reason == "length"
+    )
+    text, generation = asyncio.run(
+        _run(_job(max_tokens=8), _FakeBackend(pieces, engine=False), words)
+    )
     assert generation.completion_tokens == 3 and generation.finish_reason == "stop"
 
 

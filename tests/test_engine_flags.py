@@ -1,5 +1,6 @@
-"""Every flag the toolkit passes to trtllm-build, the converter and the quantizer is a real flag of
-TensorRT-LLM 0.20.0 (lists in toolkit/engine/trtllm_flags.py, written from that release's argparse)."""
+"""The toolkit's commands for trtllm-build, the converter and the quantizer, against an independent record of
+the upstream tools' argparse definitions (tests/data/upstream/trtllm_tools.json, transcribed from the tools'
+sources, each named there): every flag and value we emit, and every flag our own lists know."""
 
 from __future__ import annotations
 
@@ -7,18 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.engine.trtllm_flags import (
-    PINNED_TRTLLM_VERSION,
-    TOOL_FLAGS,
-    argparser_for,
-    check_argv,
-    tool_of,
-)
+from toolkit.engine.trtllm_flags import TOOL_FLAGS, check_argv, tool_of
 from toolkit.errors import EngineBuildError
+from toolkit.trtllm import PINNED_TRTLLM_VERSION
 
+from fakes.upstream_argparse import upstream_flags, upstream_parser
 from repos import gpu_engine_plan
 
 LLAMA_8B = str(Path(__file__).parent / "data" / "llama-3.1-8b-instruct")
+TOOLS = ("trtllm-build", "convert_checkpoint.py", "quantize.py")
 
 
 def flags_of(argv):
@@ -30,14 +28,77 @@ def flags_of(argv):
     [("bf16", "bf16"), ("fp8", "fp8"), ("fp8", "bf16"), ("int4-awq", "fp8"), ("bf16", "fp8")],
 )
 @pytest.mark.parametrize("tp", [1, 2])
-def test_every_emitted_flag_is_in_the_pinned_release(dtype, kv, tp):
+def test_every_emitted_command_parses_with_the_upstream_argparse(dtype, kv, tp):
     plan = gpu_engine_plan(LLAMA_8B, "h100-sxm", dtype=dtype, kv_dtype=kv, tp=tp)
     for argv in plan.commands:
         tool, args = tool_of(list(argv))
-        assert set(flags_of(args)) <= set(TOOL_FLAGS[tool]), tool
-        argparser_for(tool).parse_args(
+        assert set(flags_of(args)) <= set(upstream_flags(tool)), tool
+        upstream_parser(tool).parse_args(
             args
-        )  # values pass the same choices/types as the real argparse
+        )  # exits on any flag or value the upstream tool refuses
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_our_flag_lists_are_no_looser_than_upstream(tool):
+    """Each flag we know exists upstream with the same kind, and our choices are upstream's choices."""
+    upstream = upstream_flags(tool)
+    aliases = {
+        alias.lstrip("-"): name
+        for name, flag in upstream.items()
+        for alias in flag.get("aliases", [])
+    }
+    for name, ours in TOOL_FLAGS[tool].items():
+        real = upstream.get(name) or upstream.get(aliases.get(name, ""))
+        assert real is not None, f"{tool} --{name} is not an upstream flag"
+        if ours.kind == "store_true":
+            assert real.get("action") == "store_true", name
+        elif ours.kind == "nargs+":
+            assert real.get("nargs") == "+", name
+        else:
+            assert real.get("action") in (None, "store"), name
+        upstream_choices = [str(c) for c in real.get("choices") or []]
+        if ours.choices:
+            assert set(ours.choices) <= set(upstream_choices), (
+                f"{tool} --{name}: {set(ours.choices) - set(upstream_choices)}"
+            )
+        if upstream_choices and ours.kind in ("choice", "nargs+"):
+            assert ours.choices, (
+                f"{tool} --{name} takes only {upstream_choices} upstream; our list takes anything"
+            )
+
+
+def test_the_plugin_dtypes_are_upstream_s_own_per_plugin():
+    with pytest.raises(EngineBuildError, match="--gemm_swiglu_plugin 'bfloat16'"):
+        check_argv(["trtllm-build", "--gemm_swiglu_plugin", "bfloat16"])  # fp8 or disable only
+    with pytest.raises(EngineBuildError, match="--gemm_allreduce_plugin 'fp8'"):
+        check_argv(
+            ["trtllm-build", "--gemm_allreduce_plugin", "fp8"]
+        )  # float16, bfloat16 or disable
+    with pytest.raises(EngineBuildError, match="--gpt_attention_plugin 'fp8'"):
+        check_argv(["trtllm-build", "--gpt_attention_plugin", "fp8"])
+    with pytest.raises(EngineBuildError, match="--lora_target_modules 'attn_everything'"):
+        check_argv(["trtllm-build", "--lora_target_modules", "attn_q", "attn_everything"])
+    check_argv(
+        [
+            "trtllm-build",
+            "--gemm_swiglu_plugin",
+            "fp8",
+            "--auto_parallel",
+            "1",
+            "--cluster_key",
+            "H100-SXM",
+        ]
+    )
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_the_fakes_refuse_what_upstream_refuses(tool):
+    parser = upstream_parser(tool)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--no_such_flag", "1"])
+    first_choice = next(name for name, flag in upstream_flags(tool).items() if flag.get("choices"))
+    with pytest.raises(SystemExit):
+        parser.parse_args([f"--{first_choice}", "not-a-choice"])
 
 
 def test_pinned_release_is_named():

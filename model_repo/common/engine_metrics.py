@@ -49,8 +49,8 @@ DESCRIPTIONS = {
     "nv_trt_llm_inflight_batcher_metrics": "TRT LLM inflight_batcher-specific metrics",
     "nv_trt_llm_general_metrics": "General TRT LLM metrics",
     "nv_trt_llm_disaggregated_serving_metrics": "TRT LLM disaggregated serving metrics",
-    "nv_llm_input_token_len": "TRT LLM response input token length",
-    "nv_llm_output_token_len": "TRT LLM response output token length",
+    "nv_llm_input_token_len": "TRT LLM response metrics",
+    "nv_llm_output_token_len": "TRT LLM response metrics",
 }
 
 

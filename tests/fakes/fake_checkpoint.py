@@ -8,13 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-from toolkit.engine.trtllm_flags import argparser_for
+from upstream_argparse import upstream_parser
 
 
 def parse(tool: str, argv: list[str]):
-    return argparser_for(tool).parse_args(
-        argv
-    )  # argparse exits 2 on an unknown flag or value, like the real tool
+    """argparse exits 2 on an unknown flag or value, like the real tool (the upstream record, not our lists)."""
+    return upstream_parser(tool).parse_args(argv)
 
 
 def write_checkpoint(args, quant_algo, kv_algo) -> None:

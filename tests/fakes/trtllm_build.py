@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import tensorrt_llm  # the fake package on PYTHONPATH in tests; the real one in NVIDIA's container
-
-from toolkit.engine.trtllm_flags import argparser_for
+from upstream_argparse import upstream_parser
 
 PLUGIN_KEYS = (
     "gpt_attention_plugin",
@@ -28,7 +27,9 @@ PLUGIN_KEYS = (
 
 
 def main() -> None:
-    args = argparser_for("trtllm-build").parse_args(sys.argv[1:])
+    args = upstream_parser("trtllm-build").parse_args(
+        sys.argv[1:]
+    )  # the upstream record, not our lists
     calls = os.environ.get("FAKE_TRTLLM_CALLS")
     if calls:
         with open(calls, "a") as log:

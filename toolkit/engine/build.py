@@ -14,10 +14,10 @@ from pathlib import Path
 from toolkit.engine.build_plan import EngineBuildPlan
 from toolkit.engine.cache import RECORD, cache_key, checkpoint_hash, is_cached
 from toolkit.engine.tools import require_gpu_sm, require_trtllm
-from toolkit.engine.trtllm_flags import PINNED_TRTLLM_VERSION
 from toolkit.errors import EngineBuildError
 from toolkit.fsutil import file_lock, write_text_atomic
 from toolkit.subprocs import stop_process
+from toolkit.trtllm import PINNED_TRTLLM_VERSION
 
 Progress = Callable[[str], None]
 _LOG_TAIL_LINES = 25

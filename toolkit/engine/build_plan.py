@@ -13,9 +13,10 @@ from toolkit.engine.commands import (
     trtllm_build_argv,
 )
 from toolkit.engine.recipe import BuildRecipe
-from toolkit.engine.trtllm_flags import PINNED_TRTLLM_VERSION, TRITON_TRTLLM_CONTAINER, check_argv
+from toolkit.engine.trtllm_flags import check_argv
 from toolkit.plan.memory import MemoryPlan
 from toolkit.settings import toolkit_home, trtllm_tools
+from toolkit.trtllm import PINNED_TRTLLM_VERSION, TRITON_TRTLLM_CONTAINER
 
 
 @dataclass(frozen=True)

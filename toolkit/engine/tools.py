@@ -8,19 +8,13 @@ fakes of both on PATH / PYTHONPATH, the same seam.
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 
-from toolkit.engine.trtllm_flags import (
-    PINNED_TRTLLM_VERSION,
-    SUPPORTED_TRTLLM_RANGE,
-    TRITON_TRTLLM_CONTAINER,
-)
 from toolkit.errors import EngineBuildError
 from toolkit.settings import trtllm_tools
+from toolkit.trtllm import PINNED_TRTLLM_VERSION, TRITON_TRTLLM_CONTAINER, supported
 
-_VERSION = re.compile(r"^(\d+)\.(\d+)")
 _DETECT_TIMEOUT_S = 120  # importing tensorrt_llm loads CUDA libraries: seconds, not minutes
 
 
@@ -65,11 +59,6 @@ def detect_gpu_sm() -> str | None:
     return lines[0].strip() if done.returncode == 0 and lines else None
 
 
-def version_tuple(version: str) -> tuple[int, int] | None:
-    match = _VERSION.match(version)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
 def require_trtllm() -> str:
     """The installed TensorRT-LLM version, if it has the engine flow; EngineBuildError otherwise."""
     version = detect_trtllm_version()
@@ -78,9 +67,7 @@ def require_trtllm() -> str:
             "TensorRT-LLM is not installed here (python3 cannot import tensorrt_llm)",
             hint=container_hint(),
         )
-    parsed = version_tuple(version)
-    low, high = SUPPORTED_TRTLLM_RANGE
-    if parsed is None or not (low <= parsed <= high):
+    if not supported(version):
         raise EngineBuildError(
             f"TensorRT-LLM {version} is installed; the TensorRT engine flow needs 0.17 to 1.2",
             hint=container_hint(),

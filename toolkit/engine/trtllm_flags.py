@@ -1,24 +1,18 @@
-"""The real command-line flags of the pinned TensorRT-LLM release's tools, as data.
+"""The command-line flags of the pinned TensorRT-LLM release's tools that the toolkit knows, as data.
 
-Pinned release: TensorRT-LLM 0.20.0 (tag v0.20.0 of github.com/NVIDIA/TensorRT-LLM), the release
-that NVIDIA's Triton container 25.06 (`nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3`) carries.
-It still has the TensorRT engine flow (checkpoint -> trtllm-build -> engine), as every release
-from 0.17 to 1.2 does. Written by hand from each tool's argparse definition and its docs page;
-only flags are listed, never code. Every argv the toolkit emits is checked against these lists
-(see check_argv), and the fake tools in tests/fakes parse with parsers built from them.
+Pinned release: toolkit.trtllm.PINNED_TRTLLM_VERSION. Every argv the toolkit emits is checked
+against these lists before anything runs (check_argv). The lists themselves are checked by
+tests/test_engine_flags.py against an independent record of the upstream argparse definitions
+(tests/data/upstream/trtllm_tools.json, with the source of each tool), and the fake tools in
+tests/fakes parse with that record, not with these lists.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from toolkit.errors import EngineBuildError
-
-PINNED_TRTLLM_VERSION = "0.20.0"
-TRITON_TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3"
-# Releases whose trtllm-build still writes TensorRT engines the tensorrtllm backend serves.
-SUPPORTED_TRTLLM_RANGE = ((0, 17), (1, 2))  # inclusive, by major.minor
+from toolkit.trtllm import PINNED_TRTLLM_VERSION
 
 # Paths of the example scripts inside a TensorRT-LLM checkout of the pinned tag (moved under
 # examples/models/core/ in 0.19; 0.17 and 0.18 had examples/llama/convert_checkpoint.py).
@@ -41,6 +35,47 @@ _ENABLE = ("enable", "disable")
 _PLUGIN_DTYPES = ("auto", "float16", "float32", "bfloat16", "int32", "disable")
 _GEMM_DTYPES = ("auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable")
 _WEIGHT_DTYPES = ("auto", "float16", "bfloat16", "float32")
+_LORA_MODULES = (
+    "attn_qkv",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_dense",
+    "mlp_h_to_4h",
+    "mlp_4h_to_h",
+    "mlp_gate",
+    "cross_attn_qkv",
+    "cross_attn_q",
+    "cross_attn_k",
+    "cross_attn_v",
+    "cross_attn_dense",
+    "moe_h_to_4h",
+    "moe_4h_to_h",
+    "moe_gate",
+    "moe_router",
+    "mlp_router",
+    "mlp_gate_up",
+)
+_CLUSTER_KEYS = (
+    "A100-SXM-80GB",
+    "A100-SXM-40GB",
+    "A100-PCIe-80GB",
+    "A100-PCIe-40GB",
+    "H100-SXM",
+    "H100-PCIe",
+    "H20",
+    "H200-SXM",
+    "H200-NVL",
+    "A40",
+    "A30",
+    "A10",
+    "A10G",
+    "L40S",
+    "L40",
+    "L20",
+    "L4",
+    "L2",
+)
 
 # --- trtllm-build: tensorrt_llm/commands/build.py, parse_arguments() ---------------------------
 # Docs: https://nvidia.github.io/TensorRT-LLM/commands/trtllm-build.html
@@ -101,7 +136,11 @@ _TRTLLM_BUILD_MAIN = [
         "gather_generation_logits",
         "gather_all_token_logits",
     ),
-    *_flags("nargs+", "lora_dir", "lora_target_modules"),
+    Flag("lora_dir", "nargs+"),
+    Flag("lora_target_modules", "nargs+", _LORA_MODULES),
+    # Auto parallel (0.19 to 1.1): chooses TP/PP itself; the toolkit plans them and never sets these.
+    *_flags("int", "auto_parallel", "gpus_per_node"),
+    Flag("cluster_key", "choice", _CLUSTER_KEYS),
 ]
 # --- trtllm-build plugin options: tensorrt_llm/plugin/plugin.py, cli_plugin_args + add_plugin_argument()
 # (plugins take a dtype or "disable"; features take enable/disable; tokens_per_block an int).
@@ -115,13 +154,18 @@ _TRTLLM_BUILD_PLUGINS = [
         "lora_plugin",
         "moe_plugin",
         "mamba_conv1d_plugin",
-        "gemm_swiglu_plugin",
         "fp8_rowwise_gemm_plugin",
+        choices=_PLUGIN_DTYPES,
+    ),
+    # Plugins with their own dtype lists (plugin.py PLUGIN_DTYPE_OPTIONS_MAP): fp8 only, or 16-bit only.
+    *_flags(
+        "choice",
+        "gemm_swiglu_plugin",
         "low_latency_gemm_plugin",
         "low_latency_gemm_swiglu_plugin",
-        "gemm_allreduce_plugin",
-        choices=_PLUGIN_DTYPES + ("fp8",),
+        choices=("fp8", "disable"),
     ),
+    Flag("gemm_allreduce_plugin", "choice", ("float16", "bfloat16", "disable")),
     *_flags(
         "choice",
         "context_fmha",
@@ -194,6 +238,7 @@ _CONVERT = [
         "int8_kv_cache",
         "fp8_kv_cache",
         "use_fp8",
+        "use_nvfp4",
         "use_fp8_rowwise",
         "use_meta_fp8_rowwise_recipe",
         "per_group",
@@ -285,6 +330,7 @@ def check_argv(argv: list[str]) -> None:
         i += 1 if flag.kind == "store_true" else _check_value(tool, flag, args[i + 1 : i + 2]) + 1
         if flag.kind == "nargs+":
             while i < len(args) and not args[i].startswith("--"):
+                _check_value(tool, flag, args[i : i + 1])
                 i += 1
 
 
@@ -299,6 +345,7 @@ def _check_value(tool: str, flag: Flag, value: list[str]) -> int:
         "int": lambda: text.lstrip("-").isdigit(),
         "float": lambda: _is_float(text),
         "choice": lambda: text in flag.choices,
+        "nargs+": lambda: not flag.choices or text in flag.choices,
     }.get(flag.kind, lambda: True)()
     if not ok:
         raise EngineBuildError(
@@ -314,19 +361,3 @@ def _is_float(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def argparser_for(tool: str) -> argparse.ArgumentParser:
-    """An argparse parser with exactly the tool's flags: what the fake tools in tests parse with."""
-    parser = argparse.ArgumentParser(prog=tool)
-    for flag in TOOL_FLAGS[tool].values():
-        name = "--" + flag.name
-        if flag.kind == "store_true":
-            parser.add_argument(name, action="store_true")
-        elif flag.kind == "nargs+":
-            parser.add_argument(name, nargs="+")
-        elif flag.kind == "choice":
-            parser.add_argument(name, choices=flag.choices)
-        else:
-            parser.add_argument(name, type={"int": int, "float": float}.get(flag.kind, str))
-    return parser

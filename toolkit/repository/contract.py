@@ -186,7 +186,7 @@ _TEXT = (
     ("num_return_sequences", "INT32", (1,), True),
     ("bad_words", "STRING", (-1,), False),
     ("stop_words", "STRING", (-1,), False),
-    ("exclude_input_in_output", "BOOL", (1,), True),
+    ("exclude_input_in_output", "BOOL", (1,), False),
     ("end_id", "INT32", (1,), False),
     ("pad_id", "INT32", (1,), False),
     ("top_k", "INT32", (1,), False),

@@ -54,7 +54,9 @@ class SeededSampler(ContinuousBatchingLogitsProcessor):
                 # NaN or infinite logits: a broken checkpoint (temperatures that would overflow them are
                 # decoded greedily upstream). Failing the step fails the requests in it, and the engine
                 # restarts its loop; a made-up token would be a silent wrong answer.
-                raise ValueError("the model produced nan or infinite logits; the sampling step cannot draw a token")
+                raise ValueError(
+                    "the model produced nan or infinite logits; the sampling step cannot draw a token"
+                )
             choice = torch.multinomial(probs, 1, generator=generator)
             masked = torch.full_like(scores[row], float("-inf"))
             masked[choice] = 0.0
