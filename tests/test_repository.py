@@ -176,6 +176,34 @@ def test_serve_refuses_missing_foreign_and_stale_repositories(tiny, tmp_path):
         check_repository(tmp_path / "repo")
 
 
+def test_serve_refuses_a_repository_whose_files_were_replaced_and_names_them(tiny, tmp_path):
+    """A stock postprocessing swapped in, weights truncated: serve names each changed file and refuses,
+    unless told --allow-modified. Size and mtime are compared first; the hash decides."""
+    import os
+
+    build(tiny, tmp_path / "repo")
+    repo = tmp_path / "repo"
+    check_repository(repo)  # as built: accepted
+    post = repo / "postprocessing" / "1" / "model.py"
+    stat = post.stat()
+    post.write_text(post.read_text().replace("TritonPythonModel", "TritonPythonModeL"))
+    os.utime(
+        post, ns=(stat.st_atime_ns, stat.st_mtime_ns)
+    )  # same size and mtime: only the hash tells
+    weights = next((repo / "tensorrt_llm" / "1").rglob("*.safetensors"))
+    with weights.open("r+b") as handle:
+        handle.truncate(16)
+    with pytest.raises(RepositoryError) as refused:
+        check_repository(repo)
+    message = str(refused.value.message)
+    assert "postprocessing/1/model.py (modified)" in message
+    assert f"{weights.relative_to(repo)} (" in message
+    assert "--allow-modified" in refused.value.hint
+    assert check_repository(repo, allow_modified=True).path == repo
+    result = CliRunner().invoke(cli, ["serve", "--repo", str(repo)])
+    assert result.exit_code == 1 and "postprocessing/1/model.py" in result.output
+
+
 def test_serve_refuses_a_port_in_use(tiny, tmp_path):
     build(tiny, tmp_path / "repo")
     with socket.socket() as busy:

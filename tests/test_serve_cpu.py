@@ -64,6 +64,44 @@ def test_greedy_tokens_equal_transformers_generate(served_repo, reference_model,
     assert result.as_numpy("output_ids").reshape(-1)[:length].tolist() == expected
 
 
+def _engine_tokens(url: str, ids: list[int], max_tokens: int, **scalars) -> list[int]:
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer("tensorrt_llm", engine_inputs(ids, max_tokens, **scalars))
+        result, error = results.get(timeout=120)
+        client.stop_stream()
+    assert error is None, error
+    length = int(result.as_numpy("sequence_length").reshape(-1)[0])
+    return result.as_numpy("output_ids").reshape(-1)[:length].tolist()
+
+
+def test_temperature_alone_is_greedy_as_in_tensorrt_llm(served_repo, reference_model):
+    """TensorRT-LLM samples only with top_k > 1 or top_p > 0: NVIDIA's end-to-end client sends
+    temperature 1.0 and nothing else and gets greedy text; top_k 1 is argmax too."""
+    prompt = chat(served_repo, QUESTIONS[1])
+    _, tokenizer = reference_model
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    expected = reference_ids(reference_model, prompt, 16)
+    for scalars in (
+        {"temperature": 1.0, "seed": 1},
+        {"temperature": 1.7, "seed": 2},
+        {"temperature": 1.0, "runtime_top_k": 1, "runtime_top_p": 0.0, "seed": 3},
+    ):
+        assert _engine_tokens(served_repo.grpc_url, ids, 16, **scalars) == expected, scalars
+    sampled = {
+        tuple(
+            _engine_tokens(
+                served_repo.grpc_url, ids, 16, temperature=1.5, runtime_top_p=1.0, seed=s
+            )
+        )
+        for s in (1, 2, 3)
+    }
+    assert len(sampled) > 1  # top_p > 0 does sample
+
+
 @pytest.mark.parametrize("question", QUESTIONS[:3])
 def test_text_over_grpc_streaming_and_http_equals_reference(served_repo, reference_model, question):
     prompt = chat(served_repo, question)

@@ -57,3 +57,116 @@ def make_tiny_checkpoint(path: Path, *, weights: str = "safetensors") -> Path:
         config.save_pretrained(path)
         torch.save(model.state_dict(), path / "pytorch_model.bin")
     return path
+
+
+# --- a Llama-3-style checkpoint whose next token is a fixed function of the last one --------------
+LLAMA3_SPECIAL = [
+    "[UNK]",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+]
+BIGRAM_WORDS = [
+    "user",
+    "assistant",
+    "hello",
+    "world",
+    "stop1",
+    "stop2",
+    "stop3",
+    "one",
+    "two",
+    "three",
+    "loop",
+    "junk",
+    "capital",
+    "France",
+]
+# next token after each token (greedy or sampled alike: the logit gap is 80): a deterministic "model"
+BIGRAM_NEXT = {
+    "<|end_header_id|>": "▁hello",
+    "▁hello": "▁world",
+    "▁world": "<|eot_id|>",  # a chat answer, then the turn end
+    "▁stop1": "▁one",
+    "▁one": "<|eot_id|>",  # the tokenizer's eos_token: the end_id
+    "▁stop2": "▁two",
+    "▁two": "<|end_of_text|>",  # generation_config's first eos id
+    "▁stop3": "▁three",
+    "▁three": "<|eom_id|>",  # another generation_config eos id
+    "▁loop": "▁loop",  # never ends
+}
+BIGRAM_DEFAULT_NEXT = "▁junk"  # after an end token: only seen if generation did not stop there
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|> "
+    "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>{% endif %}"
+)
+
+
+def make_bigram_checkpoint(path: Path) -> Path:
+    """A Llama-3-style checkpoint made in the test: BOS added by the tokenizer, eos_token <|eot_id|> (id 4), while
+    generation_config.json lists [2, 3, 4] (<|end_of_text|>, <|eom_id|>, <|eot_id|>) as Llama-3.1-Instruct does.
+    Attention and MLP are zero and each embedding is a one-hot, so the LM head maps the last token to the next."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = {token: i for i, token in enumerate(LLAMA3_SPECIAL + [f"▁{w}" for w in BIGRAM_WORDS])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.add_special_tokens(LLAMA3_SPECIAL[1:])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A",
+        pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+        special_tokens=[("<|begin_of_text|>", 1)],
+    )
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<|begin_of_text|>",
+                "eos_token": "<|eot_id|>",
+                "chat_template": LLAMA3_TEMPLATE,
+            }
+        )
+    )
+    (path / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": [2, 3, 4]})
+    )
+    size = len(vocab)
+    config = LlamaConfig(
+        vocab_size=size,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=[2, 3, 4],
+        tie_word_embeddings=False,
+    )
+    assert size <= config.hidden_size  # one one-hot direction per token
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if name.endswith("norm.weight"):
+                tensor.fill_(1.0)
+            else:
+                tensor.zero_()
+        model.model.embed_tokens.weight[:, :size] = torch.eye(size)
+        for token, index in vocab.items():
+            nxt = BIGRAM_NEXT.get(token, BIGRAM_DEFAULT_NEXT)
+            model.lm_head.weight[vocab[nxt], index] = 10.0
+    model.generation_config.eos_token_id = [2, 3, 4]
+    model.save_pretrained(path)
+    (path / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": [2, 3, 4]})
+    )
+    return path

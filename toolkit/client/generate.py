@@ -101,17 +101,21 @@ def generate_grpc(
     request: GenerateRequest,
     *,
     model: str = "ensemble",
-    stream: bool = True,
+    stream: bool | None = None,
     on_piece: Callable[[str], None] = lambda _: None,
     timeout_s: float = 600.0,
 ) -> GenerateResult:
-    """Stream one request over gRPC; calls on_piece with each decoded piece as it arrives."""
+    """Send one request over a gRPC stream; calls on_piece with each decoded piece as it arrives.
+    stream None: token by token where the model is decoupled, one response where it is not
+    (a repository built with --no-decoupled)."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
     request.validate()
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
+    if stream is None:
+        stream = _decoupled(client, model, url)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     result = GenerateResult(text="")
     start = time.perf_counter()
@@ -144,6 +148,20 @@ def generate_grpc(
     result.text = "".join(result.pieces)
     result.total_s = time.perf_counter() - start
     return result
+
+
+def _decoupled(client, model: str, url: str) -> bool:
+    """Whether `model` streams (decoupled); a server that cannot be asked is reported as the call would be."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        config = client.get_model_config(model, client_timeout=30).config
+    except InferenceServerException as exc:
+        client.close()
+        raise ClientError(
+            f"{model} at {url}: {exc.message()}", hint=_hint_for(exc.message())
+        ) from exc
+    return config.model_transaction_policy.decoupled
 
 
 def _pieces(responses: queue.Queue, timeout_s: float) -> Iterator[bytes]:

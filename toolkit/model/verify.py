@@ -1,31 +1,40 @@
-"""Checking cached files against the hashes they were written with, without rereading gigabytes each time.
+"""Checking files against the hashes they were written with, without rereading gigabytes each time.
 
-A file's verified hash is memoised under its path, size and mtime in the toolkit's cache: a file
-that changes (truncated, rewritten) changes its size or mtime and is hashed again.
+A file's hash is memoised in the toolkit's cache under its identity and change stamps: device,
+inode, size, mtime and ctime. Any write (a truncation, an edit that restores the mtime with utime,
+a replacement) changes the ctime, which no user call can set back, so a memo never vouches for
+changed bytes; renaming the folder around the file keeps it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 from toolkit.fsutil import sha256_file, write_text_atomic
 from toolkit.settings import cache_dir
 
 
+def _memo_file(stat: os.stat_result) -> Path:
+    key = f"{stat.st_dev}\0{stat.st_ino}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}"
+    return cache_dir("hashes") / hashlib.sha256(key.encode()).hexdigest()
+
+
 def file_sha256(path: Path) -> str:
-    """The sha256 of a file, memoised by (resolved path, size, mtime)."""
+    """The sha256 of a file, memoised by its identity and change stamps."""
     target = Path(path).resolve()
-    stat = target.stat()
-    memo = (
-        cache_dir("hashes")
-        / hashlib.sha256(f"{target}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
-    )
+    memo = _memo_file(target.stat())
     if memo.is_file():
         return memo.read_text().strip()
     value = sha256_file(target)
     write_text_atomic(memo, value)
     return value
+
+
+def remember_sha256(path: Path, digest: str) -> None:
+    """Record the hash of a file we have just written (its bytes are known), so checking it later is free."""
+    write_text_atomic(_memo_file(Path(path).resolve().stat()), digest)
 
 
 def matches_recorded_hash(path: Path, digest: str) -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 from toolkit.errors import RepositoryError
 from toolkit.fsutil import sha256_file
 from toolkit.model.tokens import TokenFacts
+from toolkit.model.verify import file_sha256, remember_sha256
 from toolkit.repository import contract as c
 from toolkit.repository.engines import EngineSpec, engine_from_manifest
 from toolkit.repository.limits import RepositoryLimits
@@ -205,17 +206,19 @@ class Repository:
         return template_from_tokenizer_dir(self.tokenizer_dir)
 
     def file_changes(self) -> list[FileChange]:
-        """Files that differ from what the build wrote: size and mtime first, the sha256 only where those moved."""
+        """Files that differ from what the build wrote: by size, else by sha256. Hashes are memoised by
+        inode and change stamps (toolkit.model.verify), so an unchanged repository costs a stat per
+        file; a copied or touched one is hashed once."""
         recorded = self.manifest.files
         changes = []
-        for relative, (size, mtime_ns, digest) in sorted(recorded.items()):
+        for relative, (size, _mtime_ns, digest) in sorted(recorded.items()):
             path = self.path / relative
             try:
                 stat = path.stat()
             except OSError:
                 changes.append(FileChange(relative, "missing"))
                 continue
-            if stat.st_size != size or stat.st_mtime_ns != mtime_ns and sha256_file(path) != digest:
+            if stat.st_size != size or file_sha256(path) != digest:
                 changes.append(FileChange(relative, "modified"))
         changes += [
             FileChange(p, "added")
@@ -246,8 +249,10 @@ def record_files(root: Path, known: dict[str, str] | None = None) -> dict:
         if relative == MANIFEST:
             continue
         path = root / relative
+        digest = known.get(relative) or sha256_file(path)
+        remember_sha256(path, digest)
         stat = path.stat()
-        table[relative] = [stat.st_size, stat.st_mtime_ns, known.get(relative) or sha256_file(path)]
+        table[relative] = [stat.st_size, stat.st_mtime_ns, digest]
     return table
 
 
