@@ -32,7 +32,12 @@ from toolkit.plan.memory import MemoryPlan, plan_memory
 from toolkit.plan.source import load_model_for_plan
 from toolkit.repository.engines import CpuEngine, EngineSpec, SyntheticEngine, TrtllmEngine
 from toolkit.repository.limits import RepositoryLimits
-from toolkit.repository.writer import RepositoryResult, plan_repository, write_repository
+from toolkit.repository.writer import (
+    RepositoryResult,
+    check_output_folder,
+    plan_repository,
+    write_repository,
+)
 
 Progress = Callable[[str], None]
 _GPU_ONLY = ("dtype", "kv_dtype", "tp", "pp", "engine_dir", "target_input_len", "target_output_len")
@@ -166,6 +171,7 @@ def build_repository(
     `progress` gets one line per step; `bars` turns on download and conversion progress bars (terminals).
     """
     plan = plan_build(request)
+    check_output_folder(request.output)
     progress(f"model {plan.model.source}")
     model = resolve_model(plan.model, allow_pickle=request.allow_pickle, progress=bars)
     engine, engine_plan, engine_result = plan.engine, None, None

@@ -97,23 +97,37 @@ def disk_full_error(exc: OSError, where: Path, what: str) -> ToolkitError:
 def deferred_interrupts() -> Iterator[list[int]]:
     """Hold SIGINT and SIGTERM until the block ends (a short, must-finish step, e.g. a swap into place).
 
-    Yields a list that holds, afterwards, the signals that arrived meanwhile and were consumed; the
-    caller decides what they mean (after a finished swap: nothing to undo). Main thread only;
-    elsewhere a no-op.
+    Yields a list that holds, afterwards, the signals that arrived meanwhile; the caller decides what
+    they mean (after a finished swap: nothing to undo). The signals' handlers are replaced for the
+    block rather than the signals masked: a process-directed signal goes to any thread that does not
+    mask it (torch and tokenizers start threads), and only a handler always runs in the main thread.
+    Main thread only; elsewhere a no-op.
     """
     arrived: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield arrived
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {
+        signum: signal.signal(signum, lambda signum, _frame: arrived.append(signum))
+        for signum in held
+    }
     try:
         yield arrived
     finally:
-        for signum in sorted(held & signal.sigpending()):
-            signal.sigtimedwait({signum}, 0)
-            arrived.append(signum)
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def copy_tree(source: Path, target: Path, skip: tuple[str, ...] = ("__pycache__",)) -> None:
+    """Copy a folder of files with copy_file (no hard links); an OSError (a full disk) is raised as
+    itself, not gathered into shutil.Error as copytree does, so its errno tells what happened."""
+    for folder, dirs, files in os.walk(source):
+        dirs[:] = [d for d in dirs if d not in skip]
+        relative = Path(folder).relative_to(source)
+        (target / relative).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            copy_file(Path(folder) / name, target / relative / name)
 
 
 def _umask() -> int:

@@ -24,6 +24,7 @@ from toolkit.errors import RepositoryError, ToolkitError
 from toolkit.fsutil import (
     check_free_space,
     copy_file,
+    copy_tree,
     deferred_interrupts,
     disk_full_error,
     file_lock,
@@ -146,7 +147,7 @@ def write_repository(
         key = plan.key
         if _up_to_date(output, key):
             return RepositoryResult(output, True, key)
-        _refuse_foreign(output)
+        check_output_folder(output)
         check_free_space(output.parent, _bytes_needed(plan), f"writing the repository {output}")
         staging = Path(
             tempfile.mkdtemp(prefix=f".{output.name}.building-{os.getpid()}-", dir=output.parent)
@@ -183,8 +184,9 @@ def _up_to_date(output: Path, key: str) -> bool:
     return repo.manifest.build_key == key and not repo.file_changes()
 
 
-def _refuse_foreign(output: Path) -> None:
-    """Only an empty folder or a repository this toolkit wrote may be replaced."""
+def check_output_folder(output: Path) -> None:
+    """Only an empty folder or a repository this toolkit wrote may be replaced. Checked before anything
+    slow (a download, a conversion, an engine build) and again under the output's lock before writing."""
     if not output.exists():
         return
     if not output.is_dir():
@@ -241,9 +243,9 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
     progress("text models")
     for name in TEXT_MODELS:
         version = root / name / "1"
-        shutil.copytree(sources / name / "1", version, ignore=shutil.ignore_patterns("__pycache__"))
+        copy_tree(sources / name / "1", version)
         for module in COMMON_MODULES:
-            shutil.copy2(sources / "common" / f"{module}.py", version / f"{module}.py")
+            copy_file(sources / "common" / f"{module}.py", version / f"{module}.py")
         _copy_tokenizer(plan.model.path, version / "tokenizer")
     template = template_from_tokenizer_dir(plan.model.path)
     _write_config(

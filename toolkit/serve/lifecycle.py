@@ -22,11 +22,13 @@ from pathlib import Path
 
 from toolkit.errors import ServerError
 from toolkit.serve.launcher import RunningServer, ServerConfig, launch_server, log_tail
+from toolkit.settings import ApiLimits
 from toolkit.subprocs import children_of, command_line, process_alive, stop_process, tail_lines
 
 STUB = "triton_python_backend_stub"
 WATCH_INTERVAL_S = 0.5
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+FAULT_GRACE_S = 2.0  # after a part died: how long tritonserver gets to exit before it is killed
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class ServeOptions:
     api_keys: tuple[str, ...] = ()
     max_in_flight: int = 64
     api_log: Path | None = None
+    api_limits: ApiLimits = ApiLimits()  # the OpenAI API's header/body timeouts and body size
 
 
 @dataclass
@@ -79,7 +82,7 @@ class ServeSession:
                 failure = self.check()
                 if failure:
                     on_event(f"[red]{failure}[/]; stopping")
-                    self.stop()
+                    self.stop_after_fault()
                     raise ServerError(failure, hint=f"read the server log: {self.server.log_file}")
                 time.sleep(WATCH_INTERVAL_S)
             on_event(
@@ -120,6 +123,14 @@ class ServeSession:
         for thread in threads:
             thread.join()
 
+    def stop_after_fault(self) -> None:
+        """Stop at once: requests on a dead part never finish, so draining would only hold clients for
+        the whole drain timeout. Triton goes first (its streams end with an error as it closes them),
+        then the API, which relays those errors to its own streams before it exits."""
+        self.server.stop(FAULT_GRACE_S)
+        if self.api is not None:
+            stop_process(self.api, FAULT_GRACE_S + 5)
+
     def _request_stop(self, signum, _frame) -> None:
         if self.stop_requested is None:
             self.stop_requested = signum
@@ -146,6 +157,7 @@ def start_serving(
         repo=options.server.repo,
         api_keys=options.api_keys,
         max_in_flight=options.max_in_flight,
+        limits=options.api_limits,
     )
     try:
         session.api, session.api_log = launch_api(
@@ -154,6 +166,7 @@ def start_serving(
             port=options.openai_port,
             log_file=options.api_log,
             detached=detached,
+            drain_timeout_s=options.server.exit_timeout_s,  # streams drain as long as Triton's requests
         )
     except BaseException:
         server.stop(10)

@@ -1,0 +1,458 @@
+"""Fault injection on the real stack: `toolkit serve` (tritonserver, its Python-backend stubs and the
+OpenAI API) run as a user runs it, then broken from outside: kill -9 of the engine's stub and of
+tritonserver, SIGTERM while streams run. Each test bounds how long anything may hang, checks that
+clients see an error or a normal end, that `serve` says what happened in its exit code, and that no
+process it started outlives it.
+
+The repository is a CPU one over the Llama-3-style checkpoint of tests/tiny.py: it loads in seconds,
+and the prompt "loop" generates until max_tokens (2000 tokens take several seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from toolkit.client.tensors import engine_inputs
+from toolkit.serve.lifecycle import python_stubs
+from toolkit.serve.net import free_port
+from toolkit.subprocs import children_of, process_alive
+
+from repos import write_test_repository
+from tiny import make_bigram_checkpoint
+
+pytestmark = pytest.mark.server
+
+HANG_BOUND_S = (
+    20  # nothing a client or an operator waits on may take longer than this after a fault
+)
+
+
+@pytest.fixture(scope="module")
+def bigram_repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    checkpoint = make_bigram_checkpoint(root / "checkpoint")
+    return write_test_repository(
+        checkpoint,
+        root / "repo",
+        max_input_len=64,
+        max_output_len=2000,
+        max_seq_len=2064,
+        kv_cache_tokens=8192,
+    )
+
+
+class Serving:
+    """`toolkit serve --openai-port` in a subprocess, as a user starts it."""
+
+    def __init__(self, repo: Path, log_dir: Path, *extra: str, env: dict | None = None):
+        self.ports = {name: free_port() for name in ("http", "grpc", "metrics", "openai")}
+        self.stderr_path = log_dir / "serve.stderr"
+        argv = [sys.executable, "-m", "toolkit.cli.main", "serve", "--repo", str(repo)]
+        for name, port in self.ports.items():
+            argv += [f"--{name}-port", str(port)]
+        argv += ["--log-file", str(log_dir / "tritonserver.log"), *extra]
+        self.stderr = open(self.stderr_path, "wb")  # noqa: SIM115 - held for the process, closed in close()
+        self.process = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.api = f"http://127.0.0.1:{self.ports['openai']}"
+        self.grpc = f"127.0.0.1:{self.ports['grpc']}"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.output()
+            try:
+                if (
+                    httpx.get(f"{self.api}/health", timeout=2).status_code == 200
+                    and self.process.poll() is None
+                ):
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"serve was not ready in 300 s\n{self.output()}")
+        self.triton_pid = _child_named(self.process.pid, "tritonserver")
+        self.processes = descendants(self.process.pid)  # everything serve started, stubs included
+
+    def stub_of(self, model: str) -> int:
+        return next(pid for pid, name in python_stubs(self.triton_pid).items() if name == model)
+
+    def wait(self, bound_s: float = HANG_BOUND_S) -> int:
+        try:
+            return self.process.wait(bound_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"serve did not exit within {bound_s} s\n{self.output()}"
+            ) from None
+
+    def output(self) -> str:
+        self.stderr.flush()
+        return self.stderr_path.read_text(errors="replace")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        for pid in self.processes:  # never leave a test's processes behind, whatever it asserted
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        self.stderr.close()
+
+
+def _child_named(pid: int, name: str) -> int:
+    for child in descendants(pid):
+        try:
+            if Path(f"/proc/{child}/comm").read_text().strip() == name:
+                return child
+        except OSError:
+            continue
+    raise AssertionError(f"no {name} under {pid}")
+
+
+def descendants(pid: int) -> set[int]:
+    found, frontier = set(), [pid]
+    while frontier:
+        children = children_of(frontier.pop())
+        found.update(children)
+        frontier += children
+    return found
+
+
+def survivors(pids: set[int], bound_s: float = 10) -> set[int]:
+    """Which of `pids` still run after `bound_s` (zombies do not count)."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        alive = {pid for pid in pids if process_alive(pid)}
+        if not alive:
+            return set()
+        time.sleep(0.2)
+    return {pid for pid in pids if process_alive(pid)}
+
+
+@pytest.fixture
+def serving(bigram_repo, tmp_path):
+    started = []
+
+    def start(*extra: str, repo: Path | None = None, env: dict | None = None) -> Serving:
+        started.append(Serving(repo or bigram_repo, tmp_path, *extra, env=env))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.close()
+
+
+class EngineStream:
+    """A long generation straight to tensorrt_llm over a gRPC stream; records how it ended."""
+
+    def __init__(self, url: str, prompt_ids: list[int], max_tokens: int):
+        import tritonclient.grpc as grpcclient
+
+        self.results: queue.Queue = queue.Queue()
+        self.client = grpcclient.InferenceServerClient(url)
+        self.client.start_stream(callback=lambda result, error: self.results.put((result, error)))
+        self.client.async_stream_infer(
+            "tensorrt_llm",
+            engine_inputs(prompt_ids, max_tokens, streaming=True),
+            enable_empty_final_response=True,
+        )
+        self.tokens = 0
+
+    def first_token(self) -> None:
+        result, error = self.results.get(timeout=60)
+        assert error is None, error
+        self.tokens += result.as_numpy("output_ids").shape[-1]
+
+    def outcome(self, bound_s: float) -> str:
+        """'final' (a normal end), 'error: ...', or 'hung'."""
+        deadline = time.monotonic() + bound_s
+        while True:
+            try:
+                result, error = self.results.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                return "hung"
+            if error is not None:
+                return f"error: {error}"
+            ids = result.as_numpy("output_ids")
+            self.tokens += 0 if ids is None else ids.shape[-1]
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return "final"
+
+    def close(self) -> None:
+        threading.Thread(
+            target=self.client.stop_stream, kwargs={"cancel_requests": True}, daemon=True
+        ).start()
+
+
+class ApiStream:
+    """A streamed completion through the OpenAI API, read on a thread; records what arrived and how it ended."""
+
+    def __init__(self, base: str, prompt: str, max_tokens: int):
+        self.events: list[dict] = []
+        self.ended: str | None = None
+        self.first = threading.Event()
+        self.done = threading.Event()
+        self.thread = threading.Thread(
+            target=self._read, args=(base, prompt, max_tokens), daemon=True
+        )
+        self.thread.start()
+
+    def _read(self, base, prompt, max_tokens):
+        body = {
+            "model": "x",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "temperature": 0,
+        }
+        try:
+            model = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"]
+            body["model"] = model
+            with httpx.stream(
+                "POST", f"{base}/v1/completions", json=body, timeout=httpx.Timeout(60)
+            ) as response:
+                if response.status_code != 200:
+                    self.ended = f"status {response.status_code}: {response.read().decode()}"
+                    return
+                for line in response.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        self.events.append(json.loads(line[6:]))
+                        self.first.set()
+                    elif line == "data: [DONE]":
+                        self.ended = "done"
+                        return
+            self.ended = "closed without [DONE]"
+        except httpx.HTTPError as exc:
+            self.ended = f"connection error: {type(exc).__name__}"
+        finally:
+            self.first.set()
+            self.done.set()
+
+    def outcome(self, bound_s: float) -> str:
+        return self.ended if self.done.wait(bound_s) else "hung"
+
+    def text(self) -> str:
+        return "".join(c["choices"][0].get("text", "") for c in self.events if c.get("choices"))
+
+    def finish_reason(self) -> str | None:
+        reasons = [c["choices"][0].get("finish_reason") for c in self.events if c.get("choices")]
+        return next((r for r in reversed(reasons) if r), None)
+
+    def error(self) -> str | None:
+        return next((e["error"]["message"] for e in self.events if "error" in e), None)
+
+
+def _loop_ids(repo: Path) -> list[int]:
+    vocab = json.loads((repo / "preprocessing/1/tokenizer/tokenizer.json").read_text())["model"][
+        "vocab"
+    ]
+    return [vocab["<|begin_of_text|>"], vocab["▁loop"]]
+
+
+def test_kill_9_of_the_engine_stub_ends_streams_with_an_error_and_serve_exits_naming_it(
+    serving, bigram_repo
+):
+    serve = serving()
+    grpc_stream = EngineStream(serve.grpc, _loop_ids(bigram_repo), 2000)
+    api_stream = ApiStream(serve.api, "loop", 2000)
+    grpc_stream.first_token()
+    assert api_stream.first.wait(60) and api_stream.events, api_stream.ended
+    stub = serve.stub_of("tensorrt_llm")
+    killed_at = time.monotonic()
+    os.kill(stub, signal.SIGKILL)
+    try:
+        grpc_end = grpc_stream.outcome(HANG_BOUND_S)
+        api_end = api_stream.outcome(HANG_BOUND_S)
+    finally:
+        grpc_stream.close()
+    assert grpc_end.startswith("error"), grpc_end
+    # the API relays the engine's failure as an error event, or (when it is stopped first) closes the stream
+    # without [DONE]: either way no client mistakes it for a complete answer
+    assert api_end != "hung"
+    assert api_stream.error() is not None or api_end.startswith(("closed", "connection")), (
+        api_end,
+        api_stream.events[-2:],
+    )
+    code = serve.wait()
+    assert time.monotonic() - killed_at < HANG_BOUND_S + 5
+    assert code != 0
+    stderr = serve.output()
+    assert "tensorrt_llm" in stderr and f"pid {stub}" in stderr and "died" in stderr
+    assert not survivors(serve.processes), "processes outlived serve"
+
+
+def test_kill_9_of_tritonserver_leaves_no_stub_behind_and_serve_says_so(serving, bigram_repo):
+    serve = serving()
+    stubs = set(python_stubs(serve.triton_pid))
+    assert (
+        len(stubs) == 4
+    )  # tensorrt_llm, preprocessing, postprocessing, BLS (the ensemble has none)
+    api_stream = ApiStream(serve.api, "loop", 2000)
+    assert api_stream.first.wait(60)
+    os.kill(serve.triton_pid, signal.SIGKILL)
+    assert api_stream.outcome(HANG_BOUND_S) != "hung"
+    code = serve.wait()
+    assert code != 0 and "tritonserver exited" in serve.output()
+    assert not survivors(stubs), "a Python-backend stub outlived tritonserver"
+    assert not survivors(serve.processes)
+
+
+def test_sigterm_mid_stream_finishes_the_streams_and_refuses_new_requests(serving, bigram_repo):
+    serve = serving("--drain-timeout", "60")
+    grpc_stream = EngineStream(serve.grpc, _loop_ids(bigram_repo), 1500)
+    api_stream = ApiStream(serve.api, "loop", 1500)
+    grpc_stream.first_token()
+    assert api_stream.first.wait(60)
+    serve.process.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    with pytest.raises(
+        httpx.HTTPError
+    ):  # the API stopped listening: a new request is refused at once
+        httpx.post(
+            f"{serve.api}/v1/completions", json={"model": "x", "prompt": "stop1"}, timeout=5
+        ).raise_for_status()
+    try:
+        grpc_end = grpc_stream.outcome(60)
+    finally:
+        grpc_stream.close()
+    api_end = api_stream.outcome(60)
+    assert grpc_end == "final" and grpc_stream.tokens == 1500, (grpc_end, grpc_stream.tokens)
+    assert api_end == "done" and api_stream.finish_reason() == "length", (
+        api_end,
+        api_stream.events[-1:],
+    )
+    assert api_stream.text().count("loop") == 1500
+    assert serve.wait(30) == 0, serve.output()
+    assert "finishing in-flight requests" in serve.output()
+    assert not survivors(serve.processes)
+
+
+def test_streams_longer_than_the_drain_timeout_are_cut_and_nothing_outlives_serve(
+    serving, bigram_repo
+):
+    serve = serving("--drain-timeout", "1")
+    grpc_stream = EngineStream(serve.grpc, _loop_ids(bigram_repo), 2000)
+    api_stream = ApiStream(serve.api, "loop", 2000)
+    grpc_stream.first_token()
+    assert api_stream.first.wait(60)
+    stopped_at = time.monotonic()
+    serve.process.send_signal(signal.SIGTERM)
+    try:
+        grpc_end = grpc_stream.outcome(HANG_BOUND_S)
+    finally:
+        grpc_stream.close()
+    api_end = api_stream.outcome(HANG_BOUND_S)
+    assert grpc_end != "hung" and api_end != "hung"
+    assert grpc_stream.tokens < 2000 or grpc_end != "final"  # cut, and the client can tell
+    assert api_stream.finish_reason() != "length" or api_end != "done"
+    serve.wait(HANG_BOUND_S)
+    assert time.monotonic() - stopped_at < HANG_BOUND_S
+    assert not survivors(serve.processes)
+
+
+@pytest.fixture(scope="module")
+def short_queue_repo(bigram_repo, tmp_path_factory):
+    """Two batch slots and two queue places: a fifth concurrent request is over the bound."""
+    return write_test_repository(
+        bigram_repo.parent / "checkpoint",
+        tmp_path_factory.mktemp("short-queue") / "repo",
+        max_input_len=64,
+        max_output_len=2000,
+        max_seq_len=2064,
+        kv_cache_tokens=8192,
+        max_batch_size=2,
+        max_queue_size=2,
+    )
+
+
+def test_the_cpu_engine_refuses_beyond_its_queue_bound_and_the_api_answers_429(
+    serving, short_queue_repo
+):
+    serve = serving(repo=short_queue_repo)
+    streams = [EngineStream(serve.grpc, _loop_ids(short_queue_repo), 1500) for _ in range(6)]
+    try:
+        time.sleep(1.0)  # all six have arrived: two run, two wait, two were refused at once
+        api = httpx.post(
+            f"{serve.api}/v1/completions",
+            json={
+                "model": httpx.get(f"{serve.api}/v1/models").json()["data"][0]["id"],
+                "prompt": "stop1",
+            },
+            timeout=30,
+        )
+        assert api.status_code == 429 and "queue" in api.json()["error"]["message"], api.text
+        assert api.headers.get("retry-after")
+        outcomes = []
+        for stream in streams:
+            result, error = stream.results.get(timeout=60)
+            outcomes.append(
+                "refused"
+                if error is not None and "Exceeds maximum queue size" in str(error)
+                else "ok"
+            )
+        assert outcomes.count("ok") == 4 and outcomes.count("refused") == 2, outcomes
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+def test_secrets_reach_no_argv_and_no_child_that_does_not_need_them_and_triton_stays_on_loopback(
+    serving, tmp_path
+):
+    """-k reads a file; TOOLKIT_API_KEYS is read by serve. Neither may show in any process's argv, nor in
+    the environment of tritonserver or its stubs; with --host 0.0.0.0 Triton's ports stay on 127.0.0.1."""
+    key_file = tmp_path / "keys"
+    key_file.write_text("sk-from-the-file\n")
+    serve = serving(
+        "--host",
+        "0.0.0.0",
+        "--api-key-file",
+        str(key_file),
+        env={"TOOLKIT_API_KEYS": "sk-from-the-env"},
+    )
+    secrets = (b"sk-from-the-file", b"sk-from-the-env")
+    for pid in descendants(serve.process.pid) | {serve.process.pid}:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert not any(secret in argv for secret in secrets), argv
+    triton = [serve.triton_pid, *python_stubs(serve.triton_pid)]
+    for pid in triton:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        assert not any(secret in environ for secret in secrets), (
+            f"a secret is in the environment of {pid}"
+        )
+    argv = Path(f"/proc/{serve.triton_pid}/cmdline").read_bytes().decode().split("\0")
+    assert "--http-address=127.0.0.1" in argv and "--grpc-address=127.0.0.1" in argv
+    for key in ("sk-from-the-file", "sk-from-the-env"):  # and both keys work at the API
+        answer = httpx.get(
+            f"{serve.api}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10
+        )
+        assert answer.status_code == 200
+    assert httpx.get(f"{serve.api}/v1/models", timeout=10).status_code == 401
+
+
+def test_a_non_loopback_host_without_the_api_is_refused(bigram_repo):
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["serve", "--repo", str(bigram_repo), "--host", "0.0.0.0"])
+    assert result.exit_code == 1
+    assert "--openai-port" in result.output and "--expose-triton" in result.output
