@@ -72,3 +72,59 @@ def test_bench_refuses_bad_points_with_a_message(tmp_path):
     result = CliRunner().invoke(cli, ["bench", "-c", "0", "--tokenizer", str(tmp_path / "t.json")])
     assert result.exit_code == 1
     assert "--concurrency" in result.output and "must be positive" in result.output
+
+
+# --- where perf_analyzer's libcudart comes from (issue: the pinned container has no wheel) ----------
+@pytest.fixture
+def no_cudart_wheel(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "nvidia" else real(name, *a)
+    )
+
+
+def _loader(monkeypatch, finds: bool):
+    import ctypes
+
+    from toolkit.bench import perf_analyzer as pa
+
+    real = ctypes.CDLL
+
+    def cdll(name, *args, **kwargs):
+        if name == pa.CUDART and not finds:
+            raise OSError(f"{name}: cannot open shared object file")
+        if name == pa.CUDART:
+            return object()
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(pa.ctypes, "CDLL", cdll)
+
+
+def test_cudart_from_the_containers_own_cuda_when_no_wheel(no_cudart_wheel, monkeypatch, tmp_path):
+    from toolkit.bench import perf_analyzer as pa
+
+    cuda = tmp_path / "cuda" / "lib64"
+    cuda.mkdir(parents=True)
+    (cuda / pa.CUDART).write_bytes(b"")
+    monkeypatch.setattr(pa, "CUDA_LIBRARY_DIRS", (str(tmp_path / "absent"), str(cuda)))
+    _loader(monkeypatch, finds=False)
+    assert pa._cudart_dir() == cuda
+    _loader(monkeypatch, finds=True)  # on the loader's path already: nothing to add
+    assert pa._cudart_dir() is None
+
+
+def test_no_cudart_anywhere_is_a_clear_error_naming_what_was_tried(no_cudart_wheel, monkeypatch):
+    from toolkit.bench import perf_analyzer as pa
+    from toolkit.errors import BenchError
+
+    monkeypatch.setattr(pa, "CUDA_LIBRARY_DIRS", ("/nonexistent/cuda/lib64",))
+    _loader(monkeypatch, finds=False)
+    with pytest.raises(BenchError) as error:
+        pa._cudart_dir()
+    assert (
+        "nvidia-cuda-runtime-cu12" in error.value.message
+        and "/nonexistent/cuda/lib64" in error.value.message
+    )
+    assert "LD_LIBRARY_PATH" in error.value.hint

@@ -1,8 +1,9 @@
 """Find perf_analyzer and run it.
 
 The binary ships in tritonclient's manylinux wheels up to 2.51 (later wheels need glibc 2.38).
-It links libb64.so.0d (Debian/Ubuntu package libb64-0d) and libcudart.so.12 (PyPI wheel
-nvidia-cuda-runtime-cu12), even when it never touches a GPU.
+It links libb64.so.0d (Debian/Ubuntu package libb64-0d) and libcudart.so.12, even when it never
+touches a GPU: from the nvidia-cuda-runtime-cu12 wheel (our `cpu` extra), or the CUDA runtime the
+machine already has (NVIDIA's containers: /usr/local/cuda, on the loader's path).
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ def find_perf_analyzer() -> PerfAnalyzer:
     cudart_dir = _cudart_dir()
     _check_libb64()
     env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(
-        p for p in (str(cudart_dir), env.get("LD_LIBRARY_PATH", "")) if p
-    )
+    if cudart_dir is not None:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(cudart_dir), env.get("LD_LIBRARY_PATH", "")) if p
+        )
     return PerfAnalyzer(executable, env)
 
 
@@ -57,15 +59,37 @@ def _find_executable() -> Path:
     )
 
 
-def _cudart_dir() -> Path:
-    spec = importlib.util.find_spec("nvidia.cuda_runtime")
-    if spec is not None and spec.submodule_search_locations:
-        lib = Path(list(spec.submodule_search_locations)[0]) / "lib"
-        if (lib / "libcudart.so.12").is_file():
-            return lib
+CUDART = "libcudart.so.12"
+# Where CUDA installs put the runtime when it is not on the loader's path (NVIDIA's images, toolkits).
+CUDA_LIBRARY_DIRS = (
+    "/usr/local/cuda/lib64",
+    "/usr/local/cuda/targets/x86_64-linux/lib",
+    "/usr/local/cuda/targets/sbsa-linux/lib",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+)
+
+
+def _cudart_dir() -> Path | None:
+    """The folder to put on LD_LIBRARY_PATH for libcudart.so.12, or None when the loader finds it already."""
+    spec = importlib.util.find_spec("nvidia")
+    if spec is not None:
+        for root in spec.submodule_search_locations or ():
+            lib = Path(root) / "cuda_runtime" / "lib"
+            if (lib / CUDART).is_file():
+                return lib
+    try:
+        ctypes.CDLL(CUDART)
+        return None
+    except OSError:
+        pass
+    for folder in CUDA_LIBRARY_DIRS:
+        if (Path(folder) / CUDART).is_file():
+            return Path(folder)
     raise BenchError(
-        "perf_analyzer needs libcudart.so.12 (even on CPU), and the nvidia-cuda-runtime-cu12 wheel is not installed",
-        hint="pip install nvidia-cuda-runtime-cu12",
+        f"perf_analyzer needs {CUDART} (even on CPU); it is not in the nvidia-cuda-runtime-cu12 wheel (not "
+        f"installed), not on the loader's path, and not in {', '.join(CUDA_LIBRARY_DIRS)}",
+        hint="pip install nvidia-cuda-runtime-cu12, or put your CUDA 12 runtime's folder on LD_LIBRARY_PATH",
     )
 
 
