@@ -46,3 +46,7 @@ class EngineBuildError(ToolkitError):
 
 class BenchError(ToolkitError):
     """A benchmark that cannot run or whose inputs are wrong."""
+
+
+class DeployError(ToolkitError):
+    """A deployment that cannot run where asked: its repository, its values, or its output folder."""

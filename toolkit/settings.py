@@ -23,6 +23,24 @@ TRTLLM_EXAMPLES_DIR = (
 SECRET_VARIABLES = (API_KEYS, "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
+@dataclass(frozen=True)
+class ApiLimits:
+    """What one client may hold of the OpenAI API before it is refused (`toolkit api` / `toolkit serve` options).
+
+    A request's headers must arrive within `header_timeout_s` of the connection opening (or of the
+    previous response on a kept-alive connection), else 408 and the connection is closed; its whole
+    body within `body_timeout_s` of its headers, else 408. One deadline for the whole body, not an
+    idle timeout: a client sending a byte a second is never idle, yet must not hold a connection
+    forever. A body over `max_body_bytes` is a 413 (at once when Content-Length says so). A request
+    counts against --max-in-flight only once its whole body has arrived.
+    """
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    # 8 MiB: a 128k-token prompt is ~0.5-1 MB of JSON (up to ~3 MB with every character \u-escaped).
+    max_body_bytes: int = 8 * 2**20
+
+
 def toolkit_home() -> Path:
     """Where the toolkit keeps caches (converted checkpoints, build cache, logs); TOOLKIT_HOME overrides."""
     env = os.environ.get(HOME)

@@ -2,8 +2,9 @@
 
 It reads its settings as one JSON object on stdin, API keys included, so no secret is ever on a
 command line (`ps`) or in an environment. Keys: the fields of toolkit.api.ApiSettings (repo as a
-path, api_keys as a list) plus host, port, log_level, loop, http. People start the API with
-`toolkit api`; this entry point is for the toolkit's own launcher.
+path, api_keys as a list, limits as an object of toolkit.settings.ApiLimits' fields) plus host,
+port, log_level, loop, http, drain_timeout_s. People start the API with `toolkit api`; this entry
+point is for the toolkit's own launcher.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from pathlib import Path
 from toolkit.api.app import ApiSettings
 from toolkit.api.server import run_api
 from toolkit.errors import ToolkitError
+from toolkit.settings import ApiLimits
 
-RUN_KEYS = ("host", "port", "log_level", "loop", "http")
+RUN_KEYS = ("host", "port", "log_level", "loop", "http", "drain_timeout_s")
 
 
 def main() -> int:
@@ -24,7 +26,12 @@ def main() -> int:
         data = json.loads(sys.stdin.read())
         run = {key: data.pop(key) for key in RUN_KEYS if key in data}
         settings = ApiSettings(
-            **{**data, "repo": Path(data["repo"]), "api_keys": tuple(data.get("api_keys", ()))}
+            **{
+                **data,
+                "repo": Path(data["repo"]),
+                "api_keys": tuple(data.get("api_keys", ())),
+                "limits": ApiLimits(**data.get("limits", {})),
+            }
         )
     except (ValueError, KeyError, TypeError) as exc:
         print(

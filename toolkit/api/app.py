@@ -28,18 +28,23 @@ from toolkit.api.schemas import (
     Health,
     Model,
     ModelList,
+    lone_surrogate,
     unsupported_fields,
 )
 from toolkit.api.triton import (
     ENGINE_MODEL,
+    EngineFault,
     InferenceFailed,
     Sampling,
     TritonBackend,
     TritonUnavailable,
 )
 from toolkit.repository.reader import Repository, open_repository
+from toolkit.settings import ApiLimits
 
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 404, 429, 500, 502, 503)}
+ERRORS = {
+    status: {"model": ErrorResponse} for status in (400, 401, 404, 408, 413, 429, 500, 502, 503)
+}
 LONG_PROMPT_CHARS = 32768
 RETRY_AFTER_S = 1
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -57,6 +62,7 @@ class ApiSettings:
     api_keys: tuple[str, ...] = ()
     max_in_flight: int = 64
     retry_after_s: int = 1
+    limits: ApiLimits = ApiLimits()  # header and body read timeouts, body size
 
 
 class ClientGone(Exception):
@@ -115,6 +121,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         max_in_flight=settings.max_in_flight,
         retry_after_s=settings.retry_after_s,
         metrics=state.metrics,
+        limits=settings.limits,
     )
     return app
 
@@ -129,7 +136,7 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
             for m in body.messages
         ]
         try:
-            prompt = state.codec.render_chat(messages)
+            prompt = await _render_chat(state, messages)
         except Exception as exc:  # noqa: BLE001 - a template's own error (jinja2 or raise_exception) is the client's 400
             raise ApiError(
                 400, f"The chat template refused these messages: {exc}", param="messages"
@@ -165,14 +172,10 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
 
     @app.get("/health", response_model=Health, responses={503: {"model": ErrorResponse}})
     async def health():
-        if await state.backend.ready():
+        problem = await state.backend.health()
+        if problem is None:
             return Health(status="ok", model=state.model_id)
-        raise ApiError(
-            503,
-            f"Triton at {state.settings.triton_url} or its model `{state.settings.model_name}` is not ready.",
-            type="server_error",
-            code="not_ready",
-        )
+        raise ApiError(503, problem, type="server_error", code="not_ready")
 
     @app.get("/metrics", response_class=Response)
     async def metrics():
@@ -197,26 +200,44 @@ def _arrival(request: Request) -> float:
     return request.scope.get("state", {}).get(ARRIVAL) or time.perf_counter()
 
 
-async def _plan(
-    state: ApiState, kind: str, body, prompt: str, requested: int | None, param: str, arrival: float
-) -> Job:
-    """Check the prompt and max_tokens against the engine's limits; a request over them is a 400 naming the limit."""
-    try:
-        prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:
+async def _render_chat(state: ApiState, messages: list[dict]) -> str:
+    """The chat prompt; rendering megabytes of messages (pure Python, jinja2) runs on a worker thread."""
+    if sum(len(m["content"]) for m in messages) > LONG_PROMPT_CHARS:
+        return await asyncio.to_thread(state.codec.render_chat, messages)
+    return state.codec.render_chat(messages)
+
+
+async def _encode(state: ApiState, prompt: str, param: str) -> list[int]:
+    """The prompt's token ids; a prompt that cannot fit max_input_len is refused before it is tokenized,
+    and a long one is tokenized off the event loop, without holding the GIL."""
+    if lone_surrogate(prompt):  # a chat template may join what it was given into one
         raise ApiError(
             400,
             "The prompt is not valid Unicode (it holds a lone surrogate).",
             param=param,
             code="invalid_value",
-        ) from exc
+        )
+    max_input_len = state.limits.max_input_len
+    most = state.codec.most_chars(max_input_len)
+    if most is not None and len(prompt) > most:
+        raise ApiError(
+            400,
+            f"The prompt is {len(prompt)} characters: more than any text of this model's maximum input "
+            f"length of {max_input_len} tokens can hold ({most} characters with this tokenizer); shorten it.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if len(prompt) > LONG_PROMPT_CHARS:
+        return await asyncio.to_thread(state.codec.encode_long, prompt)
+    return state.codec.encode(prompt)
+
+
+async def _plan(
+    state: ApiState, kind: str, body, prompt: str, requested: int | None, param: str, arrival: float
+) -> Job:
+    """Check the prompt and max_tokens against the engine's limits; a request over them is a 400 naming the limit."""
     limits = state.limits
-    if (
-        len(prompt) > LONG_PROMPT_CHARS
-    ):  # tokenizing megabytes takes a while: not on the loop every stream shares
-        prompt_ids = await asyncio.to_thread(state.codec.encode, prompt)
-    else:
-        prompt_ids = state.codec.encode(prompt)
+    prompt_ids = await _encode(state, prompt, param)
     prompt_tokens = len(prompt_ids)
     if prompt_tokens == 0:
         raise ApiError(
@@ -342,15 +363,9 @@ async def _sse(
             yield sse.text(text)
         yield sse.end(generation)
     except (TritonUnavailable, InferenceFailed) as exc:
+        code = "engine_unavailable" if isinstance(exc, EngineFault) else "engine_error"
         yield sse.error(
-            {
-                "error": {
-                    "message": str(exc),
-                    "type": "server_error",
-                    "param": None,
-                    "code": "engine_error",
-                }
-            }
+            {"error": {"message": str(exc), "type": "server_error", "param": None, "code": code}}
         )
     except Exception:  # noqa: BLE001 - headers are gone: the client still gets an error event and [DONE], not a cut stream
         log.exception("unhandled error while streaming %s", job.id)
@@ -398,6 +413,13 @@ def _whole_body(job: Job, text: str, generation: Generation) -> dict:
 
 def _engine_error(exc: InferenceFailed) -> ApiError:
     message = str(exc)
+    if isinstance(exc, EngineFault):
+        return ApiError(
+            503,
+            f"The engine cannot serve: {message}",
+            type="server_error",
+            code="engine_unavailable",
+        )
     if "max_input_len" in message or "limit of" in message or "is empty" in message:
         return ApiError(400, message, code="context_length_exceeded")
     if "Exceeds maximum queue size" in message:  # the engine's queue bound (Triton's own wording)

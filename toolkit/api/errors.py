@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -12,6 +13,7 @@ from starlette.responses import JSONResponse
 from toolkit.errors import ToolkitError
 
 log = logging.getLogger("toolkit.api")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ApiError(ToolkitError):
@@ -39,15 +41,32 @@ class ApiError(ToolkitError):
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    return {
+        "error": {
+            "message": printable(message),
+            "type": type,
+            "param": None if param is None else printable(param),
+            "code": code,
+        }
+    }
+
+
+def printable(text: str) -> str:
+    """`text` as valid Unicode: an echoed client value may hold lone surrogates, which no UTF-8 body can carry
+    (Starlette's JSONResponse raised UnicodeEncodeError in our error handler: a 500 and a reset connection)."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def _validation_error(exc: RequestValidationError) -> ApiError:
     errors = exc.errors()
+    invalid_text = [error for error in errors if error.get("type") in UNICODE_ERRORS]
+    if invalid_text:  # named before a union's other members' complaints ("not a list", ...)
+        return _unicode_error(invalid_text[0])
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    loc = [str(part) for part in first.get("loc", ()) if part != "body" and _is_field(part)]
+    loc = _param_parts(first)
     param = ".".join(loc) or None
     if first.get("type") == "extra_forbidden":
+        param = param or str(first["loc"][-1])  # a key that is no identifier, named as sent
         return ApiError(
             400,
             f"Unrecognized request argument supplied: {param}",
@@ -67,6 +86,27 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+# Our own check (schemas.valid_unicode), and pydantic's where a constrained str meets a lone surrogate first.
+UNICODE_ERRORS = ("lone_surrogate", "string_unicode")
+
+
+def _param_parts(error: dict) -> list[str]:
+    return [str(part) for part in error.get("loc", ()) if part != "body" and _is_field(part)]
+
+
+def _unicode_error(error: dict) -> ApiError:
+    parts = _param_parts(error)
+    index = (error.get("ctx") or {}).get("index")
+    param = ".".join([*parts, str(index)] if index is not None else parts) or None
+    reason = (
+        error["msg"]
+        if error.get("type") == "lone_surrogate"
+        else "the string holds a lone UTF-16 surrogate, which is not valid Unicode: send text as UTF-8, "
+        "or escape only valid surrogate pairs"
+    )
+    return ApiError(
+        400, f"Invalid request at `{param}`: {reason}.", param=param, code="invalid_value"
+    )
 
 
 def _is_field(part) -> bool:

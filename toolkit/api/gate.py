@@ -1,8 +1,10 @@
-"""The API's front door, as plain ASGI middleware: API keys, the in-flight bound, request counting.
+"""The API's front door, as plain ASGI middleware: API keys, the body's deadline and size, the in-flight bound,
+request counting.
 
 Plain ASGI (not BaseHTTPMiddleware) so streamed responses pass through untouched and a generation
 keeps its in-flight slot until its stream has really ended, however it ends (done, error, or the
-client hanging up mid-stream).
+client hanging up mid-stream). A request is counted in flight only once its whole body has arrived:
+a client trickling a body holds a connection (until --body-timeout), never a slot.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import hmac
 import json
 import time
 
+from toolkit.api.body import ClientLeft, Refusal, read_body, replay
 from toolkit.api.errors import error_body
 from toolkit.api.metrics import ApiMetrics
+from toolkit.settings import ApiLimits
 
 ARRIVAL = "toolkit_arrival"
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -34,12 +38,14 @@ class Gate:
         max_in_flight: int,
         retry_after_s: int,
         metrics: ApiMetrics,
+        limits: ApiLimits | None = None,
     ):
         self.app = app
         self.api_keys = tuple(key.encode() for key in api_keys)
         self.max_in_flight = max_in_flight
         self.retry_after_s = retry_after_s
         self.metrics = metrics
+        self.limits = limits or ApiLimits()
         self.in_flight = 0
 
     async def __call__(self, scope, receive, send):
@@ -56,10 +62,6 @@ class Gate:
             await send(message)
 
         generation = scope["method"] == "POST" and path in GENERATION_PATHS
-        if (
-            generation
-        ):  # where time-to-first-token starts (Starlette's request.state reads scope["state"])
-            scope.setdefault("state", {})[ARRIVAL] = time.perf_counter()
         try:
             if path.startswith("/v1/") and self.api_keys and not self._authorized(scope):
                 await self._refuse(
@@ -68,23 +70,19 @@ class Gate:
                     "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
                     "invalid_request_error",
                     "invalid_api_key",
-                    [(b"www-authenticate", b"Bearer")],
+                    # Its body is not read: close rather than parse it as the next request's headers.
+                    [(b"www-authenticate", b"Bearer"), (b"connection", b"close")],
                 )
                 return
+            receive = await self._whole_body(scope, receive, send_and_record, status)
+            if receive is None:
+                return
+            if (
+                generation
+            ):  # where time-to-first-token starts (Starlette's request.state reads scope["state"])
+                scope.setdefault("state", {})[ARRIVAL] = time.perf_counter()
             if generation and self.in_flight >= self.max_in_flight:
-                self.metrics.rejected.inc()
-                message = (
-                    f"Too many requests in flight (limit {self.max_in_flight}); "
-                    f"retry after {self.retry_after_s} s."
-                )
-                await self._refuse(
-                    send_and_record,
-                    429,
-                    message,
-                    "rate_limit_error",
-                    "rate_limit_exceeded",
-                    [(b"retry-after", str(self.retry_after_s).encode())],
-                )
+                await self._refuse_busy(send_and_record)
                 return
             if not generation:
                 await self.app(scope, receive, send_and_record)
@@ -98,6 +96,31 @@ class Gate:
                 self.metrics.in_flight.dec()
         finally:
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
+
+    async def _whole_body(self, scope, receive, send, status: list):
+        """A `receive` that replays the whole body; None when it was refused (408, 413) or its client left."""
+        try:
+            body = await read_body(scope, receive, self.limits)
+        except ClientLeft:
+            status[0] = 499
+            return None
+        if isinstance(body, Refusal):
+            # Part of the body may still be on its way: close the connection rather than read it.
+            close = [(b"connection", b"close")]
+            await self._refuse(
+                send, body.status, body.message, "invalid_request_error", body.code, close
+            )
+            return None
+        return replay(body, receive)
+
+    async def _refuse_busy(self, send) -> None:
+        self.metrics.rejected.inc()
+        message = (
+            f"Too many requests in flight (limit {self.max_in_flight}); "
+            f"retry after {self.retry_after_s} s."
+        )
+        retry = [(b"retry-after", str(self.retry_after_s).encode())]
+        await self._refuse(send, 429, message, "rate_limit_error", "rate_limit_exceeded", retry)
 
     def _authorized(self, scope) -> bool:
         header = dict(scope["headers"]).get(b"authorization", b"")

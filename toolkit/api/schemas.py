@@ -7,14 +7,46 @@ so that `unsupported_fields` can refuse them by name instead of dropping them si
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 UINT64_MAX = 2**64 - 1
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 StopText = Annotated[str, Field(min_length=1)]
 Stop = StopText | Annotated[list[StopText], Field(max_length=4)] | None
+
+
+# JSON may escape a lone UTF-16 surrogate ("\ud800"): valid JSON, not valid Unicode. Python's json keeps it in the
+# str, where it fails later on every encode to UTF-8 (the tokenizer, Triton's BYTES tensors, our own error body).
+# json.loads joins every valid pair into one character, so any surrogate left in a str is a lone one.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(text: str) -> re.Match | None:
+    """The first lone surrogate in `text`; isascii() is O(1) (a flag of the str), the scan ~5 ns a character."""
+    return None if text.isascii() else LONE_SURROGATE.search(text)
+
+
+def valid_unicode(value):
+    """`value` (a str, or a list of them) unchanged; a `lone_surrogate` error naming where one is."""
+    items = value if isinstance(value, list) else [value]
+    for index, item in enumerate(items):
+        found = lone_surrogate(item) if isinstance(item, str) else None
+        if found:
+            raise PydanticCustomError(
+                "lone_surrogate",
+                "the string holds a lone UTF-16 surrogate ({char} at character {at}), which is not "
+                "valid Unicode: send text as UTF-8, or escape only valid surrogate pairs",
+                {
+                    "char": f"\\u{ord(found.group()):04x}",
+                    "at": found.start(),
+                    "index": index if isinstance(value, list) else None,
+                },
+            )
+    return value
 
 
 class _Request(BaseModel):
@@ -29,11 +61,15 @@ class TextPart(_Request):
     type: Literal["text"]
     text: str
 
+    _unicode = field_validator("text")(valid_unicode)
+
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    _unicode = field_validator("content", "name")(valid_unicode)
 
     def text(self) -> str:
         if self.content is None:
@@ -63,6 +99,8 @@ class _Sampling(_Request):
     frequency_penalty: Any = None
     logit_bias: Any = None
     logprobs: Any = None
+
+    _unicode = field_validator("model", "stop", "user")(valid_unicode)
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -104,6 +142,8 @@ class CompletionRequest(_Sampling):
     echo: Any = None
     best_of: Any = None
     suffix: Any = None
+
+    _prompt_unicode = field_validator("prompt")(valid_unicode)
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]

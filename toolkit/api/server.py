@@ -8,7 +8,9 @@ import time
 from dataclasses import dataclass
 
 from toolkit.api.app import ApiSettings, create_app
+from toolkit.api.connection import bounded_protocol
 from toolkit.errors import ServerError
+from toolkit.serve.launcher import EXIT_TIMEOUT_S
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9000
@@ -21,6 +23,7 @@ def _uvicorn_server(
     log_level: str,
     loop: str = "auto",
     http: str = "auto",
+    drain_timeout_s: int = EXIT_TIMEOUT_S,
 ):
     import uvicorn
 
@@ -29,10 +32,12 @@ def _uvicorn_server(
         host=host,
         port=port,
         loop=loop,  # auto: uvloop when installed (a dependency), else asyncio
-        http=http,  # auto: httptools when installed (a dependency), else h11
+        # auto: httptools when installed (a dependency), else h11; with a deadline on request headers
+        http=bounded_protocol(http, settings.limits.header_timeout_s),
         log_level=log_level,
         access_log=False,  # the access log would show paths only, but keep request lines out of logs by default
-        timeout_graceful_shutdown=5,
+        # On SIGTERM/Ctrl-C: stop accepting at once, let open requests and streams finish this long.
+        timeout_graceful_shutdown=drain_timeout_s,
         lifespan="on",
     )
     return uvicorn.Server(config)
@@ -46,9 +51,11 @@ def run_api(
     log_level: str = "info",
     loop: str = "auto",
     http: str = "auto",
+    drain_timeout_s: int = EXIT_TIMEOUT_S,
 ) -> None:
-    """Serve in the foreground until interrupted (Ctrl-C or SIGTERM)."""
-    server = _uvicorn_server(settings, host, port, log_level, loop, http)
+    """Serve in the foreground until interrupted (Ctrl-C or SIGTERM, then in-flight requests get
+    `drain_timeout_s` seconds to finish while new connections are refused)."""
+    server = _uvicorn_server(settings, host, port, log_level, loop, http, drain_timeout_s)
     server.run()
     if not server.started:
         raise ServerError(
@@ -81,9 +88,10 @@ def run_api_in_background(
     port: int = DEFAULT_PORT,
     log_level: str = "warning",
     start_timeout_s: float = 30.0,
+    http: str = "auto",
 ) -> ApiServerHandle:
     """Start the API on a daemon thread with its own event loop; return once it accepts connections."""
-    server = _uvicorn_server(settings, host, port, log_level)
+    server = _uvicorn_server(settings, host, port, log_level, http=http)
     thread = threading.Thread(target=server.run, name=f"toolkit-api-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s

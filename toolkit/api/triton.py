@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,9 +26,17 @@ from toolkit.repository import contract as c
 from toolkit.repository.sources import common_module
 
 pack_word_lists = common_module("textcodec").pack_word_lists
+log = logging.getLogger("toolkit.api")
 
 FINAL_FLAG = "triton_final_response"
 ENGINE_MODEL = c.ENGINE  # the engine contract: token ids in, token ids out
+# Triton's words for a model that can serve nothing at all (not one request refused): its Python-backend
+# stub died ("Stub process 'tensorrt_llm_0_0' is not healthy."), or the model was unloaded.
+FATAL_ERRORS = ("is not healthy", "Request for unknown model", "has no available versions")
+STALL_S = 5.0  # a stream without a response this long makes the backend check that its engine still answers
+PROBE_TIMEOUT_S = 5.0  # no answer to the check by then: a busy engine, not a dead one
+PROBE_INTERVAL_S = 5.0  # at most one check this often, however many streams or health calls ask
+WATCH_INTERVAL_S = 1.0
 
 
 class TritonUnavailable(ClientError):
@@ -36,6 +45,19 @@ class TritonUnavailable(ClientError):
 
 class InferenceFailed(ClientError):
     """Triton answered the request with an error (the message is the model's own)."""
+
+
+class EngineFault(InferenceFailed):
+    """The engine can serve nothing (its stub died, its model is gone): every open stream ends with this."""
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One open generation, as the watchdog sees it."""
+
+    call: object
+    last: float  # loop time of its last response (or of its start)
+    failure: str | None = None  # set, and the call cancelled, when the engine is found dead
 
 
 @dataclass(frozen=True)
@@ -105,6 +127,12 @@ class TritonBackend:
     Only the engine contract lets a cancellation reach the engine: Triton (up to 2.51 at least)
     checks an ensemble's cancellation only between its steps, and its Python backend cannot
     cancel a BLS sub-request, so an engine step already running keeps generating.
+
+    A dead engine is not left to hang its streams or to look healthy: Triton keeps answering
+    model-ready after a Python-backend stub is killed, and the requests already sent to it never
+    get another response. So a fatal error (FATAL_ERRORS) on any request, or a one-token check
+    that fails so (sent when a stream has been silent STALL_S), records `fault` and ends every
+    open stream with EngineFault; `health()` reports the fault until a request succeeds again.
     """
 
     def __init__(
@@ -131,12 +159,21 @@ class TritonBackend:
         self.names = c.engine_renames(trtllm_version) if self.engine else {}
         self._client: grpcclient.InferenceServerClient | None = None
         self._ids = itertools.count(1)
+        self.fault: str | None = None  # why the engine cannot serve, as Triton said it
+        self._streams: set[_Stream] = set()
+        self._watchdog: asyncio.Task | None = None
+        self._probe: asyncio.Task | None = None
+        self._probed_at = float("-inf")
 
     async def start(self) -> None:
-        """Open the channel; call inside the event loop that will use it."""
+        """Open the channel and start the stream watchdog; call inside the event loop that will use it."""
         self._client = grpcclient.InferenceServerClient(self.url)
+        self._watchdog = asyncio.ensure_future(self._watch_streams())
 
     async def close(self) -> None:
+        for task in (self._watchdog, self._probe):
+            if task is not None:
+                task.cancel()
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -149,20 +186,85 @@ class TritonBackend:
             )
         return self._client
 
-    async def ready(self, timeout_s: float = 2.0) -> bool:
-        """Whether Triton is ready and the model is loaded and ready."""
+    async def health(self, timeout_s: float = 2.0) -> str | None:
+        """None when Triton, the model and its engine can serve; else why not."""
         try:
-            return bool(
-                await self.client.is_server_ready(client_timeout=timeout_s)
-                and await self.client.is_model_ready(self.model_name, client_timeout=timeout_s)
+            if not await self.client.is_server_ready(client_timeout=timeout_s):
+                return f"Triton at {self.url} is not ready."
+            if not await self.client.is_model_ready(self.model_name, client_timeout=timeout_s):
+                return f"Triton at {self.url} has no ready model `{self.model_name}`."
+        except (InferenceServerException, grpc.RpcError, asyncio.TimeoutError) as exc:
+            return f"Triton at {self.url} does not answer ({_first_line(exc)})."
+        if self.fault is not None:
+            await self.check_engine()  # has it come back?
+        if self.fault is not None:
+            return f"The engine of `{self.model_name}` cannot serve: {self.fault}"
+        return None
+
+    async def ready(self, timeout_s: float = 2.0) -> bool:
+        return await self.health(timeout_s) is None
+
+    async def check_engine(self) -> None:
+        """Send a one-token request (one at a time, at most every PROBE_INTERVAL_S): a fatal error records the
+        fault and ends every open stream, an answer clears the fault, no answer in time (busy) changes nothing."""
+        loop = asyncio.get_running_loop()
+        if self._probe is None or self._probe.done():
+            if loop.time() - self._probed_at < PROBE_INTERVAL_S:
+                return
+            self._probed_at = loop.time()
+            self._probe = asyncio.ensure_future(self._run_probe())
+        await asyncio.shield(self._probe)
+
+    async def _run_probe(self) -> None:
+        ids = (
+            [self.tokens.bos_id if self.tokens.bos_id is not None else self.tokens.end_id]
+            if self.engine
+            else []
+        )
+        try:
+            await asyncio.wait_for(
+                self._consume(self.generate("a", ids, 1, _GREEDY, watched=False)), PROBE_TIMEOUT_S
             )
-        except (InferenceServerException, grpc.RpcError, asyncio.TimeoutError):
-            return False
+        except (asyncio.TimeoutError, InferenceFailed, TritonUnavailable):
+            pass  # a fatal error has been recorded by generate; anything else says nothing of the engine
+
+    @staticmethod
+    async def _consume(pieces: AsyncIterator[Piece]) -> None:
+        async for _ in pieces:
+            pass
+
+    async def _watch_streams(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            now = loop.time()
+            if not any(now - stream.last > STALL_S for stream in self._streams):
+                continue
+            try:
+                await self.check_engine()
+            except Exception:  # noqa: BLE001 - the watchdog outlives any one check; the error goes to the log
+                log.exception("checking the engine of %s failed", self.model_name)
+
+    def _engine_failed(self, message: str) -> None:
+        """Record the fault and end every open stream with it."""
+        self.fault = message
+        for stream in list(self._streams):
+            if stream.failure is None:
+                stream.failure = message
+                stream.call.cancel()
 
     async def generate(
-        self, prompt: str, prompt_ids: list[int], max_tokens: int, sampling: Sampling
+        self,
+        prompt: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: Sampling,
+        *,
+        watched: bool = True,
     ) -> AsyncIterator[Piece]:
-        """Stream the pieces of one generation; closing the iterator early cancels the request."""
+        """Stream the pieces of one generation; closing the iterator early cancels the request.
+
+        `watched`: the watchdog checks the engine when this stream stalls (not for its own check)."""
         done = asyncio.Event()
         request = (
             self._engine_request(prompt_ids, max_tokens, sampling)
@@ -170,30 +272,50 @@ class TritonBackend:
             else self._text_request(prompt, max_tokens, sampling)
         )
         call = self.client.stream_infer(_one_request(request, done))
+        loop = asyncio.get_running_loop()
+        stream = _Stream(call, loop.time())
+        if watched:
+            self._streams.add(stream)
         finished = False
         total = 0
         try:
             async for result, error in call:
+                stream.last = loop.time()
                 if error is not None:
-                    raise InferenceFailed(
+                    raise self._failure(
                         str(error.message() if hasattr(error, "message") else error)
                     )
                 piece = self._engine_piece(result, total) if self.engine else _text_piece(result)
                 total = piece.output_tokens if piece.output_tokens is not None else total
                 finished = piece.final
+                if finished:
+                    self.fault = None  # the engine answered a whole request: it serves again
                 yield piece
                 if finished:
                     return
             finished = True  # the stream ended without a final flag: nothing more will come
+        except asyncio.CancelledError:
+            if stream.failure is None:
+                raise  # the client went away (or the app shuts down)
+            raise EngineFault(stream.failure) from None  # the watchdog cancelled the call
         except grpc.aio.AioRpcError as exc:
+            if stream.failure is not None:
+                raise EngineFault(stream.failure) from exc
             # Our own cancellations surface as asyncio.CancelledError; a CANCELLED status here came from the server.
             raise TritonUnavailable(
                 f"Triton at {self.url}: {exc.code().name}: {exc.details()}"
             ) from exc
         finally:
+            self._streams.discard(stream)
             done.set()
             if not finished:
                 call.cancel()
+
+    def _failure(self, message: str) -> InferenceFailed:
+        if any(marker in message for marker in FATAL_ERRORS):
+            self._engine_failed(message)
+            return EngineFault(message)
+        return InferenceFailed(message)
 
     def _engine_request(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling) -> dict:
         tensors = [
@@ -254,6 +376,14 @@ class TritonBackend:
         else:
             tokens = np.frombuffer(ids, "<i4")[:length].tolist()
         return Piece(self.decoder.decode_bytes(tokens), total + len(tokens), final)
+
+
+_GREEDY = Sampling(temperature=0)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = exc.details() if isinstance(exc, grpc.RpcError) and hasattr(exc, "details") else str(exc)
+    return (str(text or type(exc).__name__).splitlines() or [""])[0]
 
 
 async def _one_request(request: dict, done: asyncio.Event):

@@ -10,8 +10,49 @@ import click
 from toolkit.cli.options import api_key_options, reject_api_key_value
 from toolkit.cli.render import emit_json, note
 from toolkit.repository.reader import open_repository
+from toolkit.serve.launcher import EXIT_TIMEOUT_S
 from toolkit.serve.net import is_loopback
+from toolkit.settings import ApiLimits
 from toolkit.settings import api_keys as read_api_keys
+
+
+def api_limit_options(function):
+    """--header-timeout, --body-timeout, --max-body-mib (toolkit.settings.ApiLimits), for `api` and `serve`."""
+    defaults = ApiLimits()
+    for option in reversed(
+        (
+            click.option(
+                "--header-timeout",
+                type=click.FloatRange(min=0, min_open=True),
+                default=defaults.header_timeout_s,
+                help="OpenAI API: seconds a client has to send a request's headers (from connecting, or from "
+                "the previous response); then 408 and the connection is closed.",
+            ),
+            click.option(
+                "--body-timeout",
+                type=click.FloatRange(min=0, min_open=True),
+                default=defaults.body_timeout_s,
+                help="OpenAI API: seconds a client has to send a request's whole body once its headers are in; "
+                "then 408. No request counts against --max-in-flight before its body is in.",
+            ),
+            click.option(
+                "--max-body-mib",
+                type=click.FloatRange(min=0, min_open=True),
+                default=defaults.max_body_bytes / 2**20,
+                help="OpenAI API: largest request body, in MiB; a larger one is refused with 413.",
+            ),
+        )
+    ):
+        function = option(function)
+    return function
+
+
+def api_limits(header_timeout: float, body_timeout: float, max_body_mib: float) -> ApiLimits:
+    return ApiLimits(
+        header_timeout_s=header_timeout,
+        body_timeout_s=body_timeout,
+        max_body_bytes=int(max_body_mib * 2**20),
+    )
 
 
 @click.command("api")
@@ -50,6 +91,7 @@ from toolkit.settings import api_keys as read_api_keys
     type=click.IntRange(1),
     help="Generation requests served at once; more get 429 with Retry-After.",
 )
+@api_limit_options
 @click.option(
     "--loop",
     "event_loop",
@@ -70,6 +112,13 @@ from toolkit.settings import api_keys as read_api_keys
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
 @click.option(
+    "--drain-timeout",
+    type=click.IntRange(min=1),
+    default=EXIT_TIMEOUT_S,
+    help="On SIGTERM/Ctrl-C, seconds to let in-flight requests and streams finish (new connections are "
+    "refused at once).",
+)
+@click.option(
     "--dry-run", is_flag=True, help="Print the settings (keys counted, never shown) and exit."
 )
 def command(
@@ -82,9 +131,13 @@ def command(
     model_name,
     served_model_name,
     max_in_flight,
+    header_timeout,
+    body_timeout,
+    max_body_mib,
     event_loop,
     http_impl,
     log_level,
+    drain_timeout,
     dry_run,
 ):
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) over Triton gRPC."""
@@ -102,7 +155,10 @@ def command(
             )
     keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
-    settings = ApiSettings(triton_url, repo, model_name, served_model_name, keys, max_in_flight)
+    limits = api_limits(header_timeout, body_timeout, max_body_mib)
+    settings = ApiSettings(
+        triton_url, repo, model_name, served_model_name, keys, max_in_flight, limits=limits
+    )
     if dry_run:
         emit_json(
             {
@@ -114,8 +170,12 @@ def command(
                 "served_model_name": served_model_name,
                 "api_keys": len(keys),
                 "max_in_flight": max_in_flight,
+                "header_timeout_s": limits.header_timeout_s,
+                "body_timeout_s": limits.body_timeout_s,
+                "max_body_bytes": limits.max_body_bytes,
                 "loop": event_loop,
                 "http": http_impl,
+                "drain_timeout_s": drain_timeout,
             }
         )
         return
@@ -127,4 +187,12 @@ def command(
         f"OpenAI API on http://{host}:{port}/v1 -> Triton {triton_url} "
         f"({'API keys required' if keys else 'no auth'})"
     )
-    run_api(settings, host=host, port=port, log_level=log_level, loop=event_loop, http=http_impl)
+    run_api(
+        settings,
+        host=host,
+        port=port,
+        log_level=log_level,
+        loop=event_loop,
+        http=http_impl,
+        drain_timeout_s=drain_timeout,
+    )

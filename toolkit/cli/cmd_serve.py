@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from toolkit.cli.cmd_api import api_limit_options, api_limits
 from toolkit.cli.options import api_key_options, reject_api_key_value
 from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
@@ -55,6 +56,7 @@ from toolkit.settings import api_keys as read_api_keys
     default=64,
     help="OpenAI API: requests at once before 429.",
 )
+@api_limit_options
 @click.option(
     "--expose-triton",
     is_flag=True,
@@ -99,6 +101,9 @@ def command(
     api_key_files,
     api_key,
     max_in_flight,
+    header_timeout,
+    body_timeout,
+    max_body_mib,
     expose_triton,
     allow_modified,
     ready_timeout,
@@ -129,7 +134,12 @@ def command(
             hint="give --openai-port a port of its own (not --http-port, --grpc-port or --metrics-port)",
         )
     options = ServeOptions(
-        config, openai_port=openai_port, api_host=host, api_keys=keys, max_in_flight=max_in_flight
+        config,
+        openai_port=openai_port,
+        api_host=host,
+        api_keys=keys,
+        max_in_flight=max_in_flight,
+        api_limits=api_limits(header_timeout, body_timeout, max_body_mib),
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
         session = start_serving(

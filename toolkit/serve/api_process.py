@@ -28,6 +28,7 @@ def launch_api(
     timeout_s: float = 60.0,
     log_file: Path | None = None,
     detached: bool = False,
+    drain_timeout_s: int | None = None,
 ) -> tuple[subprocess.Popen, Path]:
     check_port_free(host, port, "--openai-port")
     log_file = log_file or cache_dir("logs") / f"openai-api-{port}.log"
@@ -39,6 +40,7 @@ def launch_api(
         "host": host,
         "port": port,
         "log_level": "warning",
+        **({"drain_timeout_s": drain_timeout_s} if drain_timeout_s is not None else {}),
     }
     process = start_process(
         [sys.executable, "-m", "toolkit.api"],

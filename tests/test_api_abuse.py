@@ -1,0 +1,606 @@
+"""The OpenAI API under abuse, over real sockets: slow clients, big bodies, invalid Unicode, a dead engine.
+
+Each test bounds what it waits for: a defect shows as a failed bound, never as a hung test. The bounds are
+generous (a noisy, shared 2-core machine); perf/api_large_prompt.py measures the real numbers. The engine is
+the synthetic one on the real tritonserver (tokens without a model), over a small byte-level BPE tokenizer
+trained here; tests that never reach an engine run the API against an unreachable Triton.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from toolkit.api import ApiSettings, run_api_in_background
+from toolkit.model.sources import ResolvedModel
+from toolkit.repository.engines import SyntheticEngine
+from toolkit.repository.limits import RepositoryLimits
+from toolkit.repository.writer import plan_repository, write_repository
+from toolkit.serve.net import free_port
+from toolkit.settings import ApiLimits
+
+from repos import config_only_checkpoint
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(180)]
+
+MODEL = "Tiny-Abuse"
+UNREACHABLE = "127.0.0.1:1"
+CORPUS = [
+    "The capital of France is Paris.",
+    "Hello world, this is a tiny tokenizer for the abuse tests.",
+    "Numbers 0 1 2 3 4 5 6 7 8 9 and symbols !?.,;:",
+    "A quick brown fox jumps over the lazy dog.",
+]
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TEN_MB = 10 * 2**20
+
+
+# --- repositories, servers, APIs ----------------------------------------------------------------
+def _checkpoint(folder: Path) -> Path:
+    """Config and a byte-level BPE tokenizer (no weights: the synthetic engine needs none)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(CORPUS * 5, trainer)
+    return config_only_checkpoint(
+        folder,
+        {
+            "tokenizer.json": tokenizer.to_str(),
+            "tokenizer_config.json": json.dumps(
+                {"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}
+            ),
+        },
+        vocab_size=tokenizer.get_vocab_size(),
+        eos_token_id=2,
+        bos_token_id=1,
+        max_position_embeddings=2**21,  # the synthetic engine has no positions: any max_seq_len
+    )
+
+
+def _repository(root: Path, *, step_time_ms: float = 20.0, **limits) -> Path:
+    sizes = {
+        "max_input_len": 64,
+        "max_output_len": 256,
+        "max_seq_len": 320,
+        "max_batch_size": 8,
+        **limits,
+    }
+    sizes["kv_cache_tokens"] = max(4096, sizes["max_seq_len"])
+    model = ResolvedModel(_checkpoint(root / "checkpoint"), f"hf:test/{MODEL}", None)
+    plan = plan_repository(
+        model,
+        SyntheticEngine(step_time_ms=step_time_ms),
+        root / "repo",
+        RepositoryLimits().overridden(**sizes),
+    )
+    return write_repository(plan).path
+
+
+def _serve(repo: Path, log_dir: Path):
+    from toolkit.serve.launcher import ServerConfig, launch_server
+
+    return launch_server(
+        ServerConfig(
+            repo=repo,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            ready_timeout_s=120,
+            exit_timeout_s=3,  # a dead stub must not hold the teardown for Triton's default 30 s
+            log_file=log_dir / "server.log",
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """A synthetic engine on the real tritonserver, shared by the tests that do not kill it."""
+    root = tmp_path_factory.mktemp("abuse-engine")
+    repo = _repository(root)
+    server = _serve(repo, root)
+    yield server.grpc_url, repo
+    server.stop()
+
+
+def _start_api(triton_url: str, repo: Path, http: str = "auto", **kw):
+    return run_api_in_background(ApiSettings(triton_url, repo, **kw), port=free_port(), http=http)
+
+
+@pytest.fixture
+def api_factory():
+    handles = []
+
+    def start(triton_url: str, repo: Path, **kw):
+        handles.append(_start_api(triton_url, repo, **kw))
+        return handles[-1]
+
+    yield start
+    for handle in handles:
+        handle.stop()
+
+
+def _completion(**fields) -> dict:
+    return {"model": MODEL, "prompt": "hello world", "max_tokens": 4, "temperature": 0, **fields}
+
+
+# --- raw sockets --------------------------------------------------------------------------------
+def _socket(url: str) -> socket.socket:
+    parts = urlsplit(url)
+    return socket.create_connection((parts.hostname, parts.port), timeout=30)
+
+
+def _request_head(path: str, headers: dict) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: test", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _read_until_closed(sock: socket.socket, timeout_s: float) -> bytes:
+    """Everything the server sends until it closes the connection; TimeoutError if it does not within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the server kept the connection open past {timeout_s} s")
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def _parse(raw: bytes) -> tuple[int, dict]:
+    """Status and JSON body of one HTTP/1.1 response (Content-Length framed)."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, json.loads(body) if body else {}
+
+
+def _trickle(socks: list[socket.socket], stop: threading.Event, every_s: float) -> None:
+    """Send one byte of body on each socket every `every_s` seconds until `stop` (or the server hangs up)."""
+    while not stop.wait(every_s):
+        for sock in socks:
+            try:
+                sock.send(b" ")
+            except OSError:
+                pass
+
+
+def _in_flight(api_url: str) -> float:
+    for line in httpx.get(f"{api_url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("toolkit_api_requests_in_flight "):
+            return float(line.split()[1])
+    raise AssertionError("no toolkit_api_requests_in_flight in /metrics")
+
+
+# --- slow clients -------------------------------------------------------------------------------
+def test_a_trickled_body_is_refused_with_408_within_the_body_timeout(engine, api_factory):
+    timeout_s = 2.0
+    api = api_factory(*engine, limits=ApiLimits(body_timeout_s=timeout_s))
+    sock = _socket(api.url)
+    head = {"Content-Type": "application/json", "Content-Length": "100000"}
+    sock.sendall(_request_head("/v1/completions", head) + b"{")
+    stop = threading.Event()
+    threading.Thread(target=_trickle, args=([sock], stop, 0.2), daemon=True).start()
+    started = time.monotonic()
+    try:
+        raw = _read_until_closed(sock, timeout_s + 8)
+    finally:
+        stop.set()
+        sock.close()
+    elapsed = time.monotonic() - started
+    assert timeout_s - 0.5 <= elapsed <= timeout_s + 5, elapsed
+    status, body = _parse(raw)
+    assert status == 408 and body["error"]["code"] == "request_timeout"
+    assert "--body-timeout" in body["error"]["message"]
+    assert _in_flight(api.url) == 0
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_headers_that_never_end_and_idle_connections_are_dropped(engine, api_factory, http):
+    timeout_s = 1.5
+    api = api_factory(*engine, limits=ApiLimits(header_timeout_s=timeout_s), http=http)
+    slow, idle = _socket(api.url), _socket(api.url)
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nX-Slow: ")
+    stop = threading.Event()
+    threading.Thread(target=_trickle, args=([slow], stop, 0.2), daemon=True).start()
+    started = time.monotonic()
+    try:
+        raw = _read_until_closed(slow, timeout_s + 8)
+        slow_s = time.monotonic() - started
+        assert _read_until_closed(idle, timeout_s + 8) == b""  # closed with nothing said
+        idle_s = time.monotonic() - started
+    finally:
+        stop.set()
+        slow.close()
+        idle.close()
+    assert timeout_s - 0.5 <= slow_s <= timeout_s + 5 and idle_s <= timeout_s + 5
+    status, body = _parse(raw)
+    assert status == 408 and "--header-timeout" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_huge_headers_are_refused_and_a_kept_alive_connection_gets_the_deadline_again(
+    engine, api_factory, http
+):
+    timeout_s = 1.5
+    api = api_factory(*engine, limits=ApiLimits(header_timeout_s=timeout_s), http=http)
+    sock = _socket(api.url)
+    try:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: test\r\n")
+        try:
+            for index in range(40):  # 40 x 4 KiB: over the 64 KiB bound
+                sock.sendall(f"X-Big-{index}: {'a' * 4096}\r\n".encode())
+        except OSError:
+            pass  # refused while we still send
+        raw = _read_until_closed(sock, 10)
+    finally:
+        sock.close()
+    if http == "h11":  # h11 refuses past its own 16 KiB bound first: uvicorn's plain-text 400
+        assert raw.startswith(b"HTTP/1.1 400"), raw[:200]
+    else:
+        status, body = _parse(raw)
+        assert status == 431 and "65536" in body["error"]["message"]
+    # After a response on a kept-alive connection, the next request's headers get the same deadline.
+    sock = _socket(api.url)
+    stop = threading.Event()
+    try:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: test\r\n\r\n")
+        sock.settimeout(10)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: test\r\nX-Slow: ")
+        threading.Thread(target=_trickle, args=([sock], stop, 0.2), daemon=True).start()
+        started = time.monotonic()
+        status, body = _parse(_read_until_closed(sock, timeout_s + 8))
+        assert time.monotonic() - started <= timeout_s + 5
+    finally:
+        stop.set()
+        sock.close()
+    assert status == 408 and body["error"]["code"] == "request_timeout"
+
+
+def test_64_trickling_bodies_hold_no_slot_and_a_normal_request_gets_200(engine, api_factory):
+    api = api_factory(*engine, max_in_flight=64)
+    head = _request_head(
+        "/v1/completions", {"Content-Type": "application/json", "Content-Length": "100000"}
+    )
+    socks = [_socket(api.url) for _ in range(64)]
+    stop = threading.Event()
+    try:
+        for sock in socks:
+            sock.sendall(head + b"{")
+        threading.Thread(target=_trickle, args=(socks, stop, 0.5), daemon=True).start()
+        time.sleep(1.0)  # every trickler is past its headers and inside its body
+        response = httpx.post(f"{api.url}/v1/completions", json=_completion(), timeout=60)
+        assert response.status_code == 200, response.text
+        assert _in_flight(api.url) == 0
+    finally:
+        stop.set()
+        for sock in socks:
+            sock.close()
+
+
+# --- body size ----------------------------------------------------------------------------------
+def test_a_declared_oversized_body_is_413_before_it_is_sent(engine, api_factory):
+    api = api_factory(*engine)  # the default limit
+    limit = ApiLimits().max_body_bytes
+    sock = _socket(api.url)
+    head = {"Content-Type": "application/json", "Content-Length": str(limit + 1)}
+    started = time.monotonic()
+    try:
+        sock.sendall(_request_head("/v1/completions", head))
+        raw = _read_until_closed(sock, 10)
+    finally:
+        sock.close()
+    assert time.monotonic() - started < 5
+    status, body = _parse(raw)
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+    message = body["error"]["message"]
+    assert str(limit) in message and "--max-body-mib" in message
+
+
+def test_a_chunked_body_over_the_limit_is_413(engine, api_factory):
+    limit = 64 * 1024
+    api = api_factory(*engine, limits=ApiLimits(max_body_bytes=limit))
+    sock = _socket(api.url)
+    chunk = b"x" * 16384
+    try:
+        sock.sendall(
+            _request_head(
+                "/v1/completions",
+                {"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+            )
+        )
+        try:
+            for _ in range(8):
+                sock.sendall(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+        except OSError:
+            pass  # the server may hang up while we still send
+        raw = _read_until_closed(sock, 10)
+    finally:
+        sock.close()
+    status, body = _parse(raw)
+    assert status == 413 and str(limit) in body["error"]["message"]
+    # A body under the limit is served.
+    response = httpx.post(f"{api.url}/v1/completions", json=_completion(), timeout=60)
+    assert response.status_code == 200, response.text
+
+
+# --- large prompts ------------------------------------------------------------------------------
+@pytest.fixture
+def api_process(tmp_path):
+    """Start `python -m toolkit.api` (what `toolkit serve --openai-port` runs): a process of its own, so that a
+    GIL it holds stalls its own event loop, never the test's measurements."""
+    processes = []
+
+    def start(triton_url: str, repo: Path, limits: ApiLimits) -> str:
+        port = free_port()
+        settings = asdict(ApiSettings(triton_url, repo, limits=limits))
+        payload = {**settings, "repo": str(repo), "port": port, "log_level": "warning"}
+        log = (tmp_path / f"api-{port}.log").open("wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "toolkit.api"], stdin=subprocess.PIPE, stdout=log, stderr=log
+        )
+        processes.append(process)
+        process.stdin.write(json.dumps(payload).encode())
+        process.stdin.close()
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, "the API did not start"
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                time.sleep(0.1)
+
+    yield start
+    for process in processes:
+        process.terminate()
+        process.wait(30)
+
+
+def _models_latencies_while(
+    api_url: str, url: str, body: bytes
+) -> tuple[list[float], httpx.Response]:
+    """GET /v1/models back to back while `body` is POSTed to `url` on a thread; (latencies in s, its response)."""
+    result: dict = {}
+
+    def send():
+        headers = {"Content-Type": "application/json"}
+        result["response"] = httpx.post(url, content=body, headers=headers, timeout=120)
+
+    worker = threading.Thread(target=send, daemon=True)
+    with httpx.Client(timeout=60) as client:
+        client.get(f"{api_url}/v1/models")  # connection open before the large request
+        worker.start()
+        latencies = []
+        while worker.is_alive() or not latencies:
+            started = time.perf_counter()
+            assert client.get(f"{api_url}/v1/models").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.02)
+    worker.join(120)
+    return latencies, result["response"]
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_models_answer_while_a_10mb_prompt_is_refused(tmp_path, api_process, route):
+    repo = _repository(tmp_path, max_input_len=4096, max_seq_len=4352)
+    api_url = api_process(UNREACHABLE, repo, ApiLimits(max_body_bytes=64 * 2**20))
+    text = ("The quick brown fox jumps over the lazy dog. " * (TEN_MB // 45 + 1))[:TEN_MB]
+    if route == "chat":
+        body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+    else:
+        body = _completion(prompt=text)
+    url = f"{api_url}/v1/{'chat/completions' if route == 'chat' else 'completions'}"
+    latencies, response = _models_latencies_while(api_url, url, json.dumps(body).encode())
+    assert response.status_code == 400 and "4096" in response.json()["error"]["message"]
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    assert max(latencies) < 1.0, sorted(latencies)[-5:]
+
+
+def test_models_answer_while_a_long_prompt_is_tokenized(tmp_path, api_process):
+    """A prompt that may fit max_input_len is tokenized, off the event loop and without holding the GIL."""
+    repo = _repository(tmp_path, max_input_len=2**19, max_seq_len=2**19 + 256)
+    api_url = api_process(UNREACHABLE, repo, ApiLimits(max_body_bytes=64 * 2**20))
+    text = ("The quick brown fox jumps over the lazy dog. " * 70000)[:3_000_000]  # ~730k tokens
+    body = json.dumps(_completion(prompt=text)).encode()
+    latencies, response = _models_latencies_while(api_url, f"{api_url}/v1/completions", body)
+    assert response.status_code == 400, response.text  # counted: over max_input_len
+    assert str(2**19) in response.json()["error"]["message"]
+    assert max(latencies) < 1.0, sorted(latencies)[-5:]
+
+
+def test_the_character_bound_holds_and_is_absent_where_a_token_has_no_length(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from toolkit.api.prompt import longest_token_chars
+
+    tokenizer = Tokenizer.from_file(str(_checkpoint(tmp_path / "bpe") / "tokenizer.json"))
+    longest = longest_token_chars(tokenizer)
+    texts = [
+        " " * 500,
+        "The capital of France is Paris. " * 40,
+        "日本語 🎉 café " * 30,
+        "\n\t" * 200,
+    ]
+    for text in texts:
+        assert len(tokenizer.encode(text).ids) * longest >= len(text)
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert longest_token_chars(words) is None  # "[UNK]" stands for a word of any length
+
+
+# --- invalid Unicode ----------------------------------------------------------------------------
+LONE = "\\ud800"  # a lone surrogate, as JSON escapes it: valid JSON, not valid Unicode
+SURROGATE_BODIES = [
+    ("completions", f'{{"model": "{LONE}", "prompt": "hi"}}', "model"),
+    ("completions", f'{{"model": "{MODEL}", "prompt": "hi {LONE}"}}', "prompt"),
+    ("completions", f'{{"model": "{MODEL}", "prompt": ["{LONE}"]}}', "prompt.0"),
+    ("completions", f'{{"model": "{MODEL}", "prompt": "hi", "stop": "{LONE}"}}', "stop"),
+    ("completions", f'{{"model": "{MODEL}", "prompt": "hi", "stop": ["a", "{LONE}"]}}', "stop.1"),
+    ("completions", f'{{"model": "{MODEL}", "prompt": "hi", "user": "{LONE}"}}', "user"),
+    ("completions", f'{{"model": "{MODEL}", "prompt": "hi", "metadata": {{"k": "{LONE}"}}}}', None),
+    ("completions", f'{{"model": "{MODEL}", "prompt": "hi", "{LONE}": 1}}', None),
+    ("chat", f'{{"model": "{LONE}", "messages": [{{"role": "user", "content": "hi"}}]}}', "model"),
+    (
+        "chat",
+        f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "a{LONE}"}}]}}',
+        "messages.0.content",
+    ),
+    (
+        "chat",
+        f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": [{{"type": "text", "text": "{LONE}"}}]}}]}}',
+        "messages.0.content.0.text",
+    ),
+    (
+        "chat",
+        f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi", "name": "{LONE}"}}]}}',
+        "messages.0.name",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def engine_api(engine):
+    handle = _start_api(*engine)
+    yield handle
+    handle.stop()
+
+
+@pytest.mark.parametrize(("route", "raw", "param"), SURROGATE_BODIES)
+def test_a_lone_surrogate_anywhere_is_a_400_not_a_500(engine_api, route, raw, param):
+    path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+    response = httpx.post(
+        f"{engine_api.url}{path}",
+        content=raw.encode(),
+        headers={"Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    if param is not None:
+        assert error["param"] == param and "surrogate" in error["message"]
+    response.content.decode("utf-8")  # what we answer is valid UTF-8
+
+
+def test_odd_bytes_in_paths_and_headers_are_not_a_500(engine_api):
+    with httpx.Client(timeout=30) as client:
+        response = client.get(f"{engine_api.url}/v1/models/%ED%A0%80")
+        assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+        for headers in (
+            {"Authorization": b"Bearer \xff\xfe"},
+            {"X-Odd": b"\xed\xa0\x80"},
+            {"Content-Type": b"application/json; charset=\xff"},
+        ):
+            response = client.post(
+                f"{engine_api.url}/v1/completions", json=_completion(), headers=headers
+            )
+            assert response.status_code == 200, (headers, response.text)
+        response = client.post(
+            f"{engine_api.url}/v1/completions",
+            content=b'{"model": "\xff", "prompt": "hi"}',
+            headers={"Content-Type": "application/json"},
+        )
+        assert response.status_code == 400, response.text
+        assert 'status="5' not in client.get(f"{engine_api.url}/metrics").text
+
+
+# --- a dead engine ------------------------------------------------------------------------------
+def _engine_stub(server_pid: int) -> int:
+    from toolkit.serve.lifecycle import python_stubs
+
+    stubs = [pid for pid, model in python_stubs(server_pid).items() if model == "tensorrt_llm"]
+    assert len(stubs) == 1, stubs
+    return stubs[0]
+
+
+def test_a_killed_engine_ends_open_streams_and_turns_health_red(tmp_path, api_factory):
+    repo = _repository(tmp_path, step_time_ms=100)
+    server = _serve(repo, tmp_path)
+    try:
+        api = api_factory(server.grpc_url, repo)
+        assert httpx.get(f"{api.url}/health", timeout=10).status_code == 200
+        events: list[str] = []
+        ended = threading.Event()
+
+        def stream():
+            body = _completion(max_tokens=200, min_tokens=200, stream=True)
+            try:
+                with httpx.stream(
+                    "POST", f"{api.url}/v1/completions", json=body, timeout=60
+                ) as response:
+                    for line in response.iter_lines():
+                        if line.startswith("data: "):
+                            events.append(line[6:])
+            except httpx.HTTPError as exc:
+                events.append(f"transport error: {exc}")
+            ended.set()
+
+        threading.Thread(target=stream, daemon=True).start()
+        deadline = time.monotonic() + 30
+        while len(events) < 3:
+            assert time.monotonic() < deadline and not ended.is_set(), events
+            time.sleep(0.05)
+        os.kill(_engine_stub(server.pid), signal.SIGKILL)
+        killed = time.monotonic()
+        assert ended.wait(25), "the open stream hung after the engine died"
+        ended_s = time.monotonic() - killed
+        errors = [json.loads(e)["error"] for e in events if e.startswith('{"error"')]
+        assert events[-1] == "[DONE]" and len(errors) == 1, events[-3:]
+        assert "not healthy" in errors[0]["message"], errors
+        assert ended_s < 20, ended_s
+        health = httpx.get(f"{api.url}/health", timeout=30)
+        assert health.status_code == 503, health.text
+        assert "not healthy" in health.json()["error"]["message"]
+        later = httpx.post(f"{api.url}/v1/completions", json=_completion(), timeout=30)
+        assert later.status_code == 503 and later.json()["error"]["code"] == "engine_unavailable"
+    finally:
+        server.stop()
+
+
+# --- the settings, from the command line ----------------------------------------------------------
+def test_the_limits_are_options_of_toolkit_api(engine):
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    _, repo = engine
+    args = ["api", "-r", str(repo), "--dry-run", "--header-timeout", "3", "--max-body-mib", "0.5"]
+    result = CliRunner().invoke(cli, args, env={"TOOLKIT_API_BODY_TIMEOUT": "7"})
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert (shown["header_timeout_s"], shown["body_timeout_s"], shown["max_body_bytes"]) == (
+        3.0,
+        7.0,
+        2**19,
+    )

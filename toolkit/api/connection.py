@@ -1,0 +1,117 @@
+"""uvicorn's HTTP protocols with a deadline and a size bound on request headers.
+
+uvicorn has neither for httptools (h11 bounds the size, at 16 KiB, but not the time): a connection
+that opens and sends nothing, or sends its headers a byte at a time, is held forever, and httptools
+takes megabytes of headers. Here the headers of each request must be complete within
+`header_timeout_s` of the connection opening (or of the previous response, on a kept-alive
+connection) and within MAX_HEADER_BYTES; else the connection is answered 408 or 431 and closed
+(closed silently when nothing at all was sent, as an idle kept-alive connection is).
+The body's own deadline and size are the gate's (toolkit/api/body.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from toolkit.api.errors import error_body
+
+MAX_HEADER_BYTES = 64 * 1024  # request line and headers; h11's own bound is 16 KiB
+
+
+class _HeaderBounds:
+    """Mixed into a uvicorn HTTP protocol: headers_complete is seen as `self.cycle` changing (both
+    protocols make a new RequestResponseCycle when a request's headers are complete)."""
+
+    header_timeout_s: float = 10.0
+    _header_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._expect_headers()
+
+    def data_received(self, data: bytes) -> None:
+        waiting = self.cycle
+        super().data_received(data)
+        if self._header_deadline is None or self.transport.is_closing():
+            return  # not waiting for headers: this was body
+        if self.cycle is not waiting:
+            self._stop_waiting()  # headers complete (the rest of this data was body)
+            return
+        self._header_bytes += len(data)
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self._refuse(
+                431,
+                f"The request line and headers are over {MAX_HEADER_BYTES} bytes.",
+                "request_header_fields_too_large",
+            )
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # A pipelined request already past its headers arms the deadline when its own response ends.
+        if not self.transport.is_closing() and self.cycle.response_complete:
+            self._expect_headers()
+
+    def connection_lost(self, exc) -> None:
+        self._stop_waiting()
+        super().connection_lost(exc)
+
+    def _expect_headers(self) -> None:
+        self._stop_waiting()
+        self._header_bytes = 0
+        self._header_deadline = self.loop.call_later(
+            self.header_timeout_s, self._headers_late, self.cycle
+        )
+
+    def _stop_waiting(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_late(self, waiting) -> None:
+        self._header_deadline = None
+        if self.transport.is_closing() or self.cycle is not waiting:
+            return
+        if not self._header_bytes:
+            self.transport.close()
+            return
+        self._refuse(
+            408,
+            f"The request headers did not arrive within {self.header_timeout_s:g} s; send them "
+            "faster, or raise the limit with --header-timeout (toolkit api / toolkit serve).",
+            "request_timeout",
+        )
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        self._stop_waiting()
+        body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+        reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
+        self.transport.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%s" % (status, reason, len(body), body)
+        )
+        self.transport.close()
+
+
+def bounded_protocol(http: str, header_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's protocol class for `http` (auto, httptools, h11) with the header bounds."""
+    base = _base_protocol(http)
+    return type(
+        f"Bounded{base.__name__}",
+        (_HeaderBounds, base),
+        {"header_timeout_s": header_timeout_s},
+    )
+
+
+def _base_protocol(http: str) -> type[asyncio.Protocol]:
+    if http in ("auto", "httptools"):
+        try:
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+            return HttpToolsProtocol
+        except ImportError:
+            if http == "httptools":
+                raise
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    return H11Protocol
