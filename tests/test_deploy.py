@@ -1,0 +1,1165 @@
+"""`toolkit deploy` and the chart in deploy/, checked by construction where no cluster runs here.
+
+The chart is rendered with the real helm (scripts/install_k8s_tools.sh) for a CPU repository and
+for an H100 FP8 repository built through the fake TensorRT-LLM tools. Every rendered object is
+validated offline: built-in kinds with kubernetes-validate (strict, against the chart's floor and
+the newest Kubernetes it knows), custom resources and the endpoint picker's config against the
+schemas transcribed into tests/data/k8s/ (each file names its source and tag), plus the API
+server's and the controllers' cross-object rules (selectors match, named ports exist, the grace
+period covers the drain). Live checks against a served repository are in test_deploy_live.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import referencing
+import yaml
+from click.testing import CliRunner
+from kubernetes_validate.utils import SchemaNotFoundError
+from kubernetes_validate.utils import ValidationError as KubeValidationError
+
+from toolkit.cli.cmd_build import command as build_command
+from toolkit.cli.main import cli
+from toolkit.deploy.fingerprint import fingerprint
+from toolkit.deploy.plan import GPU_PRODUCTS
+from toolkit.deploy.wait import check_repository_for, wait_for_repository
+from toolkit.deploy.wait import main as wait_main
+from toolkit.errors import DeployError
+from toolkit.model.sources import ResolvedModel
+from toolkit.plan.gpus import GPU_PROFILES
+from toolkit.repository.engines import CpuEngine
+from toolkit.repository.limits import RepositoryLimits
+from toolkit.repository.reader import open_repository
+from toolkit.repository.writer import plan_repository, write_repository
+
+from fakes import fake_checkpoint, install_fake_trtllm
+from tiny import make_tiny_checkpoint
+
+DATA = Path(__file__).parent / "data"
+K8S = DATA / "k8s"
+LLAMA_8B = DATA / "llama-3.1-8b-instruct" / "config.json"
+HELM_VERSION = "v3.17.3"
+# The chart's kubeVersion floor and the newest Kubernetes kubernetes-validate 1.37 ships schemas for.
+KUBE_VERSIONS = ("1.29.0", "1.37.0")
+CRD_APIS = (
+    "inference.networking.k8s.io/v1/InferencePool",
+    "gateway.networking.k8s.io/v1/HTTPRoute",
+    "keda.sh/v1alpha1/ScaledObject",
+    "monitoring.coreos.com/v1/PodMonitor",
+)
+IMAGE = "registry.example.com/ml/toolkit"
+RELEASE, NAMESPACE = "llm", "serving"
+HUB_REVISION = (
+    "0e9e39f249a16976918f6564b8830bc894c89659"  # a 40-hex commit, as a hub build records it
+)
+CRD_SCHEMAS = {
+    (
+        "inference.networking.k8s.io/v1",
+        "InferencePool",
+    ): "inferencepool.inference.networking.k8s.io_v1",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute.gateway.networking.k8s.io_v1",
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject.keda.sh_v1alpha1",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor.monitoring.coreos.com_v1",
+}
+EPP_SCHEMA = "endpointpickerconfig.inference.networking.x-k8s.io_v1alpha1"
+GIE = json.loads((K8S / "gateway-api-inference-extension_v1.5.0.json").read_text())
+PORT_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")  # IANA_SVC_NAME, at most 15 characters
+METRIC_SPEC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^{}]*)\})?$")
+PROMQL_SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^{}]*)\}")
+# Labels Prometheus gives every series a PodMonitor scrapes (prometheus-operator v0.93.0,
+# pkg/prometheus/promcfg.go generatePodMonitorConfig); the rest come from the exporter.
+TARGET_LABELS = ("namespace", "pod", "container", "endpoint", "job")
+
+
+# --- tools --------------------------------------------------------------------------------------
+def find_helm() -> str:
+    """The pinned helm (scripts/install_k8s_tools.sh puts it beside the interpreter); a failure, never a skip."""
+    found = shutil.which("helm", path=f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin")
+    if found is None:
+        pytest.fail(
+            "helm is not installed: run scripts/install_k8s_tools.sh .venv/bin (scripts/setup.sh does)"
+        )
+    version = subprocess.run(
+        [found, "version", "--short"], capture_output=True, text=True, check=True
+    )
+    assert version.stdout.startswith(HELM_VERSION), version.stdout
+    return found
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    return find_helm()
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def deploy(repo: Path, out: Path, *args) -> dict:
+    """`toolkit deploy` through the CLI; the values it wrote."""
+    result = invoke("deploy", "--repo", repo, "-o", out, "--image", IMAGE, *args)
+    assert result.exit_code == 0, result.output
+    return yaml.safe_load((out / "values.yaml").read_text())
+
+
+def helm_template(
+    helm, out: Path, *, apis=CRD_APIS, kube=KUBE_VERSIONS[0], extra=()
+) -> subprocess.CompletedProcess:
+    argv = [
+        helm,
+        "template",
+        RELEASE,
+        out / "chart",
+        "-f",
+        out / "values.yaml",
+        "--namespace",
+        NAMESPACE,
+    ]
+    argv += ["--kube-version", kube, *(f"--api-versions={api}" for api in apis), *extra]
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True)
+
+
+def render(helm, out: Path, **kw) -> list[dict]:
+    result = helm_template(helm, out, **kw)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def find(docs: list[dict], kind: str, name: str | None = None) -> dict:
+    found = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, (
+        f"{len(found)} {kind} objects named {name}: {[d['metadata']['name'] for d in found]}"
+    )
+    return found[0]
+
+
+def server_deployment(docs: list[dict]) -> dict:
+    return find(docs, "Deployment", RELEASE)
+
+
+def container(pod_spec: dict, name: str) -> dict:
+    return next(c for c in pod_spec["containers"] if c["name"] == name)
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+# --- repositories -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cpu_repo(tmp_path_factory) -> Path:
+    """A CPU repository of a tiny checkpoint whose manifest names a pinned hub revision (what a
+    `toolkit build --model hf:ORG/NAME` records), under a folder that stands for the volume."""
+    tmp = tmp_path_factory.mktemp("cpu")
+    checkpoint = make_tiny_checkpoint(tmp / "checkpoint")
+    model = ResolvedModel(checkpoint, "hf:acme/tiny-llama", HUB_REVISION)
+    limits = RepositoryLimits(
+        max_input_len=128, max_output_len=64, max_seq_len=256, kv_cache_tokens=1024
+    )
+    return write_repository(
+        plan_repository(model, CpuEngine(), tmp / "volume" / "repo", limits)
+    ).path
+
+
+@pytest.fixture(scope="module")
+def gpu_repo(tmp_path_factory) -> Path:
+    """An H100 FP8, TP=2 repository built by `toolkit build` through the fake TensorRT-LLM tools,
+    repository and engine on one folder that stands for the volume."""
+    tmp = tmp_path_factory.mktemp("gpu")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOOLKIT_HOME", str(tmp / "home"))
+        install_fake_trtllm(mp, tmp)
+        checkpoint = fake_checkpoint(tmp, LLAMA_8B)
+        tiny = make_tiny_checkpoint(tmp / "tiny")
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(tiny / name, checkpoint / name)
+        (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+        volume = tmp / "volume"
+        result = invoke(
+            "build", "--target", "h100-sxm", "--model", checkpoint, "--dtype", "fp8", "--kv-dtype", "fp8",
+            "--tp", "2", "--output", volume / "repo", "--engine-dir", volume / "engines" / "llama-h100-fp8-tp2",
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return volume / "repo"
+
+
+def hub_variant(repo: Path, tmp: Path, source: str = "hf:meta-llama/Llama-3.1-8B-Instruct") -> Path:
+    """A copy of `repo` whose manifest says what a hub build records (the fakes cannot reach the hub);
+    the engine stays where the manifest names it."""
+    copy = tmp / "hub-repo"
+    shutil.copytree(repo, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["model"].update(source=source, revision=HUB_REVISION)
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return copy
+
+
+# --- validation ---------------------------------------------------------------------------------
+def _registry() -> referencing.Registry:
+    resources = []
+    for path in K8S.glob("*.schema.json"):
+        schema = json.loads(path.read_text())
+        resources.append((schema["$id"], referencing.Resource.from_contents(schema)))
+    return referencing.Registry().with_resources(resources)
+
+
+REGISTRY = _registry()
+
+
+def schema_errors(name: str, instance) -> list[str]:
+    schema = json.loads((K8S / f"{name}.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema, registry=REGISTRY)
+    return [
+        f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+        for e in validator.iter_errors(instance)
+    ]
+
+
+def object_errors(doc: dict, kube_version: str) -> list[str]:
+    """Strict schema errors of one rendered object; an object no schema covers is an error too."""
+    where = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+    key = (doc.get("apiVersion"), doc.get("kind"))
+    if key in CRD_SCHEMAS:
+        return [f"{where}: {e}" for e in schema_errors(CRD_SCHEMAS[key], doc)]
+    try:
+        kubernetes_validate.validate(doc, kube_version, strict=True)
+    except SchemaNotFoundError:
+        return [
+            f"{where}: no schema for {key[0]} {key[1]} (kubernetes-validate only warns; add one to tests/data/k8s)"
+        ]
+    except KubeValidationError as exc:
+        return [f"{where}: {'.'.join(map(str, exc.path))}: {exc.message}"]
+    return []
+
+
+def matches(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def pod_templates(docs: list[dict]) -> list[tuple[str, dict]]:
+    return [
+        (f"{d['kind']}/{d['metadata']['name']}", d["spec"]["template"])
+        for d in docs
+        if d["kind"] in ("Deployment", "Job")
+    ]
+
+
+def _pod_errors(where: str, template: dict, docs: list[dict]) -> list[str]:
+    """The API server's pod rules the OpenAPI schema does not carry, and references to other objects."""
+    errors, spec = [], template["spec"]
+    containers = spec.get("initContainers", []) + spec["containers"]
+    names = [c["name"] for c in containers]
+    if len(names) != len(set(names)):
+        errors.append(f"{where}: duplicate container names {names}")
+    ports = [p for c in spec["containers"] for p in c.get("ports", [])]
+    port_names = [p["name"] for p in ports]
+    if len(port_names) != len(set(port_names)) or len({p["containerPort"] for p in ports}) != len(
+        ports
+    ):
+        errors.append(f"{where}: duplicate container port names or numbers {ports}")
+    for name in port_names:
+        if (
+            len(name) > 15
+            or not PORT_NAME.match(name)
+            or "--" in name
+            or not re.search("[a-z]", name)
+        ):
+            errors.append(f"{where}: port name {name!r} is not an IANA_SVC_NAME")
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    for c in containers:
+        own = {p["name"] for p in c.get("ports", [])}
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            port = c.get(probe, {}).get("httpGet", {}).get("port")
+            if isinstance(port, str) and port not in own:
+                errors.append(
+                    f"{where}: {c['name']}.{probe} names port {port!r}, not one of {sorted(own)}"
+                )
+        for mount in c.get("volumeMounts", []):
+            if mount["name"] not in volumes:
+                errors.append(
+                    f"{where}: {c['name']} mounts {mount['name']!r}, which is no volume of the pod"
+                )
+    for volume in volumes.values():
+        if "configMap" in volume and not any(
+            d["kind"] == "ConfigMap" and d["metadata"]["name"] == volume["configMap"]["name"]
+            for d in docs
+        ):
+            errors.append(f"{where}: ConfigMap {volume['configMap']['name']} is not rendered")
+        claim = volume.get("persistentVolumeClaim", {}).get("claimName")
+        if claim and not any(
+            d["kind"] == "PersistentVolumeClaim" and d["metadata"]["name"] == claim for d in docs
+        ):
+            errors.append(f"{where}: PersistentVolumeClaim {claim} is not rendered")
+    account = spec.get("serviceAccountName")
+    if account and not any(
+        d["kind"] == "ServiceAccount" and d["metadata"]["name"] == account for d in docs
+    ):
+        errors.append(f"{where}: ServiceAccount {account} is not rendered")
+    return errors
+
+
+def _selected_pod(docs: list[dict], selector: dict, what: str) -> tuple[dict | None, list[str]]:
+    pods = [t for _, t in pod_templates(docs) if matches(selector, t["metadata"]["labels"])]
+    pods = [t for t in pods if "restartPolicy" not in t["spec"]]  # Jobs' pods serve nothing
+    if len(pods) != 1:
+        return None, [f"{what}: selector {selector} matches {len(pods)} serving pod templates"]
+    return pods[0], []
+
+
+def _container_ports(template: dict) -> dict[str, int]:
+    return {
+        p["name"]: p["containerPort"]
+        for c in template["spec"]["containers"]
+        for p in c.get("ports", [])
+    }
+
+
+def cross_object_errors(docs: list[dict]) -> list[str]:
+    errors = []
+    for d in docs:
+        if d["kind"] == "Deployment" and not matches(
+            d["spec"]["selector"]["matchLabels"], d["spec"]["template"]["metadata"]["labels"]
+        ):
+            errors.append(
+                f"Deployment/{d['metadata']['name']}: selector does not match its pod template"
+            )
+    for where, template in pod_templates(docs):
+        errors += _pod_errors(where, template, docs)
+    for d in docs:
+        where = f"{d['kind']}/{d['metadata']['name']}"
+        if d["kind"] == "Service":
+            pod, problems = _selected_pod(docs, d["spec"]["selector"], where)
+            errors += problems
+            for port in d["spec"]["ports"] if pod else ():
+                if isinstance(port["targetPort"], str) and port[
+                    "targetPort"
+                ] not in _container_ports(pod):
+                    errors.append(
+                        f"{where}: targetPort {port['targetPort']!r} is no container port of its pods"
+                    )
+        elif d["kind"] in ("PodMonitor", "PodDisruptionBudget", "NetworkPolicy"):
+            selector = d["spec"]["podSelector" if d["kind"] == "NetworkPolicy" else "selector"][
+                "matchLabels"
+            ]
+            pod, problems = _selected_pod(docs, selector, where)
+            errors += problems
+            wanted = [e["port"] for e in d["spec"].get("podMetricsEndpoints", [])]
+            wanted += [
+                p["port"] for rule in d["spec"].get("ingress", []) for p in rule.get("ports", [])
+            ]
+            for port in wanted if pod else ():
+                if isinstance(port, str) and port not in _container_ports(pod):
+                    errors.append(f"{where}: port {port!r} is no container port of its pods")
+        elif d["kind"] == "InferencePool":
+            errors += _pool_errors(d, docs)
+        elif d["kind"] == "HTTPRoute":
+            for ref in (r for rule in d["spec"]["rules"] for r in rule["backendRefs"]):
+                kind = ref.get("kind", "Service")
+                if kind == "Service" and ref.get("group", "") == "" and "port" not in ref:
+                    errors.append(
+                        f"{where}: a Service backendRef needs a port (CEL rule of the CRD)"
+                    )
+                if not any(
+                    o["kind"] == kind and o["metadata"]["name"] == ref["name"] for o in docs
+                ):
+                    errors.append(f"{where}: backendRef {kind}/{ref['name']} is not rendered")
+        elif d["kind"] == "ScaledObject":
+            errors += _scaledobject_errors(d, docs)
+    return errors
+
+
+def _pool_errors(pool: dict, docs: list[dict]) -> list[str]:
+    where, spec = f"InferencePool/{pool['metadata']['name']}", pool["spec"]
+    numbers = [p["number"] for p in spec["targetPorts"]]
+    errors = (
+        [] if len(numbers) == len(set(numbers)) else [f"{where}: port number must be unique (CEL)"]
+    )
+    ref = spec["endpointPickerRef"]
+    if ref.get("kind", "Service") == "Service" and "port" not in ref:
+        errors.append(f"{where}: endpointPickerRef.port is required for a Service (CEL)")
+    pod, problems = _selected_pod(docs, spec["selector"]["matchLabels"], where)
+    errors += problems
+    if pod and not set(numbers) <= set(_container_ports(pod).values()):
+        errors.append(f"{where}: targetPorts {numbers} are not container ports of its pods")
+    service = next(
+        (d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == ref["name"]), None
+    )
+    if service is None or ref["port"]["number"] not in [
+        p["port"] for p in service["spec"]["ports"]
+    ]:
+        errors.append(f"{where}: endpointPickerRef {ref} names no rendered Service port")
+    return errors
+
+
+def _scaledobject_errors(scaled: dict, docs: list[dict]) -> list[str]:
+    """KEDA's admission webhook (v2.20.2 scaledobject_webhook.go) and the PodMonitor's series labels."""
+    where, spec = f"ScaledObject/{scaled['metadata']['name']}", scaled["spec"]
+    errors = []
+    target = spec["scaleTargetRef"]
+    if not any(
+        d["kind"] == target.get("kind", "Deployment") and d["metadata"]["name"] == target["name"]
+        for d in docs
+    ):
+        errors.append(f"{where}: scaleTargetRef {target} is not rendered")
+    if spec.get("minReplicaCount", 0) > spec.get("maxReplicaCount", 100):
+        errors.append(f"{where}: minReplicaCount > maxReplicaCount")
+    names = [t.get("name") for t in spec["triggers"] if t.get("name")]
+    if len(names) != len(set(names)):
+        errors.append(f"{where}: trigger names must be unique")
+    if len(f"keda-hpa-{scaled['metadata']['name']}") > 63:
+        errors.append(f"{where}: keda-hpa-<name> is over 63 characters")
+    if "fallback" in spec and all(t["type"] in ("cpu", "memory") for t in spec["triggers"]):
+        errors.append(f"{where}: a fallback needs a trigger that is not cpu or memory")
+    monitor = find(docs, "PodMonitor")
+    namespace = monitor["metadata"]["namespace"]
+    expected = {"namespace": namespace, "job": f"{namespace}/{monitor['metadata']['name']}"}
+    for trigger in spec["triggers"]:
+        if trigger["type"] in ("cpu", "memory"):
+            errors.append(
+                f"{where}: scales on {trigger['type']}, which says nothing about an LLM server's load"
+            )
+        for _, labels in promql_selectors(trigger["metadata"]["query"]):
+            for label, value in labels.items():
+                if label in TARGET_LABELS and expected.get(label) != value:
+                    errors.append(
+                        f"{where}: {label}={value!r}, but the PodMonitor's series carry {expected.get(label)!r}"
+                    )
+    return errors
+
+
+def epp_config(docs: list[dict]) -> dict:
+    deployment = find(docs, "Deployment", f"{RELEASE}-epp")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    path = Path(flag(args, "--config-file"))
+    configmap = find(docs, "ConfigMap", f"{RELEASE}-epp")
+    return yaml.safe_load(configmap["data"][path.name])
+
+
+def epp_errors(docs: list[dict]) -> list[str]:
+    """The endpoint picker: its config (strict, as the EPP decodes it), its flags, what it scrapes."""
+    config = epp_config(docs)
+    errors = [f"EndpointPickerConfig: {e}" for e in schema_errors(EPP_SCHEMA, config)]
+    names = [p.get("name") or p["type"] for p in config["plugins"]]
+    if len(names) != len(set(names)):
+        errors.append("EndpointPickerConfig: duplicate plugin names")
+    refs = [p["pluginRef"] for profile in config["schedulingProfiles"] for p in profile["plugins"]]
+    refs += [s["pluginRef"] for s in config.get("dataLayer", {}).get("sources", [])]
+    refs += [
+        e["pluginRef"]
+        for s in config.get("dataLayer", {}).get("sources", [])
+        for e in s.get("extractors", [])
+    ]
+    errors += [
+        f"EndpointPickerConfig: pluginRef {r} names no plugin" for r in refs if r not in names
+    ]
+    for spec in engine_specs(config).values():
+        if (spec and not METRIC_SPEC.match(spec)) or '"' in spec:
+            errors.append(f"EndpointPickerConfig: {spec!r} is not NAME{{k=v,...}} (no quotes)")
+    epp = find(docs, "Deployment", f"{RELEASE}-epp")["spec"]["template"]["spec"]["containers"][0]
+    given = [a[2:].split("=", 1)[0] for a in epp["args"] if a.startswith("--")]
+    errors += [
+        f"EPP flag --{f} does not exist in v1.5.0"
+        for f in given
+        if f not in GIE["flags"]["accepted"]
+    ]
+    errors += [
+        f"EPP flag --{f} stops v1.5.0 at start"
+        for f in given
+        if f in GIE["flags"]["rejected_when_set"]["flags"]
+    ]
+    pool = find(docs, "InferencePool")
+    if flag(epp["args"], "--pool-name") != pool["metadata"]["name"]:
+        errors.append("EPP --pool-name is not the InferencePool's name")
+    server_pod = server_deployment(docs)["spec"]["template"]
+    metrics_port = int(flag(epp["args"], "--model-server-metrics-port"))
+    if (
+        metrics_port != _container_ports(server_pod)["metrics"]
+        or len(pool["spec"]["targetPorts"]) != 1
+    ):
+        errors.append(
+            "EPP scrapes podIP:--model-server-metrics-port only with one pool target port: Triton's metrics port"
+        )
+    return errors
+
+
+def engine_specs(config: dict) -> dict[str, str]:
+    extractor = next(p for p in config["plugins"] if p["type"] == "core-metrics-extractor")
+    engine = next(
+        e
+        for e in extractor["parameters"]["engineConfigs"]
+        if e["name"] == extractor["parameters"]["defaultEngine"]
+    )
+    return {k: v for k, v in engine.items() if k.endswith("Spec")}
+
+
+def promql_selectors(query: str) -> list[tuple[str, dict]]:
+    """(metric, {label: value}) of every selector in a query; only `label="value"` matchers are allowed."""
+    found = []
+    for name, body in PROMQL_SELECTOR.findall(query):
+        labels = {}
+        for matcher in filter(None, (m.strip() for m in body.split(","))):
+            match = re.fullmatch(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"', matcher)
+            assert match, f"{matcher!r} in {query!r} is not an equality matcher"
+            labels[match.group(1)] = match.group(2)
+        found.append((name, labels))
+    return found
+
+
+def spec_selector(spec: str) -> tuple[str, dict]:
+    """An EPP metric spec NAME{k=v,...} as (metric, labels), by its grammar (metrics_spec.go)."""
+    match = METRIC_SPEC.match(spec)
+    assert match, spec
+    pairs = [p.split("=") for p in (match.group(3) or "").split(",") if p.strip()]
+    return match.group(1), {k.strip(): v.strip() for k, v in pairs}
+
+
+def validation_errors(docs: list[dict]) -> list[str]:
+    errors = [e for version in KUBE_VERSIONS for doc in docs for e in object_errors(doc, version)]
+    errors += cross_object_errors(docs)
+    if any(d["kind"] == "InferencePool" for d in docs):
+        errors += epp_errors(docs)
+    return errors
+
+
+# --- the validators catch what they are for ---------------------------------------------------
+def test_the_validators_refuse_broken_objects(helm, cpu_repo, tmp_path):
+    deploy(cpu_repo, tmp_path / "d", "--max-replicas", "3")
+    docs = render(helm, tmp_path / "d")
+    assert validation_errors(docs) == []
+    broken = json.loads(json.dumps(docs))
+    server_deployment(broken)["spec"]["template"]["spec"]["containers"][0]["extraField"] = 1
+    find(broken, "ScaledObject")["spec"]["triggers"][0]["metadata"]["threshold"] = 4
+    ports = find(broken, "InferencePool")["spec"]["targetPorts"]
+    ports.append(dict(ports[0]))
+    find(broken, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] = "nope"
+    find(broken, "Service", RELEASE)["spec"]["ports"][0]["targetPort"] = "grpc"
+    epp = find(broken, "ConfigMap", f"{RELEASE}-epp")
+    config = yaml.safe_load(epp["data"]["epp-config.yaml"])
+    config["plugins"][2]["parameters"]["blockSize_tokens"] = 64
+    epp["data"]["epp-config.yaml"] = yaml.safe_dump(config)
+    broken.append({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}})
+    errors = "\n".join(validation_errors(broken))
+    for expected in (
+        "extraField",
+        "threshold",
+        "port number must be unique",
+        "port 'nope' is no container port",
+        "targetPort 'grpc'",
+        "blockSize_tokens",
+        "no schema for example.com/v1 Widget",
+    ):
+        assert expected in errors
+
+
+# --- renders ------------------------------------------------------------------------------------
+def test_cpu_deployment_renders_and_every_object_validates(helm, cpu_repo, tmp_path):
+    values = deploy(cpu_repo, tmp_path / "d", "-n", "2", "--max-replicas", "6")
+    # helm lint knows no --api-versions: it checks the chart where no CRD is installed.
+    lint = subprocess.run(
+        [helm, "lint", tmp_path / "d" / "chart", "-f", tmp_path / "d" / "values.yaml", "--strict",
+         "--set", "autoscaling.enabled=false,monitoring.podMonitor.enabled=false"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    for kube in KUBE_VERSIONS:
+        docs = render(helm, tmp_path / "d", kube=kube)
+        assert validation_errors(docs) == []
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(
+        ["ConfigMap", "Deployment", "Deployment", "HTTPRoute", "InferencePool", "Job", "NetworkPolicy",
+         "PersistentVolumeClaim", "PodDisruptionBudget", "PodMonitor", "Role", "RoleBinding", "ScaledObject",
+         "Service", "Service", "ServiceAccount"]
+    )  # fmt: skip
+    pod = server_deployment(docs)["spec"]["template"]["spec"]
+    assert "replicas" not in server_deployment(docs)["spec"]  # KEDA owns the count
+    triton = container(pod, "triton")
+    assert "nvidia.com/gpu" not in json.dumps(triton["resources"]) and "affinity" not in pod
+    assert values["model"]["fingerprint"] == fingerprint(open_repository(cpu_repo).manifest)
+    job = find(docs, "Job")["spec"]["template"]["spec"]["containers"][0]
+    assert (
+        job["args"][:2] == ["--model", f"hf:acme/tiny-llama@{HUB_REVISION}"]
+        and "--engine-dir" not in job["args"]
+    )
+
+
+@pytest.fixture(scope="module")
+def gpu_render(helm, gpu_repo, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu-render")
+    repo = hub_variant(gpu_repo, tmp)
+    values = deploy(repo, tmp / "d", "-n", "2", "--min-replicas", "2", "--max-replicas", "8")
+    return repo, values, render(helm, tmp / "d"), render(helm, tmp / "d", kube=KUBE_VERSIONS[1])
+
+
+def test_h100_fp8_deployment_renders_and_every_object_validates(gpu_render):
+    repo, values, docs, docs_newest = gpu_render
+    assert validation_errors(docs) == [] and validation_errors(docs_newest) == []
+    manifest = open_repository(repo).manifest
+    pod = server_deployment(docs)["spec"]["template"]["spec"]
+    triton = container(pod, "triton")
+    # Built on the Triton container that carries TensorRT-LLM 0.20.0, the release of the engines.
+    assert triton["image"] == f"{IMAGE}:0.1.0-25.06-trtllm-python-py3"
+    assert {"name": "OMPI_MCA_btl_vader_single_copy_mechanism", "value": "none"} in triton["env"]
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == 2 == manifest.engine["world_size"]
+    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term == [
+        {
+            "matchExpressions": [
+                {
+                    "key": "nvidia.com/gpu.product",
+                    "operator": "In",
+                    "values": ["NVIDIA-H100-80GB-HBM3"],
+                }
+            ]
+        }
+    ]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert {v["name"]: v for v in pod["volumes"]}["shm"]["emptyDir"]["medium"] == "Memory"
+    job = find(docs, "Job")["spec"]["template"]["spec"]
+    build = job["containers"][0]
+    assert (
+        build["resources"]["limits"]["nvidia.com/gpu"] == 2 and job["affinity"] == pod["affinity"]
+    )
+    assert flag(build["args"], "--engine-dir").startswith(
+        f"/models/{RELEASE}/{values['model']['fingerprint']}/"
+    )
+    assert "HF_TOKEN" not in [e["name"] for e in build["env"]]  # no --hf-token-secret, no token
+
+
+def test_hf_token_reaches_only_the_build_job_from_its_secret(helm, cpu_repo, tmp_path):
+    deploy(
+        cpu_repo, tmp_path / "d", "--hf-token-secret", "hub-token", "--api-key-secret", "llm-keys"
+    )
+    docs = render(helm, tmp_path / "d")
+    build = find(docs, "Job")["spec"]["template"]["spec"]["containers"][0]
+    token = next(e for e in build["env"] if e["name"] == "HF_TOKEN")
+    assert token == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hub-token", "key": "token"}},
+    }
+    pod = server_deployment(docs)["spec"]["template"]["spec"]
+    assert "HF_TOKEN" not in json.dumps(pod)
+    keys = {v["name"]: v for v in pod["volumes"]}["api-keys"]["secret"]
+    assert (
+        keys["secretName"] == "llm-keys"
+        and flag(container(pod, "api")["args"], "--api-key-file") == "/etc/toolkit/api-keys/keys"
+    )
+    assert all(
+        "value" not in e or "key" not in e["name"].lower()
+        for c in pod["containers"]
+        for e in c["env"]
+    )
+
+
+def test_build_job_arguments_are_accepted_by_toolkit_build_and_say_what_was_built(gpu_render):
+    repo, _, docs, _ = gpu_render
+    args = find(docs, "Job")["spec"]["template"]["spec"]["containers"][0]["args"]
+    # click parses them as `toolkit build` would: an unknown flag or a bad value is refused here.
+    params = build_command.make_context("build", list(args)).params
+    plan = open_repository(repo).memory_plan
+    assert (
+        params["model"] == f"hf:meta-llama/Llama-3.1-8B-Instruct@{HUB_REVISION}"
+        and params["target"] == "h100-sxm"
+    )
+    assert (params["dtype"], params["kv_dtype"], params["tp"], params["pp"]) == ("fp8", "fp8", 2, 1)
+    assert (params["max_batch_size"], params["max_num_tokens"], params["max_seq_len"]) == (
+        plan.max_batch_size, plan.max_num_tokens, plan.max_seq_len,
+    )  # fmt: skip
+    assert params["output"] == Path(
+        f"/models/{RELEASE}/{fingerprint(open_repository(repo).manifest)}/repository"
+    )
+
+
+def test_probes_grace_and_drain_agree_with_the_serve_commands(gpu_render):
+    _, values, docs, _ = gpu_render
+    pod = server_deployment(docs)["spec"]["template"]["spec"]
+    triton, api = container(pod, "triton"), container(pod, "api")
+    prestop = int(triton["lifecycle"]["preStop"]["exec"]["command"][1])
+    drain = int(flag(triton["args"], "--drain-timeout"))
+    assert drain == int(flag(api["args"], "--drain-timeout")) == values["drain"]["timeoutSeconds"]
+    # The kubelet's grace period covers preStop, the drain and toolkit serve's own 5 s past Triton's timeout.
+    assert pod["terminationGracePeriodSeconds"] >= prestop + drain + 5
+    startup = triton["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= int(
+        flag(triton["args"], "--ready-timeout")
+    )
+    assert (
+        startup["httpGet"]["path"] == "/v2/health/ready"
+        and triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    )
+    assert api["readinessProbe"]["httpGet"]["path"] == "/health"
+    epp = find(docs, "Deployment", f"{RELEASE}-epp")["spec"]["template"]["spec"]
+    assert epp["terminationGracePeriodSeconds"] == pod["terminationGracePeriodSeconds"]
+    behavior = find(docs, "ScaledObject")["spec"]["advanced"]["horizontalPodAutoscalerConfig"][
+        "behavior"
+    ]
+    load = values["startup"]["timeoutSeconds"]
+    assert all(p["periodSeconds"] == load for p in behavior["scaleUp"]["policies"])
+    assert (
+        behavior["scaleDown"]["stabilizationWindowSeconds"] >= 2 * load
+        or behavior["scaleDown"]["stabilizationWindowSeconds"] == 3600
+    )
+
+
+def test_the_endpoint_picker_reads_the_backend_metric_names_it_knows_for_triton(gpu_render):
+    repo, _, docs, _ = gpu_render
+    config = epp_config(docs)
+    builtin = GIE["builtin_engine_configs"]["triton-tensorrt-llm"]
+    assert engine_specs(config) == {k: v for k, v in builtin.items() if k.endswith("Spec")}
+    prefix = next(p for p in config["plugins"] if p["type"] == "prefix-cache-scorer")["parameters"]
+    limits = open_repository(
+        repo
+    ).limits  # the KV pool the prefix index mirrors, in blocks of tokens
+    assert (prefix["blockSizeTokens"], prefix["lruCapacityPerServer"]) == (
+        limits.kv_block_size,
+        limits.kv_cache_blocks,
+    )
+    pods = server_deployment(docs)["spec"]["template"]["metadata"]["labels"]
+    assert pods[GIE["engine_label_key"]] == "triton-tensorrt-llm"
+
+
+def test_without_the_extension_crds_a_plain_service_is_the_front_door(helm, cpu_repo, tmp_path):
+    deploy(cpu_repo, tmp_path / "d")
+    docs = render(
+        helm,
+        tmp_path / "d",
+        apis=("monitoring.coreos.com/v1/PodMonitor", "gateway.networking.k8s.io/v1/HTTPRoute"),
+    )
+    assert validation_errors(docs) == []
+    assert not [d for d in docs if d["kind"] in ("InferencePool", "ServiceAccount", "ConfigMap")]
+    route = find(docs, "HTTPRoute")["spec"]["rules"][0]["backendRefs"]
+    assert route == [{"group": "", "kind": "Service", "name": RELEASE, "port": 9000}]
+    docs = render(helm, tmp_path / "d", apis=("monitoring.coreos.com/v1/PodMonitor",))
+    assert [d["kind"] for d in docs if d["kind"] in ("HTTPRoute", "InferencePool")] == []
+    assert find(docs, "Service", RELEASE)["spec"]["ports"][0]["targetPort"] == "http"
+
+
+NO_KEDA = CRD_APIS[:2] + CRD_APIS[3:]
+ONLY_MONITORING = ("monitoring.coreos.com/v1/PodMonitor",)
+
+
+@pytest.mark.parametrize(
+    ("apis", "extra", "message"),
+    [
+        (ONLY_MONITORING, ["--set", "routing.mode=inferencePool"], "no inference.networking.k8s.io/v1 InferencePool"),
+        (NO_KEDA, [], "no keda.sh/v1alpha1 ScaledObject"),
+        (CRD_APIS[:3], [], "no monitoring.coreos.com/v1 PodMonitor"),
+        (CRD_APIS, ["--set", "gpu.count=1"], "gpu.count=1 for a cpu repository"),
+        (CRD_APIS, ["--set", "api.auth.existingSecret="], "api.auth.existingSecret is empty"),
+        (CRD_APIS, ["--set", "model.repositoryPath=/x/repo,build.enabled=false"], "not on the volume"),
+        (CRD_APIS, ["--set", "model.fingerprintt=abc"], "Additional property fingerprintt is not allowed"),
+        (CRD_APIS, ["--set", "autoscaling.scaleUp.periodSeconds=3600"], "less than or equal to 1800"),
+    ],
+)  # fmt: skip
+def test_the_chart_refuses_values_that_cannot_run(helm, cpu_repo, tmp_path, apis, extra, message):
+    deploy(cpu_repo, tmp_path / "d", "--max-replicas", "3")
+    result = helm_template(helm, tmp_path / "d", apis=apis, extra=extra)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--set", "gpu.count=1"], "gpu.count=1, but the h100-sxm engines have 2 ranks"),
+        (
+            ["--set", "image.tag=0.1.0-25.02-trtllm-python-py3"],
+            "is not built on nvcr.io/nvidia/tritonserver:25.06",
+        ),
+        (
+            ["--set", "gpu.products=null", "--set", "gpu.targets.h200[0]=NVIDIA-H200"],
+            "names only h200",
+        ),
+    ],
+)
+def test_the_chart_refuses_gpu_values_that_cannot_run(helm, gpu_render, tmp_path, extra, message):
+    repo = gpu_render[0]
+    deploy(repo, tmp_path / "d")
+    result = helm_template(helm, tmp_path / "d", extra=extra)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+# --- toolkit deploy's refusals ------------------------------------------------------------------
+def write_values(path: Path, values: dict) -> Path:
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def test_cpu_repository_with_gpu_settings_is_refused(cpu_repo, tmp_path):
+    cluster = write_values(
+        tmp_path / "cluster.yaml", {"gpu": {"count": 1, "products": ["NVIDIA-H100-80GB-HBM3"]}}
+    )
+    result = invoke(
+        "deploy", "--repo", cpu_repo, "-o", tmp_path / "d", "--image", IMAGE, "-f", cluster
+    )
+    assert result.exit_code == 1
+    assert "asks for GPUs (gpu.count=1)" in result.output and "cpu repository" in result.output
+    assert "fix: drop the gpu settings" in result.output and not (tmp_path / "d").exists()
+
+
+def test_gpu_repository_with_a_missing_engine_is_refused(gpu_repo, tmp_path):
+    repo = hub_variant(gpu_repo, tmp_path)
+    engine = Path(open_repository(repo).manifest.engine["engine_dir"])
+    moved = tmp_path / "rank1.engine"
+    shutil.move(engine / "rank1.engine", moved)
+    try:
+        result = invoke("deploy", "--repo", repo, "-o", tmp_path / "d", "--image", IMAGE)
+    finally:
+        shutil.move(moved, engine / "rank1.engine")
+    assert result.exit_code == 1
+    assert (
+        "engine of" in result.output
+        and "missing or incomplete" in result.output
+        and "rank1.engine" in result.output
+    )
+    assert "fix: rebuild it: toolkit build --target h100-sxm" in result.output
+
+
+def test_gpu_target_the_cluster_values_do_not_name_is_refused(gpu_repo, tmp_path):
+    repo = hub_variant(gpu_repo, tmp_path)
+    cluster = write_values(
+        tmp_path / "cluster.yaml",
+        {"gpu": {"targets": {"h200": ["NVIDIA-H200"], "l40s": ["NVIDIA-L40S"]}}},
+    )
+    result = invoke("deploy", "--repo", repo, "-o", tmp_path / "d", "--image", IMAGE, "-f", cluster)
+    assert result.exit_code == 1
+    assert (
+        "built for h100-sxm" in result.output
+        and "name only these GPU targets: h200, l40s" in result.output
+    )
+    cluster = write_values(
+        tmp_path / "cluster.yaml", {"gpu": {"targets": {"h100-sxm": ["NVIDIA-H100-SXM5-80GB"]}}}
+    )
+    values = deploy(repo, tmp_path / "d", "-f", cluster)
+    assert values["gpu"]["products"] == [
+        "NVIDIA-H100-SXM5-80GB"
+    ]  # the cluster's own label spelling
+
+
+@pytest.mark.parametrize(
+    ("args", "cluster", "message"),
+    [
+        (
+            ["--image", f"{IMAGE}:0.1.0-25.04-trtllm-python-py3"],
+            {},
+            "does not carry 25.06-trtllm-python-py3",
+        ),
+        (
+            [],
+            {"model": {"target": "h200"}},
+            "sets `model`, which toolkit deploy takes from the repository",
+        ),
+        (
+            [],
+            {"gpu": {"count": 1}},
+            "gpu.count=1 in the cluster values, but the h100-sxm engines have 2 ranks",
+        ),
+        (["--max-replicas", "4", "-n", "5"], {}, "--replicas 5 <= --max-replicas 4 does not hold"),
+        (["--min-replicas", "2"], {}, "--min-replicas needs --max-replicas"),
+        (["--no-build", "--mount-path", "/models"], {}, "is not under --mount-path /models"),
+    ],
+)
+def test_gpu_deploy_refusals_name_the_value_and_the_fix(gpu_repo, tmp_path, args, cluster, message):
+    repo = hub_variant(gpu_repo, tmp_path)
+    files = ["-f", write_values(tmp_path / "c.yaml", cluster)] if cluster else []
+    result = invoke("deploy", "--repo", repo, "-o", tmp_path / "d", "--image", IMAGE, *files, *args)
+    assert result.exit_code == 1 and message in result.output and "fix:" in result.output, (
+        result.output
+    )
+
+
+def test_local_checkpoint_needs_no_build_on_the_volume(helm, gpu_repo, tmp_path):
+    result = invoke("deploy", "--repo", gpu_repo, "-o", tmp_path / "d", "--image", IMAGE)
+    assert (
+        result.exit_code == 1
+        and "cluster's build Job cannot reach" in result.output
+        and "--no-build" in result.output
+    )
+    volume = gpu_repo.parent
+    values = deploy(gpu_repo, tmp_path / "d", "--no-build", "--mount-path", volume)
+    assert values["build"] == {"enabled": False, "args": []} and values["model"][
+        "repositoryPath"
+    ] == str(gpu_repo)
+    docs = render(helm, tmp_path / "d")
+    assert validation_errors(docs) == [] and not [d for d in docs if d["kind"] == "Job"]
+    triton = container(server_deployment(docs)["spec"]["template"]["spec"], "triton")
+    assert flag(triton["args"], "--repo") == str(gpu_repo)
+
+
+def test_modified_repository_is_refused(cpu_repo, tmp_path):
+    copy = tmp_path / "volume" / "repo"
+    shutil.copytree(cpu_repo, copy)
+    (copy / "postprocessing" / "1" / "model.py").write_text("# edited\n")
+    result = invoke("deploy", "--repo", copy, "-o", tmp_path / "d", "--image", IMAGE)
+    assert result.exit_code == 1 and "postprocessing/1/model.py (modified)" in result.output
+
+
+def test_output_folder_rules(cpu_repo, tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    result = invoke("deploy", "--repo", cpu_repo, "-o", foreign, "--image", IMAGE)
+    assert result.exit_code == 1 and "was not written by toolkit deploy" in result.output
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    out = tmp_path / "d"
+    first = deploy(cpu_repo, out)
+    (out / "chart" / "stale.yaml").write_text("left over")
+    second = deploy(cpu_repo, out, "-n", "3")
+    assert (
+        second["replicas"] == 3
+        and first["replicas"] == 1
+        and not (out / "chart" / "stale.yaml").exists()
+    )
+    assert not list(tmp_path.glob(".d.*-*"))  # no staging or retired folder left behind
+    record = json.loads((out / "deploy.json").read_text())
+    assert record["fingerprint"] == second["model"]["fingerprint"] and record["commands"][
+        -1
+    ].startswith("helm upgrade --install")
+
+
+def test_dry_run_writes_nothing(cpu_repo, tmp_path):
+    result = invoke(
+        "deploy", "--repo", cpu_repo, "-o", tmp_path / "d", "--image", IMAGE, "--dry-run", "--json"
+    )
+    assert result.exit_code == 0 and not (tmp_path / "d").exists()
+    assert json.loads(result.stdout)["values"]["model"]["target"] == "cpu"
+
+
+def test_no_image_is_refused(cpu_repo, tmp_path):
+    result = invoke("deploy", "--repo", cpu_repo, "-o", tmp_path / "d")
+    assert (
+        result.exit_code == 1 and "no toolkit image" in result.output and "--image" in result.output
+    )
+
+
+def test_every_gpu_profile_has_a_node_label():
+    assert set(GPU_PRODUCTS) == set(GPU_PROFILES)
+
+
+# --- the fingerprint and the init container's wait -----------------------------------------------
+def test_fingerprint_ignores_where_a_repository_is_but_not_what_it_serves(cpu_repo, tmp_path):
+    manifest = open_repository(cpu_repo).manifest
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(cpu_repo, moved)
+    assert fingerprint(open_repository(moved).manifest) == fingerprint(manifest)
+    data = manifest.to_dict()
+    data["limits"]["max_output_len"] += 1
+    changed = type(manifest).from_dict(data, cpu_repo / "manifest.json")
+    assert fingerprint(changed) != fingerprint(manifest)
+    gpu = json.loads(json.dumps(manifest.to_dict()))
+    gpu["engine"] = {"kind": "tensorrtllm", "engine_dir": "/a", "world_size": 2}
+    elsewhere = {**gpu, "engine": {**gpu["engine"], "engine_dir": "/b"}}
+    read = lambda d: type(manifest).from_dict(d, cpu_repo / "manifest.json")  # noqa: E731
+    assert fingerprint(read(gpu)) == fingerprint(read(elsewhere))
+
+
+def test_wait_accepts_only_the_deployed_repository(cpu_repo, tmp_path, capsys):
+    expected = fingerprint(open_repository(cpu_repo).manifest)
+    assert check_repository_for(tmp_path / "absent", expected) is None
+    assert check_repository_for(cpu_repo, expected).path == cpu_repo
+    with pytest.raises(DeployError, match="not the one deployed"):
+        check_repository_for(cpu_repo, "0" * 16)
+    with pytest.raises(DeployError, match="no repository at .* after 0s"):
+        wait_for_repository(tmp_path / "absent", expected, 0.3, poll_s=0.1)
+    copy = tmp_path / "copy"
+    shutil.copytree(cpu_repo, copy)
+    (copy / "preprocessing" / "config.pbtxt").write_text("name: 'x'\n")
+    with pytest.raises(DeployError, match="differs from what toolkit build wrote"):
+        check_repository_for(copy, expected)
+    assert wait_main(["--repo", str(cpu_repo), "--fingerprint", expected]) == 0
+    assert wait_main(["--repo", str(copy), "--fingerprint", expected, "--timeout", "0"]) == 1
+    assert "fix:" in capsys.readouterr().err
+
+
+def rule_selectors(docs: list[dict]) -> list[tuple[str, str, dict]]:
+    """(where, metric, labels) of every metric selector a rendered autoscaler or routing rule uses."""
+    found = []
+    for trigger in find(docs, "ScaledObject")["spec"]["triggers"]:
+        for metric, labels in promql_selectors(trigger["metadata"]["query"]):
+            found.append((f"ScaledObject trigger {trigger['name']}", metric, labels))
+    for key, spec in engine_specs(epp_config(docs)).items():
+        if spec:
+            found.append((f"EPP {key}", *spec_selector(spec)))
+    return found
+
+
+def test_rule_metrics_are_the_tensorrt_llm_backends_own_names(gpu_render):
+    """Against the independent record of the backend at the pinned revision (tests/data/upstream)."""
+    record = json.loads((DATA / "upstream" / "triton_backend.json").read_text())["revisions"][
+        "c2e65b8"
+    ]["metrics"]
+    selectors = rule_selectors(gpu_render[2])
+    assert {m for _, m, _ in selectors} == {
+        "nv_trt_llm_request_metrics",
+        "nv_trt_llm_kv_cache_block_metrics",
+    }
+    for where, metric, labels in selectors:
+        family = record["families"][metric]
+        exporter = {k: v for k, v in labels.items() if k not in TARGET_LABELS}
+        assert family["kind"] == "gauge", where
+        assert exporter.pop(family["category"]) in record["vectors"][family["labels"]], where
+        assert set(exporter) <= set(record["labels_on_every_metric"]), where
+
+
+def test_build_job_takes_a_shipped_recipe_for_settings_no_flag_sets():
+    from toolkit.deploy.reproduce import _recipe_arguments
+    from toolkit.engine.recipe import load_recipe
+
+    shipped = load_recipe("llama-3.1-8b-instruct-h100-sxm-fp8").to_dict()
+    assert (
+        shipped["kv_cache_free_gpu_mem_fraction"] is not None
+    )  # a setting no toolkit build flag has
+    assert _recipe_arguments({"recipe": shipped}) == [
+        "--recipe",
+        "llama-3.1-8b-instruct-h100-sxm-fp8",
+    ]
+    command_line = {**shipped, "name": "command-line", "kv_cache_free_gpu_mem_fraction": None}
+    assert _recipe_arguments({"recipe": command_line}) == []
+    with pytest.raises(DeployError, match="calib_size=64"):
+        _recipe_arguments({"recipe": {**shipped, "name": "mine", "calib_size": 64}})
+
+
+def test_cluster_values_hold_unless_a_flag_is_given(cpu_repo, tmp_path):
+    cluster = {
+        "replicas": 3,
+        "routing": {"mode": "service", "gateway": {"name": "edge"}},
+        "storage": {"mountPath": "/data", "storageClassName": "nfs-rwx"},
+        "autoscaling": {"enabled": True, "minReplicas": 2, "maxReplicas": 5},
+        "api": {"auth": {"existingSecret": "team-keys"}},
+    }
+    path = write_values(tmp_path / "cluster.yaml", cluster)
+    values = deploy(cpu_repo, tmp_path / "d", "-f", path)
+    assert (values["replicas"], values["routing"]["mode"], values["storage"]["mountPath"]) == (
+        3,
+        "service",
+        "/data",
+    )
+    assert values["autoscaling"]["minReplicas"] == 2 and values["autoscaling"]["maxReplicas"] == 5
+    assert (
+        values["api"]["auth"]["existingSecret"] == "team-keys"
+        and values["routing"]["gateway"]["name"] == "edge"
+    )
+    flags = [
+        "-n",
+        "4",
+        "--routing",
+        "inference-pool",
+        "--max-replicas",
+        "6",
+        "--mount-path",
+        "/models",
+    ]
+    values = deploy(cpu_repo, tmp_path / "d", "-f", path, *flags)
+    assert (values["replicas"], values["routing"]["mode"], values["storage"]["mountPath"]) == (
+        4,
+        "inferencePool",
+        "/models",
+    )
+    assert values["autoscaling"]["minReplicas"] == 2 and values["autoscaling"]["maxReplicas"] == 6
+    write_values(path, {**cluster, "build": {"enabled": False}})
+    result = invoke(
+        "deploy", "--repo", cpu_repo, "-o", tmp_path / "d", "--image", IMAGE, "-f", path
+    )
+    assert (
+        result.exit_code == 1
+        and "sets `build.enabled`" in result.output
+        and "--no-build" in result.output
+    )
+
+
+@pytest.mark.parametrize("apis", [CRD_APIS, ("monitoring.coreos.com/v1/PodMonitor",)])
+def test_install_notes_render(helm, cpu_repo, tmp_path, apis):
+    """`helm template` leaves NOTES.txt out; render it as a named template of a copy of the chart."""
+    deploy(cpu_repo, tmp_path / "d", *(["--max-replicas", "3"] if len(apis) > 1 else []))
+    templates = tmp_path / "d" / "chart" / "templates"
+    notes = (templates / "NOTES.txt").read_text()
+    (templates / "_notes_check.tpl").write_text(
+        '{{- define "notes-check" -}}\n' + notes + "\n{{- end -}}\n"
+    )
+    (templates / "notes-check.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n"
+        '{{ include "notes-check" . | indent 4 }}\n'
+    )
+    text = find(render(helm, tmp_path / "d", apis=apis), "ConfigMap", "notes")["data"]["notes"]
+    assert f"rollout status deployment/{RELEASE}" in text
+    if len(apis) > 1:
+        assert f"InferencePool {RELEASE}" in text and "KEDA scales 1..3 replicas" in text
+    else:
+        assert "no prefix-cache or queue-aware routing" in text
+
+
+def test_load_and_drain_times_come_from_the_engine_files_and_the_plan(gpu_render):
+    repo, values, _, _ = gpu_render
+    repository = open_repository(repo)
+    engine = Path(repository.manifest.engine["engine_dir"])
+    loaded = sum(
+        (engine / f"rank{r}.engine").stat().st_size for r in range(2)
+    )  # bytes a replica reads
+    assert values["startup"]["timeoutSeconds"] == math.ceil((180 + loaded / 200e6) / 10) * 10
+    plan = repository.memory_plan
+    longest = repository.limits.max_output_len * plan.decode_step_ms_at_max_batch / 1000 * 2
+    assert values["drain"]["timeoutSeconds"] == min(900, max(30, math.ceil(longest)))
+    assert (
+        values["routing"]["httpRoute"]["requestTimeout"]
+        == f"{max(300, values['drain']['timeoutSeconds'])}s"
+    )
+    assert (
+        values["api"]["maxInFlight"]
+        == repository.limits.max_batch_size + repository.limits.max_queue_size
+    )
+
+
+def test_route_timeout_and_scaling_follow_the_load_and_drain_times_given(cpu_repo, tmp_path):
+    cluster = write_values(tmp_path / "c.yaml", {"drain": {"preStopSeconds": 10}})
+    args = [
+        "--startup-timeout",
+        "1200",
+        "--drain-timeout",
+        "500",
+        "--max-replicas",
+        "4",
+        "-f",
+        cluster,
+    ]
+    values = deploy(cpu_repo, tmp_path / "d", *args)
+    assert values["routing"]["httpRoute"]["requestTimeout"] == "500s"
+    scaling = values["autoscaling"]
+    assert scaling["scaleUp"]["periodSeconds"] == 1200  # one load time per step up
+    assert scaling["scaleDown"]["stabilizationWindowSeconds"] == 2400  # two load times
+    assert (
+        scaling["scaleDown"]["periodSeconds"] == 10 + 500 + 15
+    )  # one grace period per replica down
+
+
+def test_the_documented_cluster_values_deploy_the_h100_repository(helm, gpu_render, tmp_path):
+    """The example in docs/deploy.md ("Cluster values") is a working values file."""
+    text = (Path(__file__).parents[1] / "docs" / "deploy.md").read_text()
+    section = text[text.index("## Cluster values") :]
+    example = section[
+        section.index("```yaml\n") + 8 : section.index("```", section.index("```yaml\n") + 8)
+    ]
+    cluster = write_values(tmp_path / "cluster.yaml", yaml.safe_load(example))
+    values = deploy(gpu_render[0], tmp_path / "d", "-f", cluster, "--max-replicas", "4")
+    assert (
+        values["gpu"]["products"] == ["NVIDIA-H100-80GB-HBM3"]
+        and values["image"]["repository"] == IMAGE
+    )
+    docs = render(helm, tmp_path / "d")
+    assert validation_errors(docs) == []
+    route = find(docs, "HTTPRoute")["spec"]["parentRefs"][0]
+    assert (route["name"], route["namespace"]) == ("inference-gateway", "gateway-system")
+    assert find(docs, "PersistentVolumeClaim")["spec"]["storageClassName"] == "filestore-rwx"

@@ -1,0 +1,212 @@
+"""`toolkit deploy`: a built repository -> the Helm values and chart that run it on Kubernetes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from toolkit.cli.render import emit_json, emit_table, note
+from toolkit.deploy import DeployRequest, plan_deployment, write_deployment
+from toolkit.deploy.plan import ROUTING_MODES
+
+
+@click.command("deploy")
+@click.option(
+    "-r",
+    "--repo",
+    type=click.Path(path_type=Path),
+    default=Path("model_repository"),
+    help="Repository written by toolkit build (GPU: with its engine).",
+)
+@click.option(
+    "-n",
+    "--replicas",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replicas (with autoscaling: at start) [default: the cluster values', else 1].",
+)
+@click.option(
+    "--min-replicas",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Autoscaling floor [default: --replicas]; needs --max-replicas.",
+)
+@click.option(
+    "--max-replicas",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Turn on KEDA autoscaling on waiting requests and KV-cache use, up to this many replicas.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=Path("deployment"),
+    help="Folder to write values.yaml, chart/ and image/ into (only an empty one or one toolkit deploy wrote).",
+)
+@click.option(
+    "-f",
+    "--values",
+    "values_files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Cluster values (YAML, chart keys: image, storage, gpu.targets, autoscaling.prometheus, ...); "
+    "repeatable, later files win.",
+)
+@click.option("--name", default=None, help="Release name [default: <model>-<target>].")
+@click.option(
+    "--image",
+    default=None,
+    help="Toolkit image REGISTRY/REPO[:TAG] built from deploy/image/ [tag default: <version>-<Triton container "
+    "tag> (GPU) or <version>-cpu].",
+)
+@click.option(
+    "--mount-path",
+    default=None,
+    help="Where the replicas (and the build Job) mount the model volume [default: the cluster values' "
+    "storage.mountPath, else /models].",
+)
+@click.option(
+    "--no-build",
+    "no_build",
+    is_flag=True,
+    help="No build Job: the repository (and its engine) are already on the volume under --mount-path, "
+    "at the paths --repo names.",
+)
+@click.option(
+    "--api-key-secret",
+    default=None,
+    help="Secret holding the API's bearer keys file (key `keys`) [default: <name>-api-keys].",
+)
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Serve the API without keys (anyone who reaches it can generate).",
+)
+@click.option(
+    "--hf-token-secret",
+    default=None,
+    help="Secret whose key `token` the build Job reads as HF_TOKEN (gated models).",
+)
+@click.option(
+    "--routing",
+    type=click.Choice(list(ROUTING_MODES)),
+    default=None,
+    help="inference-pool (Gateway API Inference Extension), service, or auto: the pool where its CRDs are "
+    "installed [default: the cluster values', else auto].",
+)
+@click.option(
+    "--waiting-per-replica",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Autoscaling target: waiting requests per replica [4].",
+)
+@click.option(
+    "--kv-cache-fraction",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=None,
+    help="Autoscaling target: KV-cache use per replica [0.8].",
+)
+@click.option(
+    "--drain-timeout",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Seconds a stopping replica lets in-flight streams finish [from the longest stream the plan allows].",
+)
+@click.option(
+    "--startup-timeout",
+    type=click.IntRange(min=10),
+    default=None,
+    help="Seconds a replica may take to load [from the weights' size at 200 MB/s, plus start-up].",
+)
+@click.option("--dry-run", is_flag=True, help="Print the values; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def command(
+    repo,
+    replicas,
+    min_replicas,
+    max_replicas,
+    output,
+    values_files,
+    name,
+    image,
+    mount_path,
+    no_build,
+    api_key_secret,
+    no_auth,
+    hf_token_secret,
+    routing,
+    waiting_per_replica,
+    kv_cache_fraction,
+    drain_timeout,
+    startup_timeout,
+    dry_run,
+    as_json,
+):
+    """Render the Kubernetes deployment of a built repository: Triton + the OpenAI API per replica,
+    a build Job, inference-aware routing, KEDA autoscaling (see docs/deploy.md)."""
+    request = DeployRequest(
+        repo=repo,
+        output=output,
+        replicas=replicas,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        name=name,
+        image=image,
+        values_files=tuple(values_files),
+        mount_path=mount_path,
+        build=not no_build,
+        auth=not no_auth,
+        api_key_secret=api_key_secret,
+        hf_token_secret=hf_token_secret,
+        routing=routing,
+        waiting_per_replica=waiting_per_replica,
+        kv_cache_fraction=kv_cache_fraction,
+        drain_timeout=drain_timeout,
+        startup_timeout=startup_timeout,
+    )
+    plan = plan_deployment(request)
+    if dry_run:
+        data = {"dry_run": True, **plan.to_dict(), "commands": plan.commands(output.resolve())}
+        return emit_json(data) if as_json else _print(data)
+    result = write_deployment(plan, output)
+    data = {**plan.to_dict(), "output": str(result.path), "commands": result.commands}
+    if as_json:
+        return emit_json(data)
+    _print(data)
+
+
+def _print(data: dict) -> None:
+    values = data["values"]
+    scaling = values["autoscaling"]
+    rows = [
+        ("release", data["name"]),
+        ("repository", f"{data['repository']} ({data['target']})"),
+        ("fingerprint", data["fingerprint"]),
+        ("image", f"{values['image']['repository']}:{values['image']['tag']}"),
+        (
+            "GPUs per replica",
+            f"{values['gpu']['count']} {' '.join(values['gpu']['products'])}".strip(),
+        ),
+        (
+            "replicas",
+            f"{scaling['minReplicas']}..{scaling['maxReplicas']} (KEDA)"
+            if scaling.get("enabled")
+            else str(values["replicas"]),
+        ),
+        (
+            "startup / drain",
+            f"{values['startup']['timeoutSeconds']}s / {values['drain']['timeoutSeconds']}s",
+        ),
+        ("build Job", "yes" if values["build"]["enabled"] else "no (--no-build)"),
+        ("routing", values["routing"]["mode"]),
+    ]
+    if "output" in data:
+        rows.append(("written to", data["output"]))
+    emit_table("deployment" + (" (dry run)" if data.get("dry_run") else ""), rows)
+    for line in data["notes"]:
+        note(f"[yellow]note:[/] {line}")
+    click.echo("next:", err=True)
+    for line in data["commands"]:
+        click.echo(f"  $ {line}", err=True)  # unwrapped, to copy and paste

@@ -1,0 +1,50 @@
+"""The fingerprint of what a repository serves: the same for a rebuild of the same thing elsewhere.
+
+A manifest's build key hashes where the engine folder is (an absolute path), so a repository
+rebuilt on the cluster's volume has another key than the one built and tested on a workstation.
+The fingerprint leaves out only where things are and when they were made; it keeps everything
+that decides what clients get: toolkit and model-source versions, target, checkpoint bytes,
+limits, tokens, the engine's kind, release, ranks and runtime, and the memory plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from toolkit.repository.reader import Manifest
+
+FINGERPRINT_CHARS = 16
+_ENGINE_LOCATION = ("engine_dir",)
+
+
+def fingerprint_fields(manifest: Manifest) -> dict:
+    """The manifest's values that decide what is served, by name (what `fingerprint` hashes)."""
+    return {
+        "toolkit_version": manifest.toolkit_version,
+        "sources_digest": manifest.sources_digest,
+        "target": manifest.target,
+        "model_source": manifest.model.get("source"),
+        "model_revision": manifest.model.get("revision"),
+        "checkpoint_files": manifest.checkpoint_files,
+        "limits": manifest.limits.to_dict(),
+        "tokens": manifest.tokens.to_dict(),
+        "decoupled": manifest.decoupled,
+        "engine": {k: v for k, v in manifest.engine.items() if k not in _ENGINE_LOCATION},
+        "memory_plan": manifest.memory_plan,
+    }
+
+
+def fingerprint(manifest: Manifest) -> str:
+    payload = json.dumps(fingerprint_fields(manifest), sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def describe(manifest: Manifest) -> str:
+    """One line that tells two repositories apart for a person: target, model, revision, toolkit."""
+    revision = manifest.model.get("revision")
+    model = manifest.model.get("source", "?") + (f"@{revision}" if revision else "")
+    return (
+        f"{manifest.target} repository of {model}, built by toolkit {manifest.toolkit_version} "
+        f"(fingerprint {fingerprint(manifest)})"
+    )

@@ -1,0 +1,425 @@
+"""`toolkit deploy` as a library call: a built repository -> the chart values that deploy it.
+
+    plan_deployment(request) -> DeploymentPlan      checks the repository and the cluster values,
+                                                     derives every value it can from the manifest
+    write_deployment(plan) -> DeploymentResult      (toolkit.deploy.writer) values + chart copy
+
+Order of precedence, lowest first: the chart's defaults, what the manifest says, the cluster
+values files (-f), the flags. Facts of the repository (`model.*`, the GPU count) cannot be
+overridden: a repository that cannot run where asked is refused with the value and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from toolkit import __version__
+from toolkit.deploy import sizing
+from toolkit.deploy.fingerprint import fingerprint
+from toolkit.deploy.reproduce import build_arguments
+from toolkit.deploy.values import (
+    check_cluster_values,
+    gpu_products_for,
+    load_values_file,
+    lookup,
+    merge,
+)
+from toolkit.engine.info import EngineInfo, read_engine_info
+from toolkit.errors import DeployError, ToolkitError
+from toolkit.repository.engines import TrtllmEngine
+from toolkit.repository.reader import Repository, open_repository
+from toolkit.trtllm import container_for
+
+# GPU Feature Discovery labels each node nvidia.com/gpu.product with the NVML device name, spaces
+# turned into '-' (NVIDIA/k8s-device-plugin, internal/lm/resource.go, sanitise()); the names are
+# what `nvidia-smi --query-gpu=name` prints on each card.
+GPU_PRODUCTS: dict[str, tuple[str, ...]] = {
+    "h100-sxm": ("NVIDIA-H100-80GB-HBM3",),
+    "h100-pcie": ("NVIDIA-H100-PCIe",),
+    "h100-nvl": ("NVIDIA-H100-NVL",),
+    "h200": ("NVIDIA-H200",),
+    "a100-80gb": ("NVIDIA-A100-SXM4-80GB",),
+    "l40s": ("NVIDIA-L40S",),
+}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+ROUTING_MODES = {"auto": "auto", "inference-pool": "inferencePool", "service": "service"}
+DEFAULT_MOUNT_PATH = "/models"
+WAITING_PER_REPLICA = 4  # waiting requests per replica the autoscaler holds the pool to
+KV_CACHE_FRACTION = 0.8  # KV-cache use per replica (the endpoint picker's own saturation mark)
+HTTP_ROUTE_MIN_S = 300
+NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+NAME_MAX = 40  # the chart's names add up to 13 characters to it, within Kubernetes' 53 for releases
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    """What `toolkit deploy` was asked; None: from the repository, the cluster values, or a default."""
+
+    repo: Path
+    output: Path = Path("deployment")
+    replicas: int | None = None  # default: the cluster values', else 1
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    name: str | None = None
+    image: str | None = None  # REGISTRY/REPO[:TAG] of the toolkit image
+    values_files: tuple[Path, ...] = ()
+    mount_path: str | None = None  # default: the cluster values' storage.mountPath, else /models
+    build: bool = True
+    auth: bool = True  # False: --no-auth
+    api_key_secret: str | None = None  # default: <name>-api-keys
+    hf_token_secret: str | None = None
+    # auto | inference-pool | service; default: the cluster values', else auto
+    routing: str | None = None
+    waiting_per_replica: float | None = None
+    kv_cache_fraction: float | None = None
+    drain_timeout: int | None = None
+    startup_timeout: int | None = None
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    request: DeployRequest
+    repository: Repository
+    name: str
+    fingerprint: str
+    # What goes into values.yaml: the manifest's values, then the cluster files', then the flags'.
+    values: dict
+    base_image: str | None  # NVIDIA's Triton container the toolkit image must be built on (GPU)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def target(self) -> str:
+        return self.repository.target
+
+    def commands(self, output: Path) -> list[str]:
+        """What to run next, in order: the image, the API keys Secret, the release."""
+        image = self.values["image"]
+        dockerfile = "Dockerfile.gpu" if self.base_image else "Dockerfile.cpu"
+        build_args = (
+            f" --build-arg BASE_IMAGE={self.base_image} --build-arg TRTLLM_TAG=v{self.values['model']['trtllmVersion']}"
+            if self.base_image
+            else ""
+        )
+        commands = [
+            "pip wheel --no-deps -w dist .   # in a checkout of the toolkit",
+            f"docker build -f {output}/image/{dockerfile}{build_args} -t {image['repository']}:{image['tag']} . "
+            f"&& docker push {image['repository']}:{image['tag']}",
+        ]
+        auth = lookup(self.values, "api.auth", {})
+        if auth.get("enabled", True):
+            key = auth.get("key", "keys")
+            commands.append(
+                f"kubectl create secret generic {auth['existingSecret']} --from-file={key}=./api-keys.txt"
+            )
+        commands.append(
+            f"helm upgrade --install {self.name} {output}/chart -f {output}/values.yaml --namespace NAMESPACE"
+        )
+        return commands
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "repository": str(self.repository.path),
+            "target": self.target,
+            "fingerprint": self.fingerprint,
+            "build_key": self.repository.manifest.build_key,
+            "base_image": self.base_image,
+            "values": self.values,
+            "notes": list(self.notes),
+        }
+
+
+def plan_deployment(request: DeployRequest) -> DeploymentPlan:
+    repository = _checked_repository(request.repo)
+    engine = repository.engine
+    gpu = isinstance(engine, TrtllmEngine)
+    info = _checked_engine(repository, engine) if gpu else None
+    cluster = {}
+    for path in request.values_files:
+        data = load_values_file(path)
+        check_cluster_values(data, repository.target, gpu, str(path))
+        cluster = merge(cluster, data)
+    name = _release_name(request, repository)
+    derived = _derived_values(request, repository, info, cluster)
+    flags = _flag_values(request)
+    # What follows from the load and drain times, from the ones that hold after the cluster values and flags.
+    timing = merge(merge(derived, cluster), flags)
+    values = merge(merge(merge(derived, _timing_values(timing)), cluster), flags)
+    _check_values(values, request, repository, info, name)
+    return DeploymentPlan(
+        request=request,
+        repository=repository,
+        name=name,
+        fingerprint=values["model"]["fingerprint"],
+        values=values,
+        base_image=values["model"]["tritonImage"] or None,
+        notes=_notes(values, repository),
+    )
+
+
+# --- the repository -----------------------------------------------------------------------------
+def _checked_repository(path: Path) -> Repository:
+    repository = open_repository(Path(path).resolve())
+    changes = repository.file_changes()
+    if changes:
+        listed = ", ".join(f"{c.path} ({c.change})" for c in changes[:5])
+        raise DeployError(
+            f"{repository.path} differs from what toolkit build wrote: {listed}; the replicas would refuse it",
+            hint=f"rebuild it: {repository.rebuild_command}",
+        )
+    return repository
+
+
+def _checked_engine(repository: Repository, engine: TrtllmEngine) -> EngineInfo:
+    """The engine's facts; DeployError when its files are missing or not the ones the manifest names."""
+    try:
+        info = read_engine_info(Path(engine.engine_dir))
+    except ToolkitError as exc:
+        raise DeployError(
+            f"the {repository.target} engine of {repository.path} is missing or incomplete: {exc.message}",
+            hint=f"rebuild it: {repository.rebuild_command}",
+        ) from exc
+    if info.world_size != engine.world_size or info.trtllm_version != engine.trtllm_version:
+        raise DeployError(
+            f"{engine.engine_dir} holds a TensorRT-LLM {info.trtllm_version} engine with {info.world_size} "
+            f"ranks; the manifest of {repository.path} names {engine.trtllm_version} with {engine.world_size}",
+            hint=f"rebuild it: {repository.rebuild_command}",
+        )
+    return info
+
+
+def engine_files(info: EngineInfo) -> list[Path]:
+    return [Path(info.engine_dir) / f"rank{rank}.engine" for rank in range(info.world_size)]
+
+
+# --- values -------------------------------------------------------------------------------------
+def _release_name(request: DeployRequest, repository: Repository) -> str:
+    if request.name is not None:
+        name = request.name
+    else:
+        slug = re.sub(r"[^a-z0-9]+", "-", repository.served_model_name.lower()).strip("-")
+        name = f"{slug}-{repository.target}"[:NAME_MAX].strip("-")
+        name = name if name[:1].isalpha() else f"m-{name}"[:NAME_MAX]
+    if not NAME.match(name) or len(name) > NAME_MAX:
+        raise DeployError(
+            f"--name {name!r} is not a release name: lowercase letters, digits and '-', starting with a "
+            f"letter, at most {NAME_MAX} characters",
+            hint="pass --name with such a name",
+        )
+    return name
+
+
+def _derived_values(
+    request: DeployRequest, repository: Repository, info: EngineInfo | None, cluster: dict
+) -> dict:
+    """Every value the manifest (and the engine files) decide."""
+    manifest = repository.manifest
+    gpu = info is not None
+    world_size = info.world_size if gpu else 1
+    load_bytes = sizing.weight_bytes(repository, engine_files(info) if gpu else None)
+    startup_s = sizing.startup_seconds(load_bytes, gpu)
+    drain_s = sizing.drain_seconds(repository)
+    limits = repository.limits
+    values = {
+        "replicas": 1,
+        "storage": {"mountPath": DEFAULT_MOUNT_PATH},
+        "model": {
+            "name": repository.served_model_name,
+            "target": manifest.target,
+            "source": manifest.model.get("source", ""),
+            "fingerprint": fingerprint(manifest),
+            "worldSize": world_size,
+            "trtllmVersion": info.trtllm_version if gpu else "",
+            "tritonImage": container_for(info.trtllm_version) if gpu else "",
+        },
+        "startup": {"timeoutSeconds": startup_s},
+        "drain": {"timeoutSeconds": drain_s},
+        "triton": {"resources": sizing.triton_resources(repository, load_bytes, world_size)},
+        "api": {"maxInFlight": sizing.max_in_flight(repository)},
+        "routing": {
+            "mode": "auto",
+            "epp": {
+                "prefixCache": {
+                    "blockSizeTokens": limits.kv_block_size,
+                    "lruCapacityPerServer": limits.kv_cache_blocks,
+                }
+            },
+        },
+        "autoscaling": {
+            "waitingPerReplica": WAITING_PER_REPLICA,
+            "kvCacheFraction": KV_CACHE_FRACTION,
+        },
+        "gpu": {"count": world_size if gpu else 0, "products": []},
+    }
+    if gpu:
+        where = ", ".join(str(p) for p in request.values_files) or "no -f files"
+        values["gpu"]["products"] = gpu_products_for(manifest.target, cluster, GPU_PRODUCTS, where)
+        values["tolerations"] = [GPU_TOLERATION]
+    if request.build:
+        values["build"] = {
+            "enabled": True,
+            "args": build_arguments(repository, info.record if gpu else None),
+        }
+    else:
+        values["build"] = {"enabled": False, "args": []}
+        values["model"]["repositoryPath"] = str(repository.path)
+    return values
+
+
+def _timing_values(values: dict) -> dict:
+    """The route timeout and the autoscaler's behaviour, from the load and drain times in `values`."""
+    startup_s = values["startup"]["timeoutSeconds"]
+    drain_s = values["drain"]["timeoutSeconds"]
+    grace_s = sizing.grace_seconds(
+        drain_s, lookup(values, "drain.preStopSeconds", sizing.PRESTOP_S)
+    )
+    return {
+        "routing": {"httpRoute": {"requestTimeout": f"{max(HTTP_ROUTE_MIN_S, drain_s)}s"}},
+        "autoscaling": sizing.scaling_behavior(startup_s, grace_s),
+    }
+
+
+def _flag_values(request: DeployRequest) -> dict:
+    """Values the flags that were given set; they beat the cluster files."""
+    values: dict = {}
+    if request.replicas is not None:
+        values["replicas"] = request.replicas
+    if request.mount_path is not None:
+        values["storage"] = {"mountPath": request.mount_path}
+    if request.routing is not None:
+        values["routing"] = {"mode": ROUTING_MODES[request.routing]}
+    if request.image:
+        repository, tag = _split_image(request.image)
+        values["image"] = {"repository": repository, **({"tag": tag} if tag else {})}
+    if not request.auth:
+        values["api"] = {"auth": {"enabled": False}}
+    elif request.api_key_secret:
+        values["api"] = {"auth": {"existingSecret": request.api_key_secret}}
+    if request.hf_token_secret:
+        values["build"] = {"hfToken": {"secretName": request.hf_token_secret}}
+    scaling: dict = {}
+    if request.max_replicas is not None:
+        scaling["enabled"] = True
+        scaling["maxReplicas"] = request.max_replicas
+    if request.min_replicas is not None:
+        scaling["minReplicas"] = request.min_replicas
+    if request.waiting_per_replica is not None:
+        scaling["waitingPerReplica"] = request.waiting_per_replica
+    if request.kv_cache_fraction is not None:
+        scaling["kvCacheFraction"] = request.kv_cache_fraction
+    if scaling:
+        values["autoscaling"] = scaling
+    if request.drain_timeout is not None:
+        values["drain"] = {"timeoutSeconds": request.drain_timeout}
+    if request.startup_timeout is not None:
+        values["startup"] = {"timeoutSeconds": request.startup_timeout}
+    return values
+
+
+def _split_image(image: str) -> tuple[str, str | None]:
+    """REGISTRY[:PORT]/REPO[:TAG] -> (repository, tag or None); a digest is not a tag we can check."""
+    if "@" in image:
+        raise DeployError(
+            f"--image {image} names a digest; toolkit deploy checks the tag against the engines' container",
+            hint="pass --image REGISTRY/REPO or REGISTRY/REPO:TAG",
+        )
+    head, _, last = image.rpartition("/")
+    if ":" in last:
+        repo, tag = last.split(":", 1)
+        return (f"{head}/{repo}" if head else repo), tag
+    return image, None
+
+
+# --- checks on the merged values ----------------------------------------------------------------
+def _check_values(
+    values: dict, request: DeployRequest, repository: Repository, info: EngineInfo | None, name: str
+) -> None:
+    _check_replicas(request, values)
+    _fill_image(values, repository, info)
+    if info is not None and int(lookup(values, "gpu.count", 0)) != info.world_size:
+        raise DeployError(
+            f"gpu.count={lookup(values, 'gpu.count')} in the cluster values, but the {repository.target} "
+            f"engines have {info.world_size} ranks (tensor x pipeline parallel), one GPU each",
+            hint=f"remove gpu.count from the cluster values (toolkit deploy sets it to {info.world_size})",
+        )
+    auth = values.setdefault("api", {}).setdefault("auth", {})
+    if auth.get("enabled", True) and not auth.get("existingSecret"):
+        auth["existingSecret"] = f"{name}-api-keys"
+    if not request.build:
+        _check_on_volume(repository, info, values["storage"]["mountPath"])
+
+
+def _check_replicas(request: DeployRequest, values: dict) -> None:
+    """1 <= min <= replicas <= max, from the flags or the cluster values; no scale to zero."""
+    replicas = values["replicas"]
+    if not isinstance(replicas, int) or replicas < 1:
+        raise DeployError(
+            f"replicas={replicas!r} must be 1 or more", hint="pass --replicas 1 or more"
+        )
+    scaling = values["autoscaling"]
+    if not scaling.get("enabled"):
+        if request.min_replicas is not None:
+            raise DeployError(
+                "--min-replicas needs --max-replicas (autoscaling runs between the two)",
+                hint="add --max-replicas N, or drop --min-replicas for a fixed --replicas",
+            )
+        return
+    scaling.setdefault("minReplicas", replicas)
+    low, high = scaling["minReplicas"], scaling.get("maxReplicas")
+    if high is None or not 1 <= low <= replicas <= high:
+        raise DeployError(
+            f"--min-replicas {low} <= --replicas {replicas} <= --max-replicas {high} does not hold",
+            hint="pass 1 <= --min-replicas <= --replicas <= --max-replicas (no scale to zero: a replica "
+            "takes minutes to load)",
+        )
+
+
+def _fill_image(values: dict, repository: Repository, info: EngineInfo | None) -> None:
+    """The toolkit image: its repository from --image or the cluster values; its tag carries the base."""
+    image = values.setdefault("image", {})
+    if not image.get("repository"):
+        raise DeployError(
+            "no toolkit image: neither --image nor the cluster values (image.repository) name one",
+            hint="build it from deploy/image/ and pass --image REGISTRY/toolkit",
+        )
+    base_tag = container_for(info.trtllm_version).rsplit(":", 1)[1] if info else "cpu"
+    image.setdefault("tag", f"{__version__}-{base_tag}")
+    if info is not None and base_tag not in image["tag"]:
+        raise DeployError(
+            f"image tag {image['tag']!r} does not carry {base_tag}: the {repository.target} engines only load "
+            f"in TensorRT-LLM {info.trtllm_version} ({container_for(info.trtllm_version)})",
+            hint=f"build the image on that container and tag it {__version__}-{base_tag} "
+            "(or drop the tag from --image)",
+        )
+
+
+def _check_on_volume(repository: Repository, info: EngineInfo | None, mount_path: str) -> None:
+    """--no-build: the replicas see the volume at `mount_path`, so the repository (and the engine it
+    names by absolute path) must already be there, at the paths the build wrote."""
+    root = mount_path.rstrip("/") + "/"
+    paths = [("repository", str(repository.path))]
+    if info is not None:
+        paths.append(("engine", str(Path(info.engine_dir).resolve())))
+    for what, path in paths:
+        if not path.startswith(root):
+            raise DeployError(
+                f"--no-build: the {what} {path} is not under --mount-path {mount_path}, where the replicas "
+                "see the volume",
+                hint=f"build on the volume (toolkit build --output {root}<name>/repository"
+                + (f" --engine-dir {root}<name>/engines" if info else "")
+                + "), or drop --no-build to let the cluster's build Job make it",
+            )
+
+
+def _notes(values: dict, repository: Repository) -> list[str]:
+    notes = []
+    if not values["api"]["auth"].get("enabled", True):
+        notes.append("no API keys (--no-auth): anyone who reaches the API can generate")
+    if repository.memory_plan is None and repository.target == "cpu":
+        notes.append(
+            f"drain timeout {values['drain']['timeoutSeconds']}s assumes at least {sizing.CPU_TOKENS_PER_S:.0f} "
+            "tokens/s per stream; measure with toolkit bench and pass --drain-timeout"
+        )
+    return notes
