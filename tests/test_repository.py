@@ -220,6 +220,24 @@ def test_serve_refuses_a_port_in_use(tiny, tmp_path):
     )
 
 
+def test_a_busy_openai_port_is_named_before_tritonserver_starts(tiny, tmp_path, monkeypatch):
+    import toolkit.serve.lifecycle as lifecycle
+
+    build(tiny, tmp_path / "repo")
+    started = []
+    monkeypatch.setattr(lifecycle, "launch_server", lambda *a, **k: started.append(a))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            cli, ["serve", "--repo", str(tmp_path / "repo"), "--openai-port", str(port)]
+        )
+    assert result.exit_code == 1 and not started
+    assert f"port {port} on 127.0.0.1 (--openai-port) is in use" in result.output
+    assert "pass a free port with --openai-port" in result.output
+
+
 @pytest.mark.server
 def test_a_model_that_fails_to_load_exits_with_the_log_tail(tiny, tmp_path):
     build(tiny, tmp_path / "repo")

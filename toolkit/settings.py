@@ -23,6 +23,10 @@ TRTLLM_EXAMPLES_DIR = (
 SECRET_VARIABLES = (API_KEYS, "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 
+# On SIGTERM/Ctrl-C: how long tritonserver (--exit-timeout-secs) and the API let in-flight requests finish.
+EXIT_TIMEOUT_S = 30
+
+
 @dataclass(frozen=True)
 class ApiLimits:
     """What one client may hold of the OpenAI API before it is refused (`toolkit api` / `toolkit serve` options).

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from toolkit.api.app import ApiSettings, create_app
 from toolkit.api.connection import bounded_protocol
 from toolkit.errors import ServerError
-from toolkit.serve.launcher import EXIT_TIMEOUT_S
+from toolkit.settings import EXIT_TIMEOUT_S
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9000

@@ -10,9 +10,8 @@ import click
 from toolkit.cli.options import api_key_options, reject_api_key_value
 from toolkit.cli.render import emit_json, note
 from toolkit.repository.reader import open_repository
-from toolkit.serve.launcher import EXIT_TIMEOUT_S
 from toolkit.serve.net import is_loopback
-from toolkit.settings import ApiLimits
+from toolkit.settings import EXIT_TIMEOUT_S, ApiLimits
 from toolkit.settings import api_keys as read_api_keys
 
 

@@ -10,14 +10,10 @@ from toolkit.cli.cmd_api import api_limit_options, api_limits
 from toolkit.cli.options import api_key_options, reject_api_key_value
 from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
-from toolkit.serve.launcher import (
-    EXIT_TIMEOUT_S,
-    ServerConfig,
-    remove_server_record,
-    write_server_record,
-)
+from toolkit.serve.launcher import ServerConfig, remove_server_record, write_server_record
 from toolkit.serve.lifecycle import ServeOptions, start_serving
 from toolkit.serve.net import is_loopback
+from toolkit.settings import EXIT_TIMEOUT_S
 from toolkit.settings import api_keys as read_api_keys
 
 

@@ -17,12 +17,8 @@ from toolkit.repository.reader import PYTHON_TARGETS, Repository, open_repositor
 from toolkit.repository.sources import sources_digest
 from toolkit.serve.binary import TritonBinary, find_tritonserver
 from toolkit.serve.net import check_port_free, client_host, http_ok
-from toolkit.settings import cache_dir, child_environment
+from toolkit.settings import EXIT_TIMEOUT_S, cache_dir, child_environment
 from toolkit.subprocs import process_alive, start_process, stop_process, tail_lines
-
-EXIT_TIMEOUT_S = (
-    30  # tritonserver's own wait for in-flight requests on SIGTERM (--exit-timeout-secs)
-)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from toolkit.errors import ServerError
 from toolkit.serve.launcher import RunningServer, ServerConfig, launch_server, log_tail
+from toolkit.serve.net import check_port_free
 from toolkit.settings import ApiLimits
 from toolkit.subprocs import children_of, command_line, process_alive, stop_process, tail_lines
 
@@ -144,7 +145,10 @@ def start_serving(
     *,
     detached: bool = False,
 ) -> ServeSession:
-    """Start tritonserver, wait for its models, then the OpenAI API if asked; on any failure stop what started."""
+    """Start tritonserver, wait for its models, then the OpenAI API if asked; on any failure stop what started.
+    The API's port is checked first: a busy one is named before the minutes a GPU engine takes to load."""
+    if options.openai_port is not None:
+        check_port_free(options.api_host, options.openai_port, "--openai-port")
     server = launch_server(options.server, on_wait, detached=detached)
     session = ServeSession(options, server, stubs=python_stubs(server.pid))
     if options.openai_port is None:
