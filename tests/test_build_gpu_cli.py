@@ -64,6 +64,25 @@ def test_dry_run_json_for_llama_8b_on_h100(dtype, kv_bytes, first_tool):
     assert not Path(data["engine_dir"]).exists()  # nothing ran
 
 
+def test_a_recipe_without_tp_plans_the_smallest_that_fits_and_tp_on_the_command_line_wins():
+    """The 70B recipe names no TP: in bf16 (141 GB of weights) the plan takes TP 2 instead of refusing at
+    1; --tp given on the command line is kept. A recipe names its target: no --target needed."""
+    recipe = "llama-3.1-70b-instruct-h100-sxm-fp8"
+    planned = invoke(
+        "build", "--recipe", recipe, "--dtype", "bf16", "--kv-dtype", "bf16", "--dry-run", "--json"
+    )
+    assert planned.exit_code == 0, planned.output
+    plan = json.loads(planned.stdout)["plan"]
+    assert (
+        plan["tp_size"] == plan["min_tp_that_fits"] == 2
+    )  # 70.6 GB of weights per card of 85.5 GB
+    given = invoke("build", "--recipe", recipe, "--tp", "2", "--dry-run", "--json")
+    assert given.exit_code == 0, given.output
+    data = json.loads(given.stdout)
+    assert data["plan"]["tp_size"] == 2 and data["plan"]["min_tp_that_fits"] == 1
+    assert data["target"] == "h100-sxm"
+
+
 def test_cpu_only_flags_are_named_when_used_with_a_gpu_flag_on_cpu():
     result = invoke("build", "--target", "cpu", "--dtype", "fp8")
     assert result.exit_code != 0 and "--dtype only applies to GPU targets" in result.output

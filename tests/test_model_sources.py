@@ -4,6 +4,7 @@ unknown sources."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -125,3 +126,50 @@ def test_config_json_must_parse(tmp_path):
     )
     with pytest.raises(UnsupportedModelError, match="hidden_size=0"):
         read_model_facts(tmp_path)
+
+
+def test_an_unreachable_hub_fails_at_once_naming_why_and_the_offline_catalog(tmp_path):
+    """No network: one TCP probe decides, then the cache is asked; no retry loop (it took 24 s before)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as closed:  # a port nothing listens on: connection refused at once
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN")}
+    env.update({"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf")})
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.cli.main",
+            "plan",
+            "-m",
+            "hf:Qwen/Qwen2.5-14B-Instruct",
+        ],  # not in the catalog
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    assert (
+        "127.0.0.1 cannot be reached" in done.stderr
+        and "not in the local Hugging Face cache" in done.stderr
+    )
+    assert "fix:" in done.stderr
+    assert elapsed < 30, (
+        f"took {elapsed:.0f} s"
+    )  # a hang bound, not a speed target: the CLI's startup dominates
+    plan = subprocess.run(
+        [sys.executable, "-m", "toolkit.cli.main", "plan", "-m", "llama-3.1-8b-instruct", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert plan.returncode == 0, plan.stderr  # the catalog entry of the same model plans offline
