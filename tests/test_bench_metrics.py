@@ -201,3 +201,45 @@ def test_scrape_summary_differences_counters_and_summarizes_gauges():
     }
     [(series, stats)] = summary.kv_cache.items()
     assert "kv_cache_block_type=fraction" in series and stats == {"mean": 0.5, "max": 0.75}
+
+
+def test_the_bench_summary_fits_80_columns_with_large_numbers(monkeypatch, tmp_path: Path):
+    """A GPU-sized sweep (five-digit tokens/s, second-long latencies, a bound column) on an 80-column terminal."""
+    import io
+
+    from rich.console import Console
+
+    from toolkit.bench.metrics import Distribution, PointMetrics
+    from toolkit.bench.sweep import LoadPoint, PointResult, SweepPlan, SweepResult
+    from toolkit.cli import cmd_bench
+
+    wide = Distribution(12345.6, 1.0, 99999.0, 12345.6, 23456.7, 98765.4)
+    points = tuple(
+        PointResult(
+            point=LoadPoint("concurrency", c),
+            metrics=PointMetrics(
+                "concurrency", c, 4096, 60.0, 1_800_000, 27_700.0, 68.27, wide, wide, wide, wide
+            ),
+            server=None,
+            export_file=tmp_path / "x.json",
+            throughput_bound_fraction=0.81,
+        )
+        for c in (1, 64, 1024)
+    )
+    plan = SweepPlan(
+        "a-long-host-name.example.com:8001",
+        "tensorrt_llm_bls",
+        tuple(p.point for p in points),
+        1024,
+        512,
+        16,
+        (4096,) * 3,
+        tmp_path,
+        tmp_path / "tokenizer.json",
+    )
+    out = io.StringIO()
+    monkeypatch.setattr(cmd_bench, "stdout_console", Console(file=out, width=80, color_system=None))
+    cmd_bench._print_summary(SweepResult(plan, points, "now", "perf_analyzer"))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    assert "27,700" in out.getvalue() and "81%" in out.getvalue()  # nothing cut off
