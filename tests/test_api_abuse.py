@@ -151,8 +151,8 @@ def _socket(url: str) -> socket.socket:
     return socket.create_connection((parts.hostname, parts.port), timeout=30)
 
 
-def _request_head(path: str, headers: dict) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: test", *(f"{k}: {v}" for k, v in headers.items())]
+def _request_head(path: str, headers: dict, method: str = "POST") -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", "Host: test", *(f"{k}: {v}" for k, v in headers.items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
@@ -181,6 +181,23 @@ def _parse(raw: bytes) -> tuple[int, dict]:
     head, _, body = raw.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
     return status, json.loads(body) if body else {}
+
+
+def _headers(raw: bytes) -> dict[str, str]:
+    """The response's headers, names lowercased."""
+    lines = raw.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")[1:]
+    fields = (line.partition(":") for line in lines)
+    return {name.strip().lower(): value.strip() for name, _, value in fields}
+
+
+def _metric(url: str, name: str, **labels) -> float:
+    """One sample of a Prometheus text exposition (0 when absent)."""
+    for line in httpx.get(url, timeout=10).text.splitlines():
+        series, _, value = line.rpartition(" ")
+        metric, _, rest = series.partition("{")
+        if metric == name and all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            return float(value)
+    return 0.0
 
 
 def _trickle(socks: list[socket.socket], stop: threading.Event, every_s: float) -> None:
@@ -307,6 +324,73 @@ def test_64_trickling_bodies_hold_no_slot_and_a_normal_request_gets_200(engine, 
             sock.close()
 
 
+LONG_OUTPUT = 200_000  # tokens: at 0.5 ms a step, a generation that runs for minutes
+
+
+@pytest.fixture(scope="module")
+def long_engine(tmp_path_factory):
+    """A fast synthetic engine that may generate LONG_OUTPUT tokens: (gRPC url, metrics url, repository)."""
+    root = tmp_path_factory.mktemp("long-engine")
+    repo = _repository(
+        root, step_time_ms=0.5, max_output_len=LONG_OUTPUT, max_seq_len=LONG_OUTPUT + 64
+    )
+    server = _serve(repo, root)
+    yield server.grpc_url, server.metrics_url, repo
+    server.stop()
+
+
+def _deaf_socket(url: str) -> socket.socket:
+    """A connection that offers a 2 KiB receive window and never reads."""
+    parts = urlsplit(url)
+    sock = socket.socket()
+    # Before connecting: the window it offers.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.settimeout(30)
+    sock.connect((parts.hostname, parts.port))
+    return sock
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_client_that_stops_reading_loses_its_slot_after_the_send_timeout(
+    long_engine, api_factory, http
+):
+    triton_url, engine_metrics, repo = long_engine
+    timeout_s = 2.0
+    limits = ApiLimits(send_timeout_s=timeout_s)
+    api = api_factory(triton_url, repo, max_in_flight=2, limits=limits, http=http)
+    body = json.dumps(
+        _completion(max_tokens=LONG_OUTPUT, min_tokens=LONG_OUTPUT, stream=True)
+    ).encode()
+    head = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+    socks = []
+    try:
+        for _ in range(2):
+            socks.append(_deaf_socket(api.url))
+            socks[-1].sendall(_request_head("/v1/completions", head) + body)
+        deadline = time.monotonic() + 30
+        while _in_flight(api.url) < 2:
+            assert time.monotonic() < deadline, "the two streams did not start"
+            time.sleep(0.1)
+        started = time.monotonic()
+        # The socket's kernel buffers (MBs on loopback) fill first: ~6 s here, then the timeout runs.
+        while _in_flight(api.url) > 0:
+            assert time.monotonic() - started < timeout_s + 25, "a deaf client still holds its slot"
+            time.sleep(0.1)
+        response = httpx.post(f"{api.url}/v1/completions", json=_completion(), timeout=60)
+        assert response.status_code == 200, response.text
+        for sock in socks:
+            _read_until_closed(sock, 10)  # the server hung up on it
+    finally:
+        for sock in socks:
+            sock.close()
+    assert _metric(f"{api.url}/metrics", "toolkit_api_cancelled_requests_total") == 2
+    # The engine stops generating for them too (it polls cancellation every few steps).
+    deadline = time.monotonic() + 20
+    while _metric(engine_metrics, "nv_trt_llm_request_metrics", request_type="active") > 0:
+        assert time.monotonic() < deadline, "the engine still generates for the deaf clients"
+        time.sleep(0.2)
+
+
 # --- body size ----------------------------------------------------------------------------------
 def test_a_declared_oversized_body_is_413_before_it_is_sent(engine, api_factory):
     api = api_factory(*engine)  # the default limit
@@ -353,6 +437,125 @@ def test_a_chunked_body_over_the_limit_is_413(engine, api_factory):
     assert response.status_code == 200, response.text
 
 
+# --- what is read, and for whom ------------------------------------------------------------------
+KEY = "sk-abuse"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+# (method, path, with the key, status): none of these bodies is read; each answer comes at once, then the close.
+UNREAD_BODIES = [
+    ("POST", "/health", False, 405),
+    ("POST", "/metrics", False, 405),
+    ("POST", "/anything", False, 401),
+    ("POST", "/anything", True, 404),
+    ("POST", "/openapi.json", False, 401),
+    ("PUT", "/v1/completions", False, 401),
+    ("PUT", "/v1/completions", True, 405),
+    ("POST", "/v1/models", True, 405),
+    ("GET", "/v1/models", True, 200),
+    ("POST", "/v1/completions", False, 401),
+]
+
+
+@pytest.fixture(scope="module")
+def keyed_api(engine):
+    handle = _start_api(*engine, api_keys=(KEY,))
+    yield handle
+    handle.stop()
+
+
+@pytest.mark.parametrize(("method", "path", "keyed", "status"), UNREAD_BODIES)
+def test_only_a_generation_body_is_read_and_only_with_a_key(keyed_api, method, path, keyed, status):
+    head = {"Content-Type": "application/json", "Content-Length": str(8 * 2**20 - 1)}
+    sock = _socket(keyed_api.url)
+    started = time.monotonic()
+    try:
+        # The start of a body whose rest never comes (small: all of it is read off the socket, so the
+        # close is a FIN, not a reset that could drop the answer).
+        sock.sendall(_request_head(path, {**head, **(AUTH if keyed else {})}, method) + b"{ ")
+        raw = _read_until_closed(sock, 10)
+    finally:
+        sock.close()
+    assert time.monotonic() - started < 5
+    assert int(raw.split(b" ", 2)[1]) == status, raw[:300]
+    assert _headers(raw)["connection"] == "close"
+
+
+def test_bodies_being_read_share_a_budget_and_past_it_get_503_at_once(engine, api_factory):
+    limit = 64 * 1024
+    limits = ApiLimits(max_body_bytes=limit, body_read_budget_bytes=2 * limit)
+    api = api_factory(*engine, api_keys=(KEY,), limits=limits, retry_after_s=3)
+    json_head = {"Content-Type": "application/json", **AUTH}
+    whole = _request_head("/v1/completions", {**json_head, "Content-Length": str(limit)})
+    chunked = _request_head("/v1/completions", {**json_head, "Transfer-Encoding": "chunked"})
+    holders = [_socket(api.url) for _ in range(2)]
+    try:
+        for sock in holders:
+            sock.sendall(whole + b"{ ")  # the rest never comes (until --body-timeout)
+        deadline = time.monotonic() + 10
+        while _metric(f"{api.url}/metrics", "toolkit_api_body_read_bytes") < 2 * limit:
+            assert time.monotonic() < deadline, "the two bodies are not being read"
+            time.sleep(0.05)
+        for late in (whole + b"{ ", chunked + b"2\r\n{ \r\n"):
+            sock = _socket(api.url)
+            started = time.monotonic()
+            try:
+                sock.sendall(late)
+                raw = _read_until_closed(sock, 10)
+            finally:
+                sock.close()
+            assert time.monotonic() - started < 5
+            status, body = _parse(raw)
+            assert status == 503 and body["error"]["code"] == "server_busy", raw[:300]
+            assert _headers(raw)["retry-after"] == "3" and _headers(raw)["connection"] == "close"
+            assert "--body-read-budget-mib" in body["error"]["message"]
+    finally:
+        for sock in holders:
+            sock.close()
+    deadline = time.monotonic() + 10  # the clients that left give their share back
+    while _metric(f"{api.url}/metrics", "toolkit_api_body_read_bytes") > 0:
+        assert time.monotonic() < deadline, "a body that will never come still holds budget"
+        time.sleep(0.05)
+    response = httpx.post(f"{api.url}/v1/completions", json=_completion(), headers=AUTH, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+def _rss(pid: int) -> int:
+    """Resident memory of a process, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def test_memory_stays_bounded_while_many_clients_send_bodies_that_never_end(tmp_path, api_process):
+    """The reviewer's case, scaled down: with keys set, 60 bodies that never end (to /health, and keyed to a
+    generation path) each grew the API by their size (by 124 MiB in all, here). Now /health reads none and
+    the generation bodies share the read budget."""
+    mib = 2**20
+    url = api_process(
+        UNREACHABLE, _repository(tmp_path), ApiLimits(max_body_bytes=2 * mib), api_keys=(KEY,)
+    )
+    pid = api_process.pids[url]
+    before = _rss(pid)
+    head = {"Content-Type": "application/json", "Content-Length": str(2 * mib), **AUTH}
+    body = b"{" + b" " * (2 * mib - 2)  # one byte short of what was announced
+    socks = []
+    try:
+        for path in ("/health", "/v1/completions") * 30:
+            socks.append(_socket(url))
+            socks[-1].settimeout(5)
+            try:
+                socks[-1].sendall(_request_head(path, head) + body)
+            except OSError:
+                pass  # refused while we still send
+        time.sleep(1.0)
+        grown = _rss(pid) - before
+    finally:
+        for sock in socks:
+            sock.close()
+    # The budget (4 x 2 MiB) and the buffers of 60 connections, with room for the allocator.
+    assert grown < 40 * mib, f"the API grew by {grown / mib:.0f} MiB"
+
+
 # --- large prompts ------------------------------------------------------------------------------
 @pytest.fixture
 def api_process(tmp_path):
@@ -360,9 +563,9 @@ def api_process(tmp_path):
     GIL it holds stalls its own event loop, never the test's measurements."""
     processes = []
 
-    def start(triton_url: str, repo: Path, limits: ApiLimits) -> str:
+    def start(triton_url: str, repo: Path, limits: ApiLimits, **kw) -> str:
         port = free_port()
-        settings = asdict(ApiSettings(triton_url, repo, limits=limits))
+        settings = asdict(ApiSettings(triton_url, repo, limits=limits, **kw))
         payload = {**settings, "repo": str(repo), "port": port, "log_level": "warning"}
         log = (tmp_path / f"api-{port}.log").open("wb")
         process = subprocess.Popen(
@@ -376,11 +579,13 @@ def api_process(tmp_path):
         while True:
             assert process.poll() is None and time.monotonic() < deadline, "the API did not start"
             try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                if httpx.get(f"{url}/health", timeout=2).status_code in (200, 503):
+                    start.pids[url] = process.pid
                     return url
             except httpx.HTTPError:
                 time.sleep(0.1)
 
+    start.pids = {}
     yield start
     for process in processes:
         process.terminate()
@@ -596,7 +801,8 @@ def test_the_limits_are_options_of_toolkit_api(engine):
 
     _, repo = engine
     args = ["api", "-r", str(repo), "--dry-run", "--header-timeout", "3", "--max-body-mib", "0.5"]
-    result = CliRunner().invoke(cli, args, env={"TOOLKIT_API_BODY_TIMEOUT": "7"})
+    env = {"TOOLKIT_API_BODY_TIMEOUT": "7", "TOOLKIT_API_SEND_TIMEOUT": "9"}
+    result = CliRunner().invoke(cli, args, env=env)
     assert result.exit_code == 0, result.output
     shown = json.loads(result.output)
     assert (shown["header_timeout_s"], shown["body_timeout_s"], shown["max_body_bytes"]) == (
@@ -604,3 +810,10 @@ def test_the_limits_are_options_of_toolkit_api(engine):
         7.0,
         2**19,
     )
+    assert shown["send_timeout_s"] == 9.0
+    assert shown["body_read_budget_bytes"] == 4 * 2**19  # default: four of the largest body
+    result = CliRunner().invoke(cli, [*args, "--body-read-budget-mib", "3"])
+    assert json.loads(result.output)["body_read_budget_bytes"] == 3 * 2**20
+    result = CliRunner().invoke(cli, [*args, "--body-read-budget-mib", "0.25"])
+    assert result.exit_code == 1 and "--body-read-budget-mib" in result.output
+    assert "--max-body-mib" in result.output

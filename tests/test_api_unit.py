@@ -7,6 +7,7 @@ The repository here is a minimal one: a preprocessing config with limits and a t
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -280,7 +281,7 @@ def test_openapi_schema_documents_the_routes(client):
 
 
 # --- auth and backpressure ---------------------------------------------------------------------
-def test_api_keys_guard_v1_routes_only(tiny_repo):
+def test_api_keys_guard_every_route_but_health_and_metrics(tiny_repo):
     with _client(tiny_repo, api_keys=("sk-right", "sk-other")) as client:
         error = _assert_openai_error(client.get("/v1/models"), 401)
         assert error["code"] == "invalid_api_key" and "sk-right" not in json.dumps(error)
@@ -302,6 +303,12 @@ def test_api_keys_guard_v1_routes_only(tiny_repo):
             == 200
         )
         assert client.get("/metrics").status_code == 200
+        assert client.get("/health").status_code == 503  # open: Triton is down, not the caller
+        for path in ("/openapi.json", "/docs", "/anything"):
+            _assert_openai_error(client.get(path), 401)
+        assert (
+            client.get("/anything", headers={"Authorization": "Bearer sk-right"}).status_code == 404
+        )
 
 
 def test_in_flight_bound_answers_429_with_retry_after(tiny_repo):
@@ -645,3 +652,67 @@ def test_coalesced_pieces_concatenate_to_the_text_and_close_the_source():
     assert asyncio.run(run(False)) == ("abcd", False)
     text, closed_early = asyncio.run(run(True))
     assert "abcd".startswith(text) and closed_early
+
+
+# --- cancellation against the engine watchdog ----------------------------------------------------
+class _StalledCall:
+    """A gRPC stream call that never answers; cancel() ends its iteration as grpc.aio's does (CancelledError)."""
+
+    def __init__(self):
+        import asyncio
+
+        self.waiting = asyncio.get_running_loop().create_future()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        return await self.waiting
+
+    def cancel(self) -> bool:
+        return self.waiting.cancel()
+
+
+@pytest.mark.parametrize(
+    "client_cancels",
+    [
+        pytest.param(
+            True,
+            marks=pytest.mark.skipif(
+                sys.version_info < (3, 11), reason="Task.cancelling() is Python 3.11+"
+            ),
+        ),
+        False,
+    ],
+)
+def test_a_client_cancel_survives_the_watchdog_failing_the_stream(client_cancels):
+    """The watchdog fails a stream (its engine died) as the client's task is cancelled: the task must end
+    cancelled, not with EngineFault, or the cancellation is lost; without the client's cancel, EngineFault."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from toolkit.api.triton import EngineFault, TritonBackend
+
+    async def run():
+        backend = TritonBackend(UNREACHABLE, "ensemble")
+        call = _StalledCall()
+        backend._client = SimpleNamespace(stream_infer=lambda requests: call)
+
+        async def consume():
+            async for _ in backend.generate("hi", [], 4, Sampling(temperature=0)):
+                pass
+
+        task = asyncio.ensure_future(consume())
+        while not backend._streams:
+            await asyncio.sleep(0)
+        backend._engine_failed("Stub process 'tensorrt_llm_0_0' is not healthy.")  # the watchdog
+        if client_cancels:
+            task.cancel()
+        await asyncio.wait([task])
+        return task
+
+    task = asyncio.run(run())
+    if client_cancels:
+        assert task.cancelled(), task.exception()
+    else:
+        assert isinstance(task.exception(), EngineFault)

@@ -31,10 +31,9 @@ from kubernetes_validate.utils import ValidationError as KubeValidationError
 from toolkit.cli.cmd_build import command as build_command
 from toolkit.cli.main import cli
 from toolkit.deploy.fingerprint import fingerprint
-from toolkit.deploy.plan import GPU_PRODUCTS
+from toolkit.deploy.probe import TIMEOUT_S as PROBE_TIMEOUT_S
 from toolkit.deploy.wait import check_repository_for, wait_for_repository
-from toolkit.deploy.wait import main as wait_main
-from toolkit.errors import DeployError
+from toolkit.errors import DeployError, RepositoryError
 from toolkit.model.sources import ResolvedModel
 from toolkit.plan.gpus import GPU_PROFILES
 from toolkit.repository.engines import CpuEngine
@@ -132,6 +131,8 @@ def helm_template(
 def render(helm, out: Path, **kw) -> list[dict]:
     result = helm_template(helm, out, **kw)
     assert result.returncode == 0, result.stderr
+    blank = [n for n, line in enumerate(result.stdout.splitlines(), 1) if line and not line.strip()]
+    assert not blank, f"whitespace-only lines {blank} in the render (a template's empty output)"
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
@@ -479,6 +480,7 @@ def epp_errors(docs: list[dict]) -> list[str]:
         for f in given
         if f in GIE["flags"]["rejected_when_set"]["flags"]
     ]
+    errors += _epp_rbac_errors(epp["args"], docs)
     pool = find(docs, "InferencePool")
     if flag(epp["args"], "--pool-name") != pool["metadata"]["name"]:
         errors.append("EPP --pool-name is not the InferencePool's name")
@@ -491,6 +493,32 @@ def epp_errors(docs: list[dict]) -> list[str]:
         errors.append(
             "EPP scrapes podIP:--model-server-metrics-port only with one pool target port: Triton's metrics port"
         )
+    return errors
+
+
+def _epp_rbac_errors(args: list[str], docs: list[dict]) -> list[str]:
+    """A flag that is on (given, or by v1.5.0's default) and needs cluster RBAC needs a ClusterRole for it."""
+    errors = []
+    needs = {k: v for k, v in GIE["flags"]["cluster_rbac_when_true"].items() if k != "source"}
+    granted = {
+        f"{group}/{resource}"
+        for d in docs
+        if d["kind"] == "ClusterRole"
+        for rule in d.get("rules", [])
+        if "create" in rule.get("verbs", [])
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+    }
+    for name, resources in needs.items():
+        on = GIE["flags"]["defaults"][name]
+        for arg in args:
+            if arg in (f"--{name}", f"--{name}=true"):
+                on = True
+            elif arg == f"--{name}=false":
+                on = False
+        missing = sorted(set(resources) - granted)
+        if on and missing:
+            errors.append(f"EPP --{name} is on, and no ClusterRole lets it create {missing}")
     return errors
 
 
@@ -549,6 +577,10 @@ def test_the_validators_refuse_broken_objects(helm, cpu_repo, tmp_path):
     config = yaml.safe_load(epp["data"]["epp-config.yaml"])
     config["plugins"][2]["parameters"]["blockSize_tokens"] = 64
     epp["data"]["epp-config.yaml"] = yaml.safe_dump(config)
+    epp_args = find(broken, "Deployment", f"{RELEASE}-epp")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    epp_args.remove("--metrics-endpoint-auth=false")
     broken.append({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}})
     errors = "\n".join(validation_errors(broken))
     for expected in (
@@ -559,13 +591,14 @@ def test_the_validators_refuse_broken_objects(helm, cpu_repo, tmp_path):
         "targetPort 'grpc'",
         "blockSize_tokens",
         "no schema for example.com/v1 Widget",
+        "EPP --metrics-endpoint-auth is on",
     ):
         assert expected in errors
 
 
 # --- renders ------------------------------------------------------------------------------------
 def test_cpu_deployment_renders_and_every_object_validates(helm, cpu_repo, tmp_path):
-    values = deploy(cpu_repo, tmp_path / "d", "-n", "2", "--max-replicas", "6")
+    values = deploy(cpu_repo, tmp_path / "d", "--min-replicas", "2", "--max-replicas", "6")
     # helm lint knows no --api-versions: it checks the chart where no CRD is installed.
     lint = subprocess.run(
         [helm, "lint", tmp_path / "d" / "chart", "-f", tmp_path / "d" / "values.yaml", "--strict",
@@ -598,7 +631,7 @@ def test_cpu_deployment_renders_and_every_object_validates(helm, cpu_repo, tmp_p
 def gpu_render(helm, gpu_repo, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gpu-render")
     repo = hub_variant(gpu_repo, tmp)
-    values = deploy(repo, tmp / "d", "-n", "2", "--min-replicas", "2", "--max-replicas", "8")
+    values = deploy(repo, tmp / "d", "--min-replicas", "2", "--max-replicas", "8")
     return repo, values, render(helm, tmp / "d"), render(helm, tmp / "d", kube=KUBE_VERSIONS[1])
 
 
@@ -685,23 +718,38 @@ def test_build_job_arguments_are_accepted_by_toolkit_build_and_say_what_was_buil
     )
 
 
+def exec_probe_url(probe: dict) -> str:
+    """The URL of an exec probe that runs toolkit.deploy.probe."""
+    command = probe["exec"]["command"]
+    assert command[:3] == ["python3", "-m", "toolkit.deploy.probe"], command
+    return command[3]
+
+
 def test_probes_grace_and_drain_agree_with_the_serve_commands(gpu_render):
     _, values, docs, _ = gpu_render
-    pod = server_deployment(docs)["spec"]["template"]["spec"]
+    deployment = server_deployment(docs)
+    pod = deployment["spec"]["template"]["spec"]
     triton, api = container(pod, "triton"), container(pod, "api")
     prestop = int(triton["lifecycle"]["preStop"]["exec"]["command"][1])
     drain = int(flag(triton["args"], "--drain-timeout"))
     assert drain == int(flag(api["args"], "--drain-timeout")) == values["drain"]["timeoutSeconds"]
     # The kubelet's grace period covers preStop, the drain and toolkit serve's own 5 s past Triton's timeout.
     assert pod["terminationGracePeriodSeconds"] >= prestop + drain + 5
+    assert pod["terminationGracePeriodSeconds"] == values["drain"]["terminationGracePeriodSeconds"]
     startup = triton["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= int(
         flag(triton["args"], "--ready-timeout")
     )
+    http = int(flag(triton["args"], "--http-port"))
     assert (
-        startup["httpGet"]["path"] == "/v2/health/ready"
-        and triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+        exec_probe_url(startup)
+        == exec_probe_url(triton["readinessProbe"])
+        == (f"http://127.0.0.1:{http}/v2/health/ready")
     )
+    assert exec_probe_url(triton["livenessProbe"]) == f"http://127.0.0.1:{http}/v2/health/live"
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        # the probe's own HTTP timeout reports why before the kubelet kills it
+        assert triton[kind]["timeoutSeconds"] > PROBE_TIMEOUT_S
     assert api["readinessProbe"]["httpGet"]["path"] == "/health"
     epp = find(docs, "Deployment", f"{RELEASE}-epp")["spec"]["template"]["spec"]
     assert epp["terminationGracePeriodSeconds"] == pod["terminationGracePeriodSeconds"]
@@ -714,6 +762,11 @@ def test_probes_grace_and_drain_agree_with_the_serve_commands(gpu_render):
         behavior["scaleDown"]["stabilizationWindowSeconds"] >= 2 * load
         or behavior["scaleDown"]["stabilizationWindowSeconds"] == 3600
     )
+    # A rollout is reported stalled only after the image pull, the init container's wait for the
+    # build Job and the load could all have happened (Kubernetes' default is 600 s).
+    wait = int(flag(pod["initContainers"][0]["args"], "--timeout"))
+    assert wait == find(docs, "Job")["spec"]["activeDeadlineSeconds"] == 21600
+    assert deployment["spec"]["progressDeadlineSeconds"] >= wait + load + 600
 
 
 def test_the_endpoint_picker_reads_the_backend_metric_names_it_knows_for_triton(gpu_render):
@@ -764,6 +817,9 @@ ONLY_MONITORING = ("monitoring.coreos.com/v1/PodMonitor",)
         (CRD_APIS, ["--set", "model.repositoryPath=/x/repo,build.enabled=false"], "not on the volume"),
         (CRD_APIS, ["--set", "model.fingerprintt=abc"], "Additional property fingerprintt is not allowed"),
         (CRD_APIS, ["--set", "autoscaling.scaleUp.periodSeconds=3600"], "less than or equal to 1800"),
+        (CRD_APIS, ["--set", "drain.timeoutSeconds=900"], "shorter than drain.preStopSeconds + drain.timeoutSeconds"),
+        (CRD_APIS, ["--set", "strategy.progressDeadlineSeconds=600"], "progressDeadlineSeconds=600 is shorter"),
+        (CRD_APIS, ["--set", "routing.httpRoute.path=/"], "Additional property path is not allowed"),
     ],
 )  # fmt: skip
 def test_the_chart_refuses_values_that_cannot_run(helm, cpu_repo, tmp_path, apis, extra, message):
@@ -868,7 +924,31 @@ def test_gpu_target_the_cluster_values_do_not_name_is_refused(gpu_repo, tmp_path
             {"gpu": {"count": 1}},
             "gpu.count=1 in the cluster values, but the h100-sxm engines have 2 ranks",
         ),
-        (["--max-replicas", "4", "-n", "5"], {}, "--replicas 5 <= --max-replicas 4 does not hold"),
+        (
+            ["--max-replicas", "4", "--replicas", "5"],
+            {},
+            "--replicas 5 is a fixed count, but autoscaling is on (--max-replicas 4)",
+        ),
+        (
+            ["--replicas", "3"],
+            {"autoscaling": {"enabled": True, "maxReplicas": 4}},
+            "autoscaling is on (autoscaling.enabled=true in ",
+        ),
+        (
+            ["--max-replicas", "2", "--min-replicas", "3"],
+            {},
+            "1 <= floor <= ceiling: --min-replicas 3, --max-replicas 2",
+        ),
+        (
+            ["--max-replicas", "4"],
+            {"autoscaling": {"minReplicas": 5}},
+            "floor <= ceiling: autoscaling.minReplicas=5 in ",
+        ),
+        (
+            [],
+            {"autoscaling": {"enabled": True}},
+            "autoscaling is on (autoscaling.enabled=true in ",
+        ),
         (["--min-replicas", "2"], {}, "--min-replicas needs --max-replicas"),
         (["--no-build", "--mount-path", "/models"], {}, "is not under --mount-path /models"),
     ],
@@ -918,7 +998,7 @@ def test_output_folder_rules(cpu_repo, tmp_path):
     out = tmp_path / "d"
     first = deploy(cpu_repo, out)
     (out / "chart" / "stale.yaml").write_text("left over")
-    second = deploy(cpu_repo, out, "-n", "3")
+    second = deploy(cpu_repo, out, "--replicas", "3")
     assert (
         second["replicas"] == 3
         and first["replicas"] == 1
@@ -947,7 +1027,7 @@ def test_no_image_is_refused(cpu_repo, tmp_path):
 
 
 def test_every_gpu_profile_has_a_node_label():
-    assert set(GPU_PRODUCTS) == set(GPU_PROFILES)
+    assert all(profile.gpu_products for profile in GPU_PROFILES.values())
 
 
 # --- the fingerprint and the init container's wait -----------------------------------------------
@@ -967,7 +1047,7 @@ def test_fingerprint_ignores_where_a_repository_is_but_not_what_it_serves(cpu_re
     assert fingerprint(read(gpu)) == fingerprint(read(elsewhere))
 
 
-def test_wait_accepts_only_the_deployed_repository(cpu_repo, tmp_path, capsys):
+def test_wait_accepts_only_the_deployed_repository(cpu_repo, tmp_path):
     expected = fingerprint(open_repository(cpu_repo).manifest)
     assert check_repository_for(tmp_path / "absent", expected) is None
     assert check_repository_for(cpu_repo, expected).path == cpu_repo
@@ -978,11 +1058,31 @@ def test_wait_accepts_only_the_deployed_repository(cpu_repo, tmp_path, capsys):
     copy = tmp_path / "copy"
     shutil.copytree(cpu_repo, copy)
     (copy / "preprocessing" / "config.pbtxt").write_text("name: 'x'\n")
-    with pytest.raises(DeployError, match="differs from what toolkit build wrote"):
+    with pytest.raises(RepositoryError, match="differs from what toolkit build wrote"):
         check_repository_for(copy, expected)
-    assert wait_main(["--repo", str(cpu_repo), "--fingerprint", expected]) == 0
-    assert wait_main(["--repo", str(copy), "--fingerprint", expected, "--timeout", "0"]) == 1
-    assert "fix:" in capsys.readouterr().err
+    # What the pods run: a hidden toolkit command, with the CLI's errors and exit codes.
+    result = invoke("wait-for-repository", "--repo", cpu_repo, "--fingerprint", expected)
+    assert result.exit_code == 0 and f"fingerprint {expected}" in result.output, result.output
+    result = invoke(
+        "wait-for-repository", "--repo", copy, "--fingerprint", expected, "--timeout", "0"
+    )
+    assert result.exit_code == 1 and "differs from what toolkit build wrote" in result.output
+    assert (
+        "fix: rebuild it" in result.output and "remove that folder from the volume" in result.output
+    )
+    assert "wait-for-repository" not in invoke("--help").output  # the pods' command, not a user's
+
+
+def test_wait_refuses_a_repository_another_toolkit_built(cpu_repo, tmp_path):
+    """The fingerprint matches what toolkit deploy rendered, but the image's toolkit is another one."""
+    copy = tmp_path / "copy"
+    shutil.copytree(cpu_repo, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["toolkit_version"] = "0.0.9"
+    (copy / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    expected = fingerprint(open_repository(copy).manifest)
+    result = invoke("wait-for-repository", "--repo", copy, "--fingerprint", expected)
+    assert result.exit_code == 1 and "was built by toolkit 0.0.9" in result.output, result.output
 
 
 def rule_selectors(docs: list[dict]) -> list[tuple[str, str, dict]]:
@@ -1042,34 +1142,25 @@ def test_cluster_values_hold_unless_a_flag_is_given(cpu_repo, tmp_path):
         "api": {"auth": {"existingSecret": "team-keys"}},
     }
     path = write_values(tmp_path / "cluster.yaml", cluster)
-    values = deploy(cpu_repo, tmp_path / "d", "-f", path)
-    assert (values["replicas"], values["routing"]["mode"], values["storage"]["mountPath"]) == (
-        3,
-        "service",
-        "/data",
-    )
+    args = ["--repo", cpu_repo, "-o", tmp_path / "d", "--image", IMAGE, "-f", path]
+    result = invoke("deploy", *args, "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    # The file's fixed count is not what runs while autoscaling is on: said, not silently dropped.
+    assert any(f"replicas=3 in {path} is not used" in n for n in json.loads(result.stdout)["notes"])
+    values = json.loads(result.stdout)["values"]
+    assert (values["routing"]["mode"], values["storage"]["mountPath"]) == ("service", "/data")
     assert values["autoscaling"]["minReplicas"] == 2 and values["autoscaling"]["maxReplicas"] == 5
     assert (
         values["api"]["auth"]["existingSecret"] == "team-keys"
         and values["routing"]["gateway"]["name"] == "edge"
     )
-    flags = [
-        "-n",
-        "4",
-        "--routing",
-        "inference-pool",
-        "--max-replicas",
-        "6",
-        "--mount-path",
-        "/models",
-    ]
-    values = deploy(cpu_repo, tmp_path / "d", "-f", path, *flags)
-    assert (values["replicas"], values["routing"]["mode"], values["storage"]["mountPath"]) == (
-        4,
+    flags = ["--min-replicas", "4", "--routing", "inference-pool", "--max-replicas", "6"]
+    values = deploy(cpu_repo, tmp_path / "d", "-f", path, *flags, "--mount-path", "/models")
+    assert (values["routing"]["mode"], values["storage"]["mountPath"]) == (
         "inferencePool",
         "/models",
     )
-    assert values["autoscaling"]["minReplicas"] == 2 and values["autoscaling"]["maxReplicas"] == 6
+    assert values["autoscaling"]["minReplicas"] == 4 and values["autoscaling"]["maxReplicas"] == 6
     write_values(path, {**cluster, "build": {"enabled": False}})
     result = invoke(
         "deploy", "--repo", cpu_repo, "-o", tmp_path / "d", "--image", IMAGE, "-f", path
@@ -1079,6 +1170,12 @@ def test_cluster_values_hold_unless_a_flag_is_given(cpu_repo, tmp_path):
         and "sets `build.enabled`" in result.output
         and "--no-build" in result.output
     )
+
+
+def test_replicas_has_no_short_option_that_reads_as_a_namespace(cpu_repo, tmp_path):
+    """kubectl and helm read -n as --namespace: `toolkit deploy -n llm` must not mean 'llm replicas'."""
+    result = invoke("deploy", "--repo", cpu_repo, "-o", tmp_path / "d", "--image", IMAGE, "-n", "2")
+    assert result.exit_code == 2 and "No such option '-n'" in result.output
 
 
 @pytest.mark.parametrize("apis", [CRD_APIS, ("monitoring.coreos.com/v1/PodMonitor",)])
@@ -1094,8 +1191,10 @@ def test_install_notes_render(helm, cpu_repo, tmp_path, apis):
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n"
         '{{ include "notes-check" . | indent 4 }}\n'
     )
-    text = find(render(helm, tmp_path / "d", apis=apis), "ConfigMap", "notes")["data"]["notes"]
-    assert f"rollout status deployment/{RELEASE}" in text
+    docs = render(helm, tmp_path / "d", apis=apis)
+    text = find(docs, "ConfigMap", "notes")["data"]["notes"]
+    deadline = server_deployment(docs)["spec"]["progressDeadlineSeconds"]
+    assert f"rollout status deployment/{RELEASE} --timeout={deadline}s" in text
     if len(apis) > 1:
         assert f"InferencePool {RELEASE}" in text and "KEDA scales 1..3 replicas" in text
     else:
@@ -1109,18 +1208,33 @@ def test_load_and_drain_times_come_from_the_engine_files_and_the_plan(gpu_render
     loaded = sum(
         (engine / f"rank{r}.engine").stat().st_size for r in range(2)
     )  # bytes a replica reads
-    assert values["startup"]["timeoutSeconds"] == math.ceil((180 + loaded / 200e6) / 10) * 10
-    plan = repository.memory_plan
-    longest = repository.limits.max_output_len * plan.decode_step_ms_at_max_batch / 1000 * 2
-    assert values["drain"]["timeoutSeconds"] == min(900, max(30, math.ceil(longest)))
+    hashed = sum(size for size, _, _ in repository.manifest.files.values())  # bytes it checks
     assert (
-        values["routing"]["httpRoute"]["requestTimeout"]
-        == f"{max(300, values['drain']['timeoutSeconds'])}s"
+        values["startup"]["timeoutSeconds"]
+        == math.ceil((180 + hashed / 1e9 + loaded / 200e6) / 10) * 10
     )
-    assert (
-        values["api"]["maxInFlight"]
-        == repository.limits.max_batch_size + repository.limits.max_queue_size
+    plan, limits = repository.memory_plan, repository.limits
+    stream = limits.max_output_len * plan.decode_step_ms_at_max_batch / 1000 * 2
+    # Up to max_queue_size admitted requests wait for a batch slot, max_batch_size at a time.
+    queued = math.ceil(limits.max_queue_size / limits.max_batch_size) * stream
+    longest = math.ceil(queued + stream)
+    assert values["drain"]["timeoutSeconds"] == min(900, max(30, longest))
+    assert values["routing"]["httpRoute"]["requestTimeout"] == (
+        f"{max(300, values['drain']['timeoutSeconds'], longest)}s"
     )
+    assert values["api"]["maxInFlight"] == limits.max_batch_size + limits.max_queue_size
+
+
+def test_the_cpu_drain_and_route_cover_the_queue_before_the_first_token(cpu_repo, tmp_path):
+    """The API admits max_batch_size + max_queue_size requests: the last one admitted waits for
+    max_queue_size / max_batch_size streams before its own (10 tokens/s per CPU stream)."""
+    limits = open_repository(cpu_repo).limits
+    stream = limits.max_output_len / 10
+    longest = math.ceil(math.ceil(limits.max_queue_size / limits.max_batch_size) * stream + stream)
+    assert longest > 30  # more than the stream alone would give
+    values = deploy(cpu_repo, tmp_path / "d")
+    assert values["drain"]["timeoutSeconds"] == min(900, longest)
+    assert values["routing"]["httpRoute"]["requestTimeout"] == f"{max(300, longest)}s"
 
 
 def test_route_timeout_and_scaling_follow_the_load_and_drain_times_given(cpu_repo, tmp_path):
@@ -1146,20 +1260,232 @@ def test_route_timeout_and_scaling_follow_the_load_and_drain_times_given(cpu_rep
 
 
 def test_the_documented_cluster_values_deploy_the_h100_repository(helm, gpu_render, tmp_path):
-    """The example in docs/deploy.md ("Cluster values") is a working values file."""
+    """The example in docs/deploy.md ("Cluster values") is a working values file: its image too
+    (no --image here), with the tag toolkit deploy derives from the engines' Triton container."""
     text = (Path(__file__).parents[1] / "docs" / "deploy.md").read_text()
     section = text[text.index("## Cluster values") :]
     example = section[
         section.index("```yaml\n") + 8 : section.index("```", section.index("```yaml\n") + 8)
     ]
     cluster = write_values(tmp_path / "cluster.yaml", yaml.safe_load(example))
-    values = deploy(gpu_render[0], tmp_path / "d", "-f", cluster, "--max-replicas", "4")
-    assert (
-        values["gpu"]["products"] == ["NVIDIA-H100-80GB-HBM3"]
-        and values["image"]["repository"] == IMAGE
+    out = tmp_path / "d"
+    result = invoke(
+        "deploy", "--repo", gpu_render[0], "-o", out, "-f", cluster, "--max-replicas", "4"
     )
-    docs = render(helm, tmp_path / "d")
+    assert result.exit_code == 0, result.output
+    values = yaml.safe_load((out / "values.yaml").read_text())
+    assert values["gpu"]["products"] == ["NVIDIA-H100-80GB-HBM3"]
+    assert values["image"] == {
+        "repository": "registry.example.com/ml/toolkit",
+        "tag": "0.1.0-25.06-trtllm-python-py3",
+    }
+    docs = render(helm, out)
     assert validation_errors(docs) == []
     route = find(docs, "HTTPRoute")["spec"]["parentRefs"][0]
     assert (route["name"], route["namespace"]) == ("inference-gateway", "gateway-system")
     assert find(docs, "PersistentVolumeClaim")["spec"]["storageClassName"] == "filestore-rwx"
+    triton = container(server_deployment(docs)["spec"]["template"]["spec"], "triton")
+    assert triton["image"] == "registry.example.com/ml/toolkit:0.1.0-25.06-trtllm-python-py3"
+
+
+# --- what the reviewer found: each fix, checked on the render -----------------------------------
+def test_a_repository_another_toolkit_built_is_refused(cpu_repo, gpu_repo, tmp_path):
+    """The pods run this toolkit's image and the build Job rebuilds with it: a repository of another
+    toolkit release (or other model sources) would only fail there, after a full build."""
+    cpu = tmp_path / "cpu"
+    shutil.copytree(cpu_repo, cpu)
+    manifest = json.loads((cpu / "manifest.json").read_text())
+    manifest["toolkit_version"] = "0.0.9"
+    (cpu / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    result = invoke("deploy", "--repo", cpu, "-o", tmp_path / "d", "--image", IMAGE)
+    assert result.exit_code == 1 and "was built by toolkit 0.0.9" in result.output, result.output
+    assert "fix: rebuild it with this toolkit" in result.output and not (tmp_path / "d").exists()
+    gpu = hub_variant(gpu_repo, tmp_path)  # GPU targets too, not only the Python engines
+    manifest = json.loads((gpu / "manifest.json").read_text())
+    manifest["sources_digest"] = "0" * 16
+    (gpu / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    result = invoke("deploy", "--repo", gpu, "-o", tmp_path / "d", "--image", IMAGE)
+    assert result.exit_code == 1 and f"(model sources {'0' * 16})" in result.output, result.output
+
+
+def test_the_gateway_route_publishes_the_openai_api_only(helm, cpu_repo, tmp_path):
+    """/metrics and /health of the API answer without a key: the gateway must not publish them."""
+    deploy(cpu_repo, tmp_path / "d")
+    for apis in (
+        CRD_APIS,
+        ("monitoring.coreos.com/v1/PodMonitor", "gateway.networking.k8s.io/v1/HTTPRoute"),
+    ):
+        rules = find(render(helm, tmp_path / "d", apis=apis), "HTTPRoute")["spec"]["rules"]
+        assert [m["path"] for r in rules for m in r["matches"]] == [
+            {"type": "PathPrefix", "value": "/v1"}
+        ]
+
+
+def test_triton_http_and_grpc_stay_on_loopback(gpu_render):
+    """Triton checks no API key: only its metrics port is on the pod IP (endpoint picker, Prometheus)."""
+    pod = server_deployment(gpu_render[2])["spec"]["template"]["spec"]
+    triton, api = container(pod, "triton"), container(pod, "api")
+    argv = triton["command"] + triton["args"]
+    assert "--expose-triton" not in argv
+    assert (flag(triton["args"], "--host"), flag(triton["args"], "--metrics-host")) == (
+        "127.0.0.1",
+        "0.0.0.0",
+    )
+    assert [p["name"] for p in triton["ports"]] == ["metrics"]
+    assert flag(triton["args"], "--metrics-port") == str(triton["ports"][0]["containerPort"])
+    assert flag(api["args"], "--triton-url") == f"127.0.0.1:{flag(triton['args'], '--grpc-port')}"
+    assert all("exec" in triton[k] for k in ("startupProbe", "readinessProbe", "livenessProbe"))
+    # Triton's log: a file toolkit serve can read back (not /dev/stdout), shown on stdout by tail.
+    log = flag(triton["args"], "--log-file")
+    assert (
+        log.startswith("/var/cache/toolkit/")
+        and {"name": "TRITON_LOG", "value": log} in triton["env"]
+    )
+
+
+def test_containers_without_gpus_see_none(gpu_render):
+    """NVIDIA's images default NVIDIA_VISIBLE_DEVICES=all: without a GPU request a container would see every GPU."""
+    pod = server_deployment(gpu_render[2])["spec"]["template"]["spec"]
+    for c in pod["initContainers"] + pod["containers"]:
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        if "nvidia.com/gpu" in c.get("resources", {}).get("limits", {}):
+            assert "NVIDIA_VISIBLE_DEVICES" not in env, c["name"]
+        else:
+            assert env.get("NVIDIA_VISIBLE_DEVICES") == "void", c["name"]
+
+
+def test_build_job_requests_host_memory_for_the_checkpoint(gpu_render, cpu_repo, tmp_path):
+    """Quantizing an 8B model holds its bf16 checkpoint (16 GB) in host memory, and the converted one."""
+    repo, values, docs, _ = gpu_render
+    build = find(docs, "Job")["spec"]["template"]["spec"]["containers"][0]["resources"]
+    parameters = open_repository(repo).memory_plan.parameter_count
+    memory = int(build["requests"]["memory"].removesuffix("Gi"))
+    assert memory == math.ceil((8 * 2**30 + 2 * 2 * parameters + 2 * 2**30) / 2**30)
+    assert 30 <= memory <= 64  # tens of GB for 8B parameters
+    assert int(build["requests"]["cpu"]) >= 4 and "memory" not in build["limits"]
+    assert build["limits"] == {"nvidia.com/gpu": 2}
+    cpu = deploy(cpu_repo, tmp_path / "d")["build"]["resources"]["requests"]
+    assert set(cpu) == {"cpu", "memory"}
+
+
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def restricted_errors(where: str, spec: dict) -> list[str]:
+    """Pod Security Standards, "restricted" profile (kubernetes.io/docs/concepts/security/pod-security-standards)."""
+    errors, pod = [], spec.get("securityContext", {})
+    for volume in spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            errors.append(f"{where}: volume {volume['name']} is {kinds}")
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        sc, name = c.get("securityContext", {}), f"{where}/{c['name']}"
+        if not sc.get("runAsNonRoot", pod.get("runAsNonRoot")):
+            errors.append(f"{name}: runAsNonRoot is not true")
+        if sc.get("runAsUser", pod.get("runAsUser")) == 0:
+            errors.append(f"{name}: runAsUser 0")
+        if sc.get("seccompProfile", pod.get("seccompProfile", {})).get("type") not in (
+            "RuntimeDefault",
+            "Localhost",
+        ):
+            errors.append(f"{name}: no RuntimeDefault seccomp profile")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            errors.append(f"{name}: allowPrivilegeEscalation is not false")
+        if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+            errors.append(f"{name}: capabilities do not drop ALL")
+    return errors
+
+
+def test_every_pod_meets_the_restricted_pod_security_standard(gpu_render):
+    docs = gpu_render[2]
+    errors = [
+        e
+        for where, template in pod_templates(docs)
+        for e in restricted_errors(where, template["spec"])
+    ]
+    assert errors == []
+    pod = server_deployment(docs)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsUser"] == pod["securityContext"]["fsGroup"] == 1000
+    keys = {v["name"]: v for v in pod["volumes"]}["api-keys"]["secret"]
+    assert keys["defaultMode"] == 0o440  # group-readable: the fsGroup's, the containers' group
+    for dockerfile in ("Dockerfile.gpu", "Dockerfile.cpu"):  # the images run as that user
+        text = (Path(__file__).parents[1] / "deploy" / "image" / dockerfile).read_text()
+        assert text.rstrip().splitlines()[-1] == "USER 1000:1000", dockerfile
+
+
+def test_replicas_spread_over_nodes(gpu_render):
+    template = server_deployment(gpu_render[2])["spec"]["template"]
+    (spread,) = template["spec"]["topologySpreadConstraints"]
+    assert (
+        spread["topologyKey"] == "kubernetes.io/hostname"
+        and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    )
+    assert matches(spread["labelSelector"]["matchLabels"], template["metadata"]["labels"])
+
+
+def test_autoscaling_scales_on_requests_in_flight_and_on_saturation(
+    helm, gpu_render, cpu_repo, tmp_path
+):
+    """Waiting requests are the ones the engine could not schedule (its batch slots or KV blocks are
+    full): a saturation signal. The load signal is the requests in flight per replica against the
+    concurrency one replica serves well (by default its batch slots; from toolkit bench with the flag)."""
+    repo, values, docs, _ = gpu_render
+    triggers = {t["name"]: t for t in find(docs, "ScaledObject")["spec"]["triggers"]}
+    assert set(triggers) == {"requests-in-flight", "waiting-requests", "kv-cache-use"}
+    in_flight = triggers["requests-in-flight"]["metadata"]
+    types = [labels["request_type"] for _, labels in promql_selectors(in_flight["query"])]
+    assert types == ["scheduled", "waiting"] and in_flight["query"].count("sum(") == 2
+    batch = open_repository(repo).limits.max_batch_size
+    assert (
+        in_flight["threshold"] == str(batch) == str(values["autoscaling"]["concurrencyPerReplica"])
+    )
+    waiting = promql_selectors(triggers["waiting-requests"]["metadata"]["query"])
+    assert [labels["request_type"] for _, labels in waiting] == ["waiting"]
+    deploy(cpu_repo, tmp_path / "d", "--max-replicas", "4", "--concurrency-per-replica", "6")
+    scaled = find(render(helm, tmp_path / "d"), "ScaledObject")["spec"]["triggers"]
+    assert (
+        next(t for t in scaled if t["name"] == "requests-in-flight")["metadata"]["threshold"] == "6"
+    )
+
+
+def test_the_init_container_shares_the_cache_with_the_servers(gpu_render):
+    """Its file-hash memos (keyed by inode and ctime) must reach toolkit serve, or serve hashes the
+    whole repository again inside the startup budget."""
+    pod = server_deployment(gpu_render[2])["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["toolkit", "wait-for-repository"]
+
+    def cache(c: dict) -> tuple:
+        home = next(e["value"] for e in c["env"] if e["name"] == "TOOLKIT_HOME")
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == home)
+        return home, mount["name"], mount.get("readOnly", False)
+
+    assert cache(init) == cache(container(pod, "triton")) == ("/var/cache/toolkit", "cache", False)
+    assert {v["name"]: v for v in pod["volumes"]}["cache"] == {"name": "cache", "emptyDir": {}}
+
+
+def test_k8s_tools_installer_fails_clearly_where_its_binaries_do_not_run(tmp_path):
+    """The pinned helm and kubectl are linux/x86_64 builds: elsewhere the installer fails (as the deploy
+    tests do without helm), naming what to install, instead of exiting 0 with nothing installed."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "uname").write_text('#!/bin/sh\n[ "$1" = -m ] && echo aarch64 || echo Linux\n')
+    (fake / "uname").chmod(0o755)
+    script = Path(__file__).parents[1] / "scripts" / "install_k8s_tools.sh"
+    env = {"PATH": f"{fake}:/usr/bin:/bin"}
+    result = subprocess.run(
+        ["bash", script, tmp_path / "bin"], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 1, result.stderr
+    assert (
+        "error:" in result.stderr and "aarch64" in result.stderr and "helm v3.17.3" in result.stderr
+    )

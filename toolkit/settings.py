@@ -25,6 +25,9 @@ SECRET_VARIABLES = (API_KEYS, "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 # On SIGTERM/Ctrl-C: how long tritonserver (--exit-timeout-secs) and the API let in-flight requests finish.
 EXIT_TIMEOUT_S = 30
+# The default body read budget, in largest bodies: enough for a few large prompts arriving at once,
+# while the memory they hold stays a small multiple of --max-body-mib (docs/api.md, "Memory").
+BODY_READ_BUDGET_BODIES = 4
 
 
 @dataclass(frozen=True)
@@ -36,13 +39,33 @@ class ApiLimits:
     body within `body_timeout_s` of its headers, else 408. One deadline for the whole body, not an
     idle timeout: a client sending a byte a second is never idle, yet must not hold a connection
     forever. A body over `max_body_bytes` is a 413 (at once when Content-Length says so). A request
-    counts against --max-in-flight only once its whole body has arrived.
+    counts against --max-in-flight only once its whole body has arrived. Only generation requests'
+    bodies are read, and all of those being read at once hold at most `read_budget_bytes` (else 503).
+    A response write that waits `send_timeout_s` for a client that does not read closes the connection.
     """
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     # 8 MiB: a 128k-token prompt is ~0.5-1 MB of JSON (up to ~3 MB with every character \u-escaped).
     max_body_bytes: int = 8 * 2**20
+    # Bytes of bodies being read (before admission) across all connections; None: BODY_READ_BUDGET_BODIES bodies.
+    body_read_budget_bytes: int | None = None
+    send_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.read_budget_bytes < self.max_body_bytes:
+            raise ToolkitError(
+                f"the body read budget ({self.read_budget_bytes} bytes) is smaller than the largest body "
+                f"({self.max_body_bytes} bytes): no body that large could ever be read",
+                hint="raise --body-read-budget-mib to at least --max-body-mib, or leave it at its default",
+            )
+
+    @property
+    def read_budget_bytes(self) -> int:
+        """Bytes of request bodies the API reads at once, before admission (the explicit budget or the default)."""
+        if self.body_read_budget_bytes is not None:
+            return self.body_read_budget_bytes
+        return BODY_READ_BUDGET_BODIES * self.max_body_bytes
 
 
 def toolkit_home() -> Path:

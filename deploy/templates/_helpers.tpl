@@ -58,11 +58,6 @@ app.kubernetes.io/component: endpoint-picker
 {{- if not (has .Values.model.target (list "cpu" "synthetic")) }}true{{ end -}}
 {{- end -}}
 
-{{/* preStop + drain + the 5 s toolkit serve gives tritonserver beyond its own exit timeout, + margin. */}}
-{{- define "toolkit.terminationGracePeriod" -}}
-{{- add .Values.drain.preStopSeconds .Values.drain.timeoutSeconds 15 -}}
-{{- end -}}
-
 {{- define "toolkit.startupFailureThreshold" -}}
 {{- div (add .Values.startup.timeoutSeconds .Values.startup.periodSeconds -1) .Values.startup.periodSeconds -}}
 {{- end -}}
@@ -95,10 +90,16 @@ app.kubernetes.io/component: endpoint-picker
 {{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
 {{- $_ := set $affinity "nodeAffinity" $node -}}
 {{- end -}}
-{{- if $affinity }}
+{{- if $affinity -}}
 affinity:
   {{- toYaml $affinity | nindent 2 }}
 {{- end -}}
+{{- end -}}
+
+{{/* The triton container's exec probe: Triton's HTTP health on the pod's loopback, where an httpGet probe cannot reach. */}}
+{{- define "toolkit.tritonProbe" -}}
+exec:
+  command: ["python3", "-m", "toolkit.deploy.probe", {{ printf "http://127.0.0.1:%v%s" .root.Values.ports.tritonHttp .path | quote }}]
 {{- end -}}
 
 {{/* Refuse values that cannot run where asked; every message names the value and the fix. */}}
@@ -138,6 +139,14 @@ affinity:
 {{- end -}}
 {{- if and $v.api.auth.enabled (not $v.api.auth.existingSecret) -}}
 {{- fail "api.auth.existingSecret is empty: create the keys Secret (kubectl create secret generic NAME --from-file=keys=FILE) and set it, or set api.auth.enabled=false to serve without keys" -}}
+{{- end -}}
+{{- $leastGrace := add $v.drain.preStopSeconds $v.drain.timeoutSeconds 5 -}}
+{{- if lt (int $v.drain.terminationGracePeriodSeconds) (int $leastGrace) -}}
+{{- fail (printf "drain.terminationGracePeriodSeconds=%v is shorter than drain.preStopSeconds + drain.timeoutSeconds + the 5 s toolkit serve waits past Triton's drain (%v): set it to at least %v, or render the values again with toolkit deploy --drain-timeout" $v.drain.terminationGracePeriodSeconds $leastGrace $leastGrace) -}}
+{{- end -}}
+{{- $leastProgress := add $v.startup.timeoutSeconds (ternary $v.build.waitTimeoutSeconds 0 $v.build.enabled) -}}
+{{- if lt (int $v.strategy.progressDeadlineSeconds) (int $leastProgress) -}}
+{{- fail (printf "strategy.progressDeadlineSeconds=%v is shorter than startup.timeoutSeconds%s (%v): a rollout would be reported stalled while its replicas still load; set it to at least %v plus the image pull, or render the values again with toolkit deploy" $v.strategy.progressDeadlineSeconds (ternary " + build.waitTimeoutSeconds" "" $v.build.enabled) $leastProgress $leastProgress) -}}
 {{- end -}}
 {{- if and $v.build.enabled (not $v.build.args) -}}
 {{- fail "build.enabled=true but build.args is empty: render the values with toolkit deploy, or set build.enabled=false and put the repository on the volume yourself" -}}

@@ -46,6 +46,9 @@ ERRORS = {
     status: {"model": ErrorResponse} for status in (400, 401, 404, 408, 413, 429, 500, 502, 503)
 }
 LONG_PROMPT_CHARS = 32768
+# Long prompts tokenized at once: each takes ~150-700 bytes of memory per character while it is encoded,
+# so the API's memory is bounded by this count, not by how many clients send long prompts together.
+LONG_ENCODES_AT_ONCE = 2
 RETRY_AFTER_S = 1
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -62,7 +65,7 @@ class ApiSettings:
     api_keys: tuple[str, ...] = ()
     max_in_flight: int = 64
     retry_after_s: int = 1
-    limits: ApiLimits = ApiLimits()  # header and body read timeouts, body size
+    limits: ApiLimits = ApiLimits()  # header, body and send timeouts; body size and read budget
 
 
 class ClientGone(Exception):
@@ -88,6 +91,7 @@ class ApiState:
         self.metrics = ApiMetrics()
         self.model_id = settings.served_model_name or repository.served_model_name
         self.created = int(time.time())
+        self.long_encodes = asyncio.Semaphore(LONG_ENCODES_AT_ONCE)
 
     def check_model(self, name: str) -> None:
         if name not in (self.model_id, self.settings.model_name):
@@ -228,7 +232,8 @@ async def _encode(state: ApiState, prompt: str, param: str) -> list[int]:
             code="context_length_exceeded",
         )
     if len(prompt) > LONG_PROMPT_CHARS:
-        return await asyncio.to_thread(state.codec.encode_long, prompt)
+        async with state.long_encodes:
+            return await asyncio.to_thread(state.codec.encode_long, prompt)
     return state.codec.encode(prompt)
 
 
@@ -335,9 +340,22 @@ async def _respond(state: ApiState, job: Job, stream: bool, request: Request):
     except InferenceFailed as exc:
         await texts.aclose()
         raise _engine_error(exc) from exc
-    return StreamingResponse(
+    return _EventStream(
         _sse(job, generation, texts, first), media_type="text/event-stream", headers=SSE_HEADERS
     )
+
+
+class _EventStream(StreamingResponse):
+    """A StreamingResponse that closes its event generator however the response ends. Starlette stops
+    iterating when the client is gone (a disconnect, or a write past --send-timeout) but may leave the
+    generator at a `yield`, to be closed whenever it is collected: closing it here cancels the engine
+    request at once."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
 
 
 async def _collect(texts: AsyncIterator[str]) -> str:

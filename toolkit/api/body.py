@@ -1,9 +1,11 @@
-"""Read a request's whole body before the app sees it: within a deadline, up to a size.
+"""Read a request's whole body before the app sees it: within a deadline, up to a size, within a budget.
 
 uvicorn bounds neither (h11 and httptools alike hand the app whatever arrives, whenever it
 arrives), and FastAPI reads the body only inside the route, after the gate has counted the request
 in flight. Reading it here first means a slow or oversized upload is refused (408, 413) without ever
-holding an in-flight slot, and the app gets the body in one message.
+holding an in-flight slot, and the app gets the body in one message. The bodies being read at once
+share one ReadBudget: past it a new body is refused (503) before it is read, so what slow uploads
+hold in memory is bounded however many connections send them.
 """
 
 from __future__ import annotations
@@ -28,19 +30,75 @@ class _TooLarge(Exception):
     pass
 
 
+class _OverBudget(Exception):
+    pass
+
+
 class ClientLeft(Exception):
     """The client disconnected before its body was complete."""
 
 
-async def read_body(scope, receive, limits: ApiLimits) -> bytes | Refusal:
+class ReadBudget:
+    """Bytes of request bodies being read at once, across all connections: at most `limit` (one per app).
+
+    A body with a Content-Length reserves all of it before a byte is read; a chunked one reserves
+    what has arrived, chunk by chunk. The reservation ends when the body is complete (it then belongs
+    to a request that counts against --max-in-flight, or is dropped with a 429) or refused.
+    """
+
+    def __init__(self, limit: int, on_change=lambda held: None):
+        self.limit = limit
+        self.held = 0
+        self.on_change = on_change  # told the bytes held after each change (a gauge)
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        self.on_change(self.held)
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
+        self.on_change(self.held)
+
+
+class _Reservation:
+    """One body's share of the budget: grows to what the body needs, given back once."""
+
+    def __init__(self, budget: ReadBudget):
+        self.budget = budget
+        self.size = 0
+
+    def cover(self, size: int) -> bool:
+        """Reserve up to `size` bytes in all; False (nothing more reserved) when the budget has no room."""
+        if size <= self.size:
+            return True
+        if not self.budget.take(size - self.size):
+            return False
+        self.size = size
+        return True
+
+    def release(self) -> None:
+        self.budget.give_back(self.size)
+        self.size = 0
+
+
+async def read_body(scope, receive, limits: ApiLimits, budget: ReadBudget) -> bytes | Refusal:
     """The whole body, or why not; raises ClientLeft when the client hangs up first."""
     declared = _content_length(scope)
     if declared is not None and declared > limits.max_body_bytes:
         return _too_large(f"is {declared} bytes", limits)
+    reservation = _Reservation(budget)
     try:
-        return await _within(limits.body_timeout_s, _read_all(receive, limits.max_body_bytes))
+        if not reservation.cover(declared or 0):
+            return _busy(budget)
+        reading = _read_all(receive, limits.max_body_bytes, reservation.cover)
+        return await _within(limits.body_timeout_s, reading)
     except _TooLarge:
         return _too_large("is larger than that", limits)
+    except _OverBudget:
+        return _busy(budget)
     except asyncio.TimeoutError:
         return Refusal(
             408,
@@ -48,6 +106,8 @@ async def read_body(scope, receive, limits: ApiLimits) -> bytes | Refusal:
             "faster, or raise the limit with --body-timeout (toolkit api / toolkit serve).",
             "request_timeout",
         )
+    finally:
+        reservation.release()
 
 
 def replay(body: bytes, receive):
@@ -62,7 +122,8 @@ def replay(body: bytes, receive):
     return receive_body
 
 
-async def _read_all(receive, max_bytes: int) -> bytes:
+async def _read_all(receive, max_bytes: int, cover) -> bytes:
+    """The body's chunks joined; `cover(size)` must reserve the bytes read so far, else _OverBudget."""
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -73,6 +134,8 @@ async def _read_all(receive, max_bytes: int) -> bytes:
         size += len(chunk)
         if size > max_bytes:
             raise _TooLarge()
+        if not cover(size):
+            raise _OverBudget()
         if chunk:
             chunks.append(chunk)
         if not message.get("more_body", False):
@@ -86,6 +149,15 @@ async def _within(seconds: float, coroutine):
         async with asyncio.timeout(seconds):
             return await coroutine
     return await asyncio.wait_for(coroutine, seconds)
+
+
+def _busy(budget: ReadBudget) -> Refusal:
+    return Refusal(
+        503,
+        f"The server is reading as many request bodies as it holds at once ({budget.limit} bytes); retry "
+        "shortly, or raise the limit with --body-read-budget-mib (toolkit api / toolkit serve).",
+        "server_busy",
+    )
 
 
 def _too_large(what: str, limits: ApiLimits) -> Refusal:

@@ -1,30 +1,41 @@
-"""uvicorn's HTTP protocols with a deadline and a size bound on request headers.
+"""uvicorn's HTTP protocols with a deadline and a size bound on request headers, and a deadline on writes.
 
-uvicorn has neither for httptools (h11 bounds the size, at 16 KiB, but not the time): a connection
-that opens and sends nothing, or sends its headers a byte at a time, is held forever, and httptools
-takes megabytes of headers. Here the headers of each request must be complete within
+uvicorn has neither header bound for httptools (h11 bounds the size, at 16 KiB, but not the time): a
+connection that opens and sends nothing, or sends its headers a byte at a time, is held forever, and
+httptools takes megabytes of headers. Here the headers of each request must be complete within
 `header_timeout_s` of the connection opening (or of the previous response, on a kept-alive
 connection) and within MAX_HEADER_BYTES; else the connection is answered 408 or 431 and closed
 (closed silently when nothing at all was sent, as an idle kept-alive connection is).
-The body's own deadline and size are the gate's (toolkit/api/body.py).
+
+Nor does uvicorn bound a write: once the transport's write buffer passes its high-water mark (64 KiB),
+every `send` of the app awaits the buffer draining, with no deadline, so a client that stops reading
+holds its request (and its --max-in-flight slot, and the engine's work) forever. Here the buffer must
+drain to its low-water mark within `send_timeout_s` of passing the high-water mark, else the connection
+is aborted: the app's send returns, the stream sees the disconnect and cancels the engine request.
+The body's own deadline, size and budget are the gate's (toolkit/api/body.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from toolkit.api.errors import error_body
 
 MAX_HEADER_BYTES = 64 * 1024  # request line and headers; h11's own bound is 16 KiB
+log = logging.getLogger("toolkit.api")
 
 
-class _HeaderBounds:
+class _Bounds:
     """Mixed into a uvicorn HTTP protocol: headers_complete is seen as `self.cycle` changing (both
-    protocols make a new RequestResponseCycle when a request's headers are complete)."""
+    protocols make a new RequestResponseCycle when a request's headers are complete); a stalled write
+    as the transport's pause_writing not followed by resume_writing."""
 
     header_timeout_s: float = 10.0
+    send_timeout_s: float = 30.0
     _header_deadline: asyncio.TimerHandle | None = None
+    _send_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -54,7 +65,34 @@ class _HeaderBounds:
 
     def connection_lost(self, exc) -> None:
         self._stop_waiting()
+        self._stop_send_deadline()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_deadline is None:
+            self._send_deadline = self.loop.call_later(
+                self.send_timeout_s, self._client_not_reading
+            )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_send_deadline()
+
+    def _stop_send_deadline(self) -> None:
+        if self._send_deadline is not None:
+            self._send_deadline.cancel()
+            self._send_deadline = None
+
+    def _client_not_reading(self) -> None:
+        self._send_deadline = None
+        log.info(
+            "closing the connection of %s: it read too little of its response for %g s (--send-timeout)",
+            f"{self.client[0]}:{self.client[1]}" if self.client else "a client",
+            self.send_timeout_s,
+        )
+        # abort, not close: close() would wait for the write buffer to drain, which is what never happens.
+        self.transport.abort()
 
     def _expect_headers(self) -> None:
         self._stop_waiting()
@@ -93,13 +131,15 @@ class _HeaderBounds:
         self.transport.close()
 
 
-def bounded_protocol(http: str, header_timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's protocol class for `http` (auto, httptools, h11) with the header bounds."""
+def bounded_protocol(
+    http: str, header_timeout_s: float, send_timeout_s: float
+) -> type[asyncio.Protocol]:
+    """uvicorn's protocol class for `http` (auto, httptools, h11) with the header and write bounds."""
     base = _base_protocol(http)
     return type(
         f"Bounded{base.__name__}",
-        (_HeaderBounds, base),
-        {"header_timeout_s": header_timeout_s},
+        (_Bounds, base),
+        {"header_timeout_s": header_timeout_s, "send_timeout_s": send_timeout_s},
     )
 
 

@@ -1,10 +1,16 @@
-"""The API's front door, as plain ASGI middleware: API keys, the body's deadline and size, the in-flight bound,
-request counting.
+"""The API's front door, as plain ASGI middleware: API keys, the body's deadline, size and read budget, the
+in-flight bound, request counting.
 
 Plain ASGI (not BaseHTTPMiddleware) so streamed responses pass through untouched and a generation
 keeps its in-flight slot until its stream has really ended, however it ends (done, error, or the
 client hanging up mid-stream). A request is counted in flight only once its whole body has arrived:
 a client trickling a body holds a connection (until --body-timeout), never a slot.
+
+Nothing is read for a caller without a key (every path but /health and /metrics needs one when keys
+are set), and only a generation request's body is ever read: every other request is answered
+without reading its body, and its connection closed when it announced one (its unread bytes must
+not be parsed as the next request). So what bodies hold in memory is bounded by the read budget
+(before admission) and by --max-in-flight requests (after).
 """
 
 from __future__ import annotations
@@ -13,13 +19,15 @@ import hmac
 import json
 import time
 
-from toolkit.api.body import ClientLeft, Refusal, read_body, replay
+from toolkit.api.body import ClientLeft, ReadBudget, Refusal, read_body, replay
 from toolkit.api.errors import error_body
 from toolkit.api.metrics import ApiMetrics
 from toolkit.settings import ApiLimits
 
 ARRIVAL = "toolkit_arrival"
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # answered without an API key (probes, scrapers)
+CLOSE = (b"connection", b"close")
 ENDPOINTS = {
     "/v1/chat/completions": "chat_completions",
     "/v1/completions": "completions",
@@ -47,6 +55,7 @@ class Gate:
         self.metrics = metrics
         self.limits = limits or ApiLimits()
         self.in_flight = 0
+        self.budget = ReadBudget(self.limits.read_budget_bytes, metrics.body_read.set)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -63,7 +72,7 @@ class Gate:
 
         generation = scope["method"] == "POST" and path in GENERATION_PATHS
         try:
-            if path.startswith("/v1/") and self.api_keys and not self._authorized(scope):
+            if path not in OPEN_PATHS and self.api_keys and not self._authorized(scope):
                 await self._refuse(
                     send_and_record,
                     401,
@@ -71,21 +80,21 @@ class Gate:
                     "invalid_request_error",
                     "invalid_api_key",
                     # Its body is not read: close rather than parse it as the next request's headers.
-                    [(b"www-authenticate", b"Bearer"), (b"connection", b"close")],
+                    [(b"www-authenticate", b"Bearer"), CLOSE],
                 )
+                return
+            if not generation:
+                if _announces_body(scope):
+                    send_and_record = _closing(send_and_record)
+                await self.app(scope, _without_body(receive), send_and_record)
                 return
             receive = await self._whole_body(scope, receive, send_and_record, status)
             if receive is None:
                 return
-            if (
-                generation
-            ):  # where time-to-first-token starts (Starlette's request.state reads scope["state"])
-                scope.setdefault("state", {})[ARRIVAL] = time.perf_counter()
-            if generation and self.in_flight >= self.max_in_flight:
+            # Where time-to-first-token starts (Starlette's request.state reads scope["state"]).
+            scope.setdefault("state", {})[ARRIVAL] = time.perf_counter()
+            if self.in_flight >= self.max_in_flight:
                 await self._refuse_busy(send_and_record)
-                return
-            if not generation:
-                await self.app(scope, receive, send_and_record)
                 return
             self.in_flight += 1
             self.metrics.in_flight.inc()
@@ -98,18 +107,19 @@ class Gate:
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
 
     async def _whole_body(self, scope, receive, send, status: list):
-        """A `receive` that replays the whole body; None when it was refused (408, 413) or its client left."""
+        """A `receive` that replays the whole body; None when it was refused (408, 413, 503) or its client left."""
         try:
-            body = await read_body(scope, receive, self.limits)
+            body = await read_body(scope, receive, self.limits, self.budget)
         except ClientLeft:
             status[0] = 499
             return None
         if isinstance(body, Refusal):
             # Part of the body may still be on its way: close the connection rather than read it.
-            close = [(b"connection", b"close")]
-            await self._refuse(
-                send, body.status, body.message, "invalid_request_error", body.code, close
-            )
+            headers, kind = [CLOSE], "invalid_request_error"
+            if body.status == 503:  # the read budget is full: the server's state, not the request's
+                headers.append((b"retry-after", str(self.retry_after_s).encode()))
+                kind = "server_error"
+            await self._refuse(send, body.status, body.message, kind, body.code, headers)
             return None
         return replay(body, receive)
 
@@ -146,3 +156,39 @@ class Gate:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def _announces_body(scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
+
+
+def _closing(send):
+    """`send` with `connection: close` on the response: the request's unread body is never parsed."""
+
+    async def send_and_close(message):
+        if message["type"] == "http.response.start":
+            headers = [h for h in message.get("headers", ()) if h[0].lower() != b"connection"]
+            message = {**message, "headers": [*headers, CLOSE]}
+        await send(message)
+
+    return send_and_close
+
+
+def _without_body(receive):
+    """A `receive` for a request whose body is not read: an empty body, then only a disconnect."""
+    given = False
+
+    async def receive_no_body():
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        while True:  # what is left of the body is passed over, never kept
+            message = await receive()
+            if message["type"] != "http.request":
+                return message
+
+    return receive_no_body

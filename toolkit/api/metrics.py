@@ -87,6 +87,11 @@ class ApiMetrics:
         self.in_flight = Gauge(
             "toolkit_api_requests_in_flight", "Generation requests being served now", registry=r
         )
+        self.body_read = Gauge(
+            "toolkit_api_body_read_bytes",
+            "Bytes of request bodies being read now, before admission (bounded by --body-read-budget-mib)",
+            registry=r,
+        )
         self.rejected = Counter(
             "toolkit_api_rejected_requests",
             "Generation requests refused with 429 (in-flight bound reached)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -32,8 +33,10 @@ def _uvicorn_server(
         host=host,
         port=port,
         loop=loop,  # auto: uvloop when installed (a dependency), else asyncio
-        # auto: httptools when installed (a dependency), else h11; with a deadline on request headers
-        http=bounded_protocol(http, settings.limits.header_timeout_s),
+        # auto: httptools when installed (a dependency), else h11; with deadlines on request headers and writes
+        http=bounded_protocol(
+            http, settings.limits.header_timeout_s, settings.limits.send_timeout_s
+        ),
         log_level=log_level,
         access_log=False,  # the access log would show paths only, but keep request lines out of logs by default
         # On SIGTERM/Ctrl-C: stop accepting at once, let open requests and streams finish this long.
@@ -56,7 +59,21 @@ def run_api(
     """Serve in the foreground until interrupted (Ctrl-C or SIGTERM, then in-flight requests get
     `drain_timeout_s` seconds to finish while new connections are refused)."""
     server = _uvicorn_server(settings, host, port, log_level, loop, http, drain_timeout_s)
-    server.run()
+    # uvicorn re-raises the signal it drained on once it is done, which would end a clean drain as
+    # "killed by SIGTERM" (exit 143 in a pod). Handlers of ours receive that re-raise instead; before
+    # uvicorn installs its own, they ask it to exit.
+    stop_signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {
+            sig: signal.signal(sig, lambda _signum, _frame: setattr(server, "should_exit", True))
+            for sig in stop_signals
+        }
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if not server.started:
         raise ServerError(
             f"the API could not start on {host}:{port}",

@@ -201,9 +201,6 @@ class TritonBackend:
             return f"The engine of `{self.model_name}` cannot serve: {self.fault}"
         return None
 
-    async def ready(self, timeout_s: float = 2.0) -> bool:
-        return await self.health(timeout_s) is None
-
     async def check_engine(self) -> None:
         """Send a one-token request (one at a time, at most every PROBE_INTERVAL_S): a fatal error records the
         fault and ends every open stream, an answer clears the fault, no answer in time (busy) changes nothing."""
@@ -295,9 +292,9 @@ class TritonBackend:
                     return
             finished = True  # the stream ended without a final flag: nothing more will come
         except asyncio.CancelledError:
-            if stream.failure is None:
-                raise  # the client went away (or the app shuts down)
-            raise EngineFault(stream.failure) from None  # the watchdog cancelled the call
+            if stream.failure is None or _cancel_requested():
+                raise  # the client went away (or the app shuts down), even as the watchdog failed the call
+            raise EngineFault(stream.failure) from None  # only the watchdog cancelled the call
         except grpc.aio.AioRpcError as exc:
             if stream.failure is not None:
                 raise EngineFault(stream.failure) from exc
@@ -379,6 +376,15 @@ class TritonBackend:
 
 
 _GREEDY = Sampling(temperature=0)
+
+
+def _cancel_requested() -> bool:
+    """Whether this task was cancelled (Task.cancel), not only the gRPC call it awaited (call.cancel, the
+    watchdog's). Python 3.10 cannot tell them apart: there, a stream the watchdog failed ends with the
+    fault even when its client went away at the same moment."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return cancelling is not None and cancelling() > 0
 
 
 def _first_line(exc: BaseException) -> str:

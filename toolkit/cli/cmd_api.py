@@ -11,12 +11,13 @@ from toolkit.cli.options import api_key_options, reject_api_key_value
 from toolkit.cli.render import emit_json, note
 from toolkit.repository.reader import open_repository
 from toolkit.serve.net import is_loopback
-from toolkit.settings import EXIT_TIMEOUT_S, ApiLimits
+from toolkit.settings import BODY_READ_BUDGET_BODIES, EXIT_TIMEOUT_S, ApiLimits
 from toolkit.settings import api_keys as read_api_keys
 
 
 def api_limit_options(function):
-    """--header-timeout, --body-timeout, --max-body-mib (toolkit.settings.ApiLimits), for `api` and `serve`."""
+    """--header-timeout, --body-timeout, --max-body-mib, --body-read-budget-mib, --send-timeout
+    (toolkit.settings.ApiLimits), for `api` and `serve`."""
     defaults = ApiLimits()
     for option in reversed(
         (
@@ -40,17 +41,42 @@ def api_limit_options(function):
                 default=defaults.max_body_bytes / 2**20,
                 help="OpenAI API: largest request body, in MiB; a larger one is refused with 413.",
             ),
+            click.option(
+                "--body-read-budget-mib",
+                type=click.FloatRange(min=0, min_open=True),
+                default=None,
+                show_default=f"{BODY_READ_BUDGET_BODIES} x --max-body-mib",
+                help="OpenAI API: MiB of request bodies read at once (before admission), over all "
+                "connections; a body that would pass it gets 503 with Retry-After at once.",
+            ),
+            click.option(
+                "--send-timeout",
+                type=click.FloatRange(min=0, min_open=True),
+                default=defaults.send_timeout_s,
+                help="OpenAI API: seconds a response write may wait for a client that does not read "
+                "(its write buffer full); then the connection is closed and its generation cancelled.",
+            ),
         )
     ):
         function = option(function)
     return function
 
 
-def api_limits(header_timeout: float, body_timeout: float, max_body_mib: float) -> ApiLimits:
+def api_limits(
+    header_timeout: float,
+    body_timeout: float,
+    max_body_mib: float,
+    body_read_budget_mib: float | None,
+    send_timeout: float,
+) -> ApiLimits:
     return ApiLimits(
         header_timeout_s=header_timeout,
         body_timeout_s=body_timeout,
         max_body_bytes=int(max_body_mib * 2**20),
+        body_read_budget_bytes=None
+        if body_read_budget_mib is None
+        else int(body_read_budget_mib * 2**20),
+        send_timeout_s=send_timeout,
     )
 
 
@@ -133,6 +159,8 @@ def command(
     header_timeout,
     body_timeout,
     max_body_mib,
+    body_read_budget_mib,
+    send_timeout,
     event_loop,
     http_impl,
     log_level,
@@ -154,7 +182,9 @@ def command(
             )
     keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
-    limits = api_limits(header_timeout, body_timeout, max_body_mib)
+    limits = api_limits(
+        header_timeout, body_timeout, max_body_mib, body_read_budget_mib, send_timeout
+    )
     settings = ApiSettings(
         triton_url, repo, model_name, served_model_name, keys, max_in_flight, limits=limits
     )
@@ -172,6 +202,8 @@ def command(
                 "header_timeout_s": limits.header_timeout_s,
                 "body_timeout_s": limits.body_timeout_s,
                 "max_body_bytes": limits.max_body_bytes,
+                "body_read_budget_bytes": limits.read_budget_bytes,
+                "send_timeout_s": limits.send_timeout_s,
                 "loop": event_loop,
                 "http": http_impl,
                 "drain_timeout_s": drain_timeout,

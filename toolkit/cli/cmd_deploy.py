@@ -20,23 +20,24 @@ from toolkit.deploy.plan import ROUTING_MODES
     help="Repository written by toolkit build (GPU: with its engine).",
 )
 @click.option(
-    "-n",
     "--replicas",
     type=click.IntRange(min=1),
     default=None,
-    help="Replicas (with autoscaling: at start) [default: the cluster values', else 1].",
+    help="A fixed number of replicas, without autoscaling [default: the cluster values', else 1].",
 )
 @click.option(
     "--min-replicas",
     type=click.IntRange(min=1),
     default=None,
-    help="Autoscaling floor [default: --replicas]; needs --max-replicas.",
+    help="Autoscaling floor, and the count it starts from [default: the cluster values', else 1]; needs "
+    "--max-replicas (or autoscaling in the cluster values).",
 )
 @click.option(
     "--max-replicas",
     type=click.IntRange(min=1),
     default=None,
-    help="Turn on KEDA autoscaling on waiting requests and KV-cache use, up to this many replicas.",
+    help="Turn on KEDA autoscaling on requests in flight, waiting requests and KV-cache use, up to this "
+    "many replicas (instead of --replicas).",
 )
 @click.option(
     "-o",
@@ -97,10 +98,18 @@ from toolkit.deploy.plan import ROUTING_MODES
     "installed [default: the cluster values', else auto].",
 )
 @click.option(
+    "--concurrency-per-replica",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Autoscaling target: requests in flight (scheduled + waiting) per replica; the concurrency at which "
+    "one replica meets your latency targets, from toolkit bench [default: the engine's max_batch_size].",
+)
+@click.option(
     "--waiting-per-replica",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Autoscaling target: waiting requests per replica [4].",
+    help="Autoscaling saturation trigger: requests the engine could not schedule (batch slots or KV "
+    "blocks full) per replica [4].",
 )
 @click.option(
     "--kv-cache-fraction",
@@ -112,13 +121,15 @@ from toolkit.deploy.plan import ROUTING_MODES
     "--drain-timeout",
     type=click.IntRange(min=1),
     default=None,
-    help="Seconds a stopping replica lets in-flight streams finish [from the longest stream the plan allows].",
+    help="Seconds a stopping replica lets in-flight requests finish [from the longest request the limits "
+    "allow: its wait for a batch slot, then its stream].",
 )
 @click.option(
     "--startup-timeout",
     type=click.IntRange(min=10),
     default=None,
-    help="Seconds a replica may take to load [from the weights' size at 200 MB/s, plus start-up].",
+    help="Seconds a replica may take to load [from the weights' size at 200 MB/s, its files hashed at "
+    "1 GB/s, plus start-up].",
 )
 @click.option("--dry-run", is_flag=True, help="Print the values; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -137,6 +148,7 @@ def command(
     no_auth,
     hf_token_secret,
     routing,
+    concurrency_per_replica,
     waiting_per_replica,
     kv_cache_fraction,
     drain_timeout,
@@ -161,6 +173,7 @@ def command(
         api_key_secret=api_key_secret,
         hf_token_secret=hf_token_secret,
         routing=routing,
+        concurrency_per_replica=concurrency_per_replica,
         waiting_per_replica=waiting_per_replica,
         kv_cache_fraction=kv_cache_fraction,
         drain_timeout=drain_timeout,

@@ -40,6 +40,12 @@ from toolkit.settings import api_keys as read_api_keys
     help="Triton Prometheus metrics port.",
 )
 @click.option(
+    "--metrics-host",
+    default=None,
+    help="Address for the metrics endpoint alone [default: --host]; e.g. 0.0.0.0 with --host 127.0.0.1 "
+    "keeps Triton's HTTP/gRPC and the API on loopback and lets scrapers in (toolkit deploy's pods).",
+)
+@click.option(
     "--openai-port",
     type=click.IntRange(1, 65535),
     default=None,
@@ -93,6 +99,7 @@ def command(
     http_port,
     grpc_port,
     metrics_port,
+    metrics_host,
     openai_port,
     api_key_files,
     api_key,
@@ -100,6 +107,8 @@ def command(
     header_timeout,
     body_timeout,
     max_body_mib,
+    body_read_budget_mib,
+    send_timeout,
     expose_triton,
     allow_modified,
     ready_timeout,
@@ -115,7 +124,7 @@ def command(
     config = ServerConfig(
         repo=repo.resolve(),
         host=triton_host,
-        metrics_host=host,
+        metrics_host=metrics_host or host,
         http_port=http_port,
         grpc_port=grpc_port,
         metrics_port=metrics_port,
@@ -135,7 +144,9 @@ def command(
         api_host=host,
         api_keys=keys,
         max_in_flight=max_in_flight,
-        api_limits=api_limits(header_timeout, body_timeout, max_body_mib),
+        api_limits=api_limits(
+            header_timeout, body_timeout, max_body_mib, body_read_budget_mib, send_timeout
+        ),
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
         session = start_serving(

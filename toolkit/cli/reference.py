@@ -23,7 +23,7 @@ def reference() -> str:
         "a test fails when this file and the help disagree. Every command also takes `-h`.",
         "",
     ]
-    for name in [None, *sorted(cli.commands)]:
+    for name in [None, *sorted(n for n, c in cli.commands.items() if not c.hidden)]:
         parts += _section(name)
     return "\n".join(parts).rstrip() + "\n"
 

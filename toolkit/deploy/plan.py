@@ -20,6 +20,7 @@ from toolkit.deploy import sizing
 from toolkit.deploy.fingerprint import fingerprint
 from toolkit.deploy.reproduce import build_arguments
 from toolkit.deploy.values import (
+    chart_defaults,
     check_cluster_values,
     gpu_products_for,
     load_values_file,
@@ -27,26 +28,18 @@ from toolkit.deploy.values import (
     merge,
 )
 from toolkit.engine.info import EngineInfo, read_engine_info
+from toolkit.engine.layout import rank_engine_files
 from toolkit.errors import DeployError, ToolkitError
 from toolkit.repository.engines import TrtllmEngine
-from toolkit.repository.reader import Repository, open_repository
+from toolkit.repository.reader import Repository
+from toolkit.serve.launcher import check_repository
 from toolkit.trtllm import container_for
 
-# GPU Feature Discovery labels each node nvidia.com/gpu.product with the NVML device name, spaces
-# turned into '-' (NVIDIA/k8s-device-plugin, internal/lm/resource.go, sanitise()); the names are
-# what `nvidia-smi --query-gpu=name` prints on each card.
-GPU_PRODUCTS: dict[str, tuple[str, ...]] = {
-    "h100-sxm": ("NVIDIA-H100-80GB-HBM3",),
-    "h100-pcie": ("NVIDIA-H100-PCIe",),
-    "h100-nvl": ("NVIDIA-H100-NVL",),
-    "h200": ("NVIDIA-H200",),
-    "a100-80gb": ("NVIDIA-A100-SXM4-80GB",),
-    "l40s": ("NVIDIA-L40S",),
-}
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 ROUTING_MODES = {"auto": "auto", "inference-pool": "inferencePool", "service": "service"}
 DEFAULT_MOUNT_PATH = "/models"
-WAITING_PER_REPLICA = 4  # waiting requests per replica the autoscaler holds the pool to
+# Requests the engine could not schedule (batch slots or KV blocks full) per replica: a saturation trigger.
+WAITING_PER_REPLICA = 4
 KV_CACHE_FRACTION = 0.8  # KV-cache use per replica (the endpoint picker's own saturation mark)
 HTTP_ROUTE_MIN_S = 300
 NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -72,6 +65,7 @@ class DeployRequest:
     hf_token_secret: str | None = None
     # auto | inference-pool | service; default: the cluster values', else auto
     routing: str | None = None
+    concurrency_per_replica: float | None = None  # default: the engine's max_batch_size
     waiting_per_replica: float | None = None
     kv_cache_fraction: float | None = None
     drain_timeout: int | None = None
@@ -136,18 +130,22 @@ def plan_deployment(request: DeployRequest) -> DeploymentPlan:
     engine = repository.engine
     gpu = isinstance(engine, TrtllmEngine)
     info = _checked_engine(repository, engine) if gpu else None
-    cluster = {}
+    files: list[tuple[str, dict]] = []
     for path in request.values_files:
         data = load_values_file(path)
         check_cluster_values(data, repository.target, gpu, str(path))
+        files.append((str(path), data))
+    cluster: dict = {}
+    for _, data in files:
         cluster = merge(cluster, data)
     name = _release_name(request, repository)
     derived = _derived_values(request, repository, info, cluster)
     flags = _flag_values(request)
-    # What follows from the load and drain times, from the ones that hold after the cluster values and flags.
-    timing = merge(merge(derived, cluster), flags)
-    values = merge(merge(merge(derived, _timing_values(timing)), cluster), flags)
-    _check_values(values, request, repository, info, name)
+    # What follows from the load and drain times, from the ones that hold after the cluster values
+    # and flags (and the chart's defaults under them all, as helm merges them).
+    timing = merge(merge(merge(chart_defaults(), derived), cluster), flags)
+    values = merge(merge(merge(derived, _timing_values(timing, repository)), cluster), flags)
+    _check_values(values, request, repository, info, name, files)
     return DeploymentPlan(
         request=request,
         repository=repository,
@@ -155,21 +153,15 @@ def plan_deployment(request: DeployRequest) -> DeploymentPlan:
         fingerprint=values["model"]["fingerprint"],
         values=values,
         base_image=values["model"]["tritonImage"] or None,
-        notes=_notes(values, repository),
+        notes=_notes(values, repository, request, files),
     )
 
 
 # --- the repository -----------------------------------------------------------------------------
 def _checked_repository(path: Path) -> Repository:
-    repository = open_repository(Path(path).resolve())
-    changes = repository.file_changes()
-    if changes:
-        listed = ", ".join(f"{c.path} ({c.change})" for c in changes[:5])
-        raise DeployError(
-            f"{repository.path} differs from what toolkit build wrote: {listed}; the replicas would refuse it",
-            hint=f"rebuild it: {repository.rebuild_command}",
-        )
-    return repository
+    """The repository as built, by this toolkit: the pods run this toolkit's image, and the build
+    Job rebuilds with it (another release's repository would only fail there, after the build)."""
+    return check_repository(Path(path).resolve(), same_toolkit=True, modified_fix=None)
 
 
 def _checked_engine(repository: Repository, engine: TrtllmEngine) -> EngineInfo:
@@ -191,7 +183,7 @@ def _checked_engine(repository: Repository, engine: TrtllmEngine) -> EngineInfo:
 
 
 def engine_files(info: EngineInfo) -> list[Path]:
-    return [Path(info.engine_dir) / f"rank{rank}.engine" for rank in range(info.world_size)]
+    return rank_engine_files(Path(info.engine_dir), info.world_size)
 
 
 # --- values -------------------------------------------------------------------------------------
@@ -219,7 +211,7 @@ def _derived_values(
     gpu = info is not None
     world_size = info.world_size if gpu else 1
     load_bytes = sizing.weight_bytes(repository, engine_files(info) if gpu else None)
-    startup_s = sizing.startup_seconds(load_bytes, gpu)
+    startup_s = sizing.startup_seconds(load_bytes, gpu, sizing.repository_bytes(repository))
     drain_s = sizing.drain_seconds(repository)
     limits = repository.limits
     values = {
@@ -248,6 +240,9 @@ def _derived_values(
             },
         },
         "autoscaling": {
+            # Scale before requests wait: the engine's batch slots, until `toolkit bench` measures
+            # the concurrency one replica serves within its latency targets (docs/deploy.md).
+            "concurrencyPerReplica": limits.max_batch_size,
             "waitingPerReplica": WAITING_PER_REPLICA,
             "kvCacheFraction": KV_CACHE_FRACTION,
         },
@@ -255,12 +250,13 @@ def _derived_values(
     }
     if gpu:
         where = ", ".join(str(p) for p in request.values_files) or "no -f files"
-        values["gpu"]["products"] = gpu_products_for(manifest.target, cluster, GPU_PRODUCTS, where)
+        values["gpu"]["products"] = gpu_products_for(manifest.target, cluster, where)
         values["tolerations"] = [GPU_TOLERATION]
     if request.build:
         values["build"] = {
             "enabled": True,
             "args": build_arguments(repository, info.record if gpu else None),
+            "resources": sizing.build_resources(repository, world_size),
         }
     else:
         values["build"] = {"enabled": False, "args": []}
@@ -268,15 +264,22 @@ def _derived_values(
     return values
 
 
-def _timing_values(values: dict) -> dict:
-    """The route timeout and the autoscaler's behaviour, from the load and drain times in `values`."""
+def _timing_values(values: dict, repository: Repository) -> dict:
+    """The grace period, the rollout's deadline, the route timeout and the autoscaler's behaviour,
+    from the load and drain times in `values` (the chart's defaults under everything else)."""
     startup_s = values["startup"]["timeoutSeconds"]
     drain_s = values["drain"]["timeoutSeconds"]
-    grace_s = sizing.grace_seconds(
-        drain_s, lookup(values, "drain.preStopSeconds", sizing.PRESTOP_S)
-    )
+    grace_s = sizing.grace_seconds(drain_s, lookup(values, "drain.preStopSeconds"))
+    build_wait_s = lookup(values, "build.waitTimeoutSeconds") if values["build"]["enabled"] else 0
+    # A request may wait for a batch slot before its first token, then stream: the gateway must
+    # let it (and a drain no shorter than that).
+    route_s = max(HTTP_ROUTE_MIN_S, drain_s, sizing.request_seconds(repository))
     return {
-        "routing": {"httpRoute": {"requestTimeout": f"{max(HTTP_ROUTE_MIN_S, drain_s)}s"}},
+        "drain": {"terminationGracePeriodSeconds": grace_s},
+        "strategy": {
+            "progressDeadlineSeconds": sizing.progress_deadline_seconds(startup_s, build_wait_s)
+        },
+        "routing": {"httpRoute": {"requestTimeout": f"{route_s}s"}},
         "autoscaling": sizing.scaling_behavior(startup_s, grace_s),
     }
 
@@ -305,6 +308,8 @@ def _flag_values(request: DeployRequest) -> dict:
         scaling["maxReplicas"] = request.max_replicas
     if request.min_replicas is not None:
         scaling["minReplicas"] = request.min_replicas
+    if request.concurrency_per_replica is not None:
+        scaling["concurrencyPerReplica"] = request.concurrency_per_replica
     if request.waiting_per_replica is not None:
         scaling["waitingPerReplica"] = request.waiting_per_replica
     if request.kv_cache_fraction is not None:
@@ -334,9 +339,14 @@ def _split_image(image: str) -> tuple[str, str | None]:
 
 # --- checks on the merged values ----------------------------------------------------------------
 def _check_values(
-    values: dict, request: DeployRequest, repository: Repository, info: EngineInfo | None, name: str
+    values: dict,
+    request: DeployRequest,
+    repository: Repository,
+    info: EngineInfo | None,
+    name: str,
+    files: list[tuple[str, dict]],
 ) -> None:
-    _check_replicas(request, values)
+    _check_replicas(request, values, files)
     _fill_image(values, repository, info)
     if info is not None and int(lookup(values, "gpu.count", 0)) != info.world_size:
         raise DeployError(
@@ -351,13 +361,18 @@ def _check_values(
         _check_on_volume(repository, info, values["storage"]["mountPath"])
 
 
-def _check_replicas(request: DeployRequest, values: dict) -> None:
-    """1 <= min <= replicas <= max, from the flags or the cluster values; no scale to zero."""
-    replicas = values["replicas"]
-    if not isinstance(replicas, int) or replicas < 1:
-        raise DeployError(
-            f"replicas={replicas!r} must be 1 or more", hint="pass --replicas 1 or more"
-        )
+def _given(key: str, flag: str, flag_value, files: list[tuple[str, dict]], value) -> str:
+    """How a person wrote `value`: the flag, the cluster file that set `key` (the last one), or the default."""
+    if flag_value is not None:
+        return f"{flag} {flag_value}"
+    where = [path for path, data in files if lookup(data, key) is not None]
+    if where:
+        return f"{key}={value} in {where[-1]}"
+    return f"{key}={value} (the chart's default)"
+
+
+def _check_replicas(request: DeployRequest, values: dict, files: list[tuple[str, dict]]) -> None:
+    """A fixed count >= 1, or autoscaling between 1 <= min <= max; never both, no scale to zero."""
     scaling = values["autoscaling"]
     if not scaling.get("enabled"):
         if request.min_replicas is not None:
@@ -365,14 +380,41 @@ def _check_replicas(request: DeployRequest, values: dict) -> None:
                 "--min-replicas needs --max-replicas (autoscaling runs between the two)",
                 hint="add --max-replicas N, or drop --min-replicas for a fixed --replicas",
             )
+        replicas = values["replicas"]
+        if not isinstance(replicas, int) or replicas < 1:
+            given = _given("replicas", "--replicas", request.replicas, files, replicas)
+            raise DeployError(
+                f"{given}: a deployment needs 1 replica or more", hint="pass --replicas 1 or more"
+            )
         return
-    scaling.setdefault("minReplicas", replicas)
-    low, high = scaling["minReplicas"], scaling.get("maxReplicas")
-    if high is None or not 1 <= low <= replicas <= high:
+    if request.replicas is not None:
+        on = _given("autoscaling.enabled", "--max-replicas", request.max_replicas, files, "true")
+        off = "drop --max-replicas" if request.max_replicas is not None else f"turn off {on}"
         raise DeployError(
-            f"--min-replicas {low} <= --replicas {replicas} <= --max-replicas {high} does not hold",
-            hint="pass 1 <= --min-replicas <= --replicas <= --max-replicas (no scale to zero: a replica "
-            "takes minutes to load)",
+            f"--replicas {request.replicas} is a fixed count, but autoscaling is on ({on}): KEDA "
+            "decides the count, between the autoscaling floor and ceiling",
+            hint="drop --replicas and pass --min-replicas N for the floor (the count it starts from), "
+            f"or {off} for a fixed count",
+        )
+    low = scaling.setdefault("minReplicas", lookup(chart_defaults(), "autoscaling.minReplicas"))
+    high = scaling.get("maxReplicas")
+    low_given = _given(
+        "autoscaling.minReplicas", "--min-replicas", request.min_replicas, files, low
+    )
+    if high is None:
+        on = _given("autoscaling.enabled", "--max-replicas", None, files, "true")
+        raise DeployError(
+            f"autoscaling is on ({on}) without a ceiling",
+            hint="pass --max-replicas N, or set autoscaling.maxReplicas in that file",
+        )
+    high_given = _given(
+        "autoscaling.maxReplicas", "--max-replicas", request.max_replicas, files, high
+    )
+    if not (isinstance(low, int) and isinstance(high, int) and 1 <= low <= high):
+        raise DeployError(
+            f"autoscaling needs 1 <= floor <= ceiling: {low_given}, {high_given}",
+            hint="pass 1 <= --min-replicas <= --max-replicas (no scale to zero: a replica takes minutes "
+            "to load)",
         )
 
 
@@ -413,7 +455,9 @@ def _check_on_volume(repository: Repository, info: EngineInfo | None, mount_path
             )
 
 
-def _notes(values: dict, repository: Repository) -> list[str]:
+def _notes(
+    values: dict, repository: Repository, request: DeployRequest, files: list[tuple[str, dict]]
+) -> list[str]:
     notes = []
     if not values["api"]["auth"].get("enabled", True):
         notes.append("no API keys (--no-auth): anyone who reaches the API can generate")
@@ -422,4 +466,20 @@ def _notes(values: dict, repository: Repository) -> list[str]:
             f"drain timeout {values['drain']['timeoutSeconds']}s assumes at least {sizing.CPU_TOKENS_PER_S:.0f} "
             "tokens/s per stream; measure with toolkit bench and pass --drain-timeout"
         )
+    scaling = values["autoscaling"]
+    if scaling.get("enabled"):
+        set_in = [path for path, data in files if lookup(data, "replicas") is not None]
+        if set_in:
+            notes.append(
+                f"replicas={values['replicas']} in {set_in[-1]} is not used: with autoscaling KEDA "
+                f"scales between {scaling.get('minReplicas', 1)} and {scaling['maxReplicas']}"
+            )
+        if request.concurrency_per_replica is None and not any(
+            lookup(data, "autoscaling.concurrencyPerReplica") is not None for _, data in files
+        ):
+            notes.append(
+                f"autoscaling holds {scaling['concurrencyPerReplica']} requests per replica (the engine's "
+                "max_batch_size); measure the concurrency that meets your latency targets with toolkit "
+                "bench and pass --concurrency-per-replica"
+            )
     return notes

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from toolkit.repository import contract as c
-from toolkit.repository.engines import CpuEngine, SyntheticEngine
+from toolkit.repository.engines import CpuEngine, SyntheticEngine, TrtllmEngine
 from toolkit.repository.reader import Repository
 
 GIB = 2**30
@@ -21,19 +21,29 @@ LOAD_BYTES_PER_S = 200e6
 # the KV pool allocation and CUDA graph capture (GPU); torch import and model build (CPU).
 GPU_START_S = 180
 CPU_START_S = 60
+# toolkit serve checks every file of the repository against its manifest's sha256 before it starts
+# Triton (the init container hashes them first and leaves memos in the pod's cache; a miss hashes
+# again): at 1 GB/s or better from the page cache or the volume.
+HASH_BYTES_PER_S = 1e9
+# Before a replica's first probe: scheduling, pulling the image (NVIDIA's Triton TRT-LLM container
+# is about 20 GB: 400 s at 50 MB/s) and starting it. Only the Deployment's progress deadline counts it.
+IMAGE_PULL_S = 600
 # Measured decode steps run slower than the planner's roofline bound (a lower bound) under load.
 ROOFLINE_MARGIN = 2.0
 # The slowest CPU stream the drain is sized for, in tokens/s (measure yours with toolkit bench).
 CPU_TOKENS_PER_S = 10.0
 DRAIN_MIN_S, DRAIN_MAX_S = 30, 900
-PRESTOP_S = 5
-GRACE_MARGIN_S = (
-    15  # beyond preStop + drain: toolkit serve's own 5 s past Triton's exit timeout, and slack
-)
+# Beyond preStop + drain: toolkit serve's own 5 s past Triton's exit timeout, and slack.
+GRACE_MARGIN_S = 15
 SHM_BYTES = 2 * GIB
 HOST_OVERHEAD_BYTES = 2 * GIB  # Python, tokenizers, the API's and Triton's own memory
 GPU_HOST_OVERHEAD_BYTES = 8 * GIB  # plus CUDA, MPI and TensorRT-LLM's host buffers
 FP32_BYTES = 4
+# The build Job holds the checkpoint in host memory (transformers' load, ModelOpt's quantization
+# and calibration) and the TensorRT-LLM checkpoint converted from it: two copies at once. Checkpoints
+# on the hub are bf16, 2 bytes per parameter (the memory plan counts the parameters).
+BUILD_CHECKPOINT_COPIES = 2
+CHECKPOINT_BYTES_PER_PARAMETER = 2
 
 
 def weight_bytes(repository: Repository, engine_files: list[Path] | None = None) -> int:
@@ -46,10 +56,25 @@ def weight_bytes(repository: Repository, engine_files: list[Path] | None = None)
     )
 
 
-def startup_seconds(load_bytes: int, gpu: bool) -> int:
-    """How long a replica may take to become ready, rounded up to 10 s."""
-    seconds = (GPU_START_S if gpu else CPU_START_S) + load_bytes / LOAD_BYTES_PER_S
+def repository_bytes(repository: Repository) -> int:
+    """Bytes of every file the manifest records: what a replica hashes before it serves."""
+    return sum(size for size, _, _ in repository.manifest.files.values())
+
+
+def startup_seconds(load_bytes: int, gpu: bool, hash_bytes: int = 0) -> int:
+    """How long a replica may take to become ready (check its files, load its weights), rounded up to 10 s."""
+    seconds = (
+        (GPU_START_S if gpu else CPU_START_S)
+        + hash_bytes / HASH_BYTES_PER_S
+        + load_bytes / LOAD_BYTES_PER_S
+    )
     return int(math.ceil(seconds / 10) * 10)
+
+
+def progress_deadline_seconds(startup_s: int, build_wait_s: int = 0) -> int:
+    """The Deployment's progressDeadlineSeconds: image pull, the init container's wait for the build
+    Job (`build_wait_s`, 0 without one) and the load, before a rollout is reported as stalled."""
+    return IMAGE_PULL_S + build_wait_s + startup_s
 
 
 def longest_stream_seconds(repository: Repository) -> float:
@@ -64,13 +89,28 @@ def longest_stream_seconds(repository: Repository) -> float:
     return tokens / CPU_TOKENS_PER_S
 
 
+def queue_wait_seconds(repository: Repository) -> float:
+    """The longest an admitted request waits for a batch slot before its first token: the API admits
+    max_batch_size + max_queue_size (see max_in_flight), so up to max_queue_size wait, and they start
+    max_batch_size at a time, each wave after a stream of the longest kind has finished."""
+    limits = repository.limits
+    waiting = max_in_flight(repository) - limits.max_batch_size
+    return math.ceil(waiting / limits.max_batch_size) * longest_stream_seconds(repository)
+
+
+def request_seconds(repository: Repository) -> int:
+    """The longest request a replica may hold: its wait for a batch slot, then the longest stream."""
+    return int(math.ceil(queue_wait_seconds(repository) + longest_stream_seconds(repository)))
+
+
 def drain_seconds(repository: Repository) -> int:
-    """Seconds in-flight streams get after SIGTERM: the longest stream, within [30 s, 15 min]."""
-    return int(min(DRAIN_MAX_S, max(DRAIN_MIN_S, math.ceil(longest_stream_seconds(repository)))))
+    """Seconds in-flight requests get after SIGTERM (the queued ones too: Triton finishes every request
+    it holds): the longest request, within [30 s, 15 min]."""
+    return int(min(DRAIN_MAX_S, max(DRAIN_MIN_S, request_seconds(repository))))
 
 
-def grace_seconds(drain_s: int, prestop_s: int = PRESTOP_S) -> int:
-    """terminationGracePeriodSeconds as the chart computes it."""
+def grace_seconds(drain_s: int, prestop_s: int) -> int:
+    """terminationGracePeriodSeconds: preStop, the drain, and toolkit serve's own margin past it."""
     return prestop_s + drain_s + GRACE_MARGIN_S
 
 
@@ -101,6 +141,26 @@ def max_in_flight(repository: Repository) -> int:
     """What the API admits at once: the engine's batch slots and its waiting room, nothing Triton would take."""
     limits = repository.limits
     return limits.max_batch_size + (limits.max_queue_size or limits.max_batch_size)
+
+
+def checkpoint_bytes(repository: Repository) -> int:
+    """Bytes of the checkpoint the build reads: bf16 for every parameter the memory plan counts (GPU),
+    else the checkpoint the repository carries."""
+    plan = repository.memory_plan
+    if plan is not None:
+        return plan.parameter_count * CHECKPOINT_BYTES_PER_PARAMETER
+    return weight_bytes(repository)
+
+
+def build_resources(repository: Repository, world_size: int) -> dict:
+    """CPU and memory requests for the build Job (its GPUs are the chart's). No memory limit: a
+    conversion that needs more than planned may use what the node has free instead of dying
+    after hours of work; the request keeps the scheduler off nodes that lack it."""
+    gpu = isinstance(repository.engine, TrtllmEngine)
+    overhead = GPU_HOST_OVERHEAD_BYTES if gpu else HOST_OVERHEAD_BYTES
+    memory = overhead + BUILD_CHECKPOINT_COPIES * checkpoint_bytes(repository) + SHM_BYTES
+    cpus = 4 + 2 * world_size if gpu else 2
+    return {"requests": {"cpu": str(cpus), "memory": f"{math.ceil(memory / GIB)}Gi"}}
 
 
 def clamp(value: float, low: int, high: int) -> int:

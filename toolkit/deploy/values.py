@@ -1,18 +1,43 @@
-"""Values files: read them, merge them the way helm does, and refuse cluster values that contradict
-the repository (its facts come from the manifest, never from a cluster file)."""
+"""Values files: the chart's own defaults, cluster files; read them, merge them the way helm does,
+and refuse cluster values that contradict the repository (its facts come from the manifest, never
+from a cluster file)."""
 
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 
 import yaml
 
 from toolkit.errors import DeployError
+from toolkit.plan.gpus import GPU_PROFILES
 
 # Keys whose values are facts of the repository (or of --no-build): toolkit deploy writes them, a
 # cluster file may not.
 MANIFEST_KEYS = ("model", "build.enabled", "build.args")
+
+
+def chart_source() -> Path:
+    """deploy/ of a source checkout, or the copy a wheel carries as toolkit/_deploy."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "_deploy", package.parent / "deploy"):
+        if (candidate / "Chart.yaml").is_file():
+            return candidate
+    raise DeployError(
+        "the toolkit's Helm chart (deploy/Chart.yaml) is not installed with this toolkit",
+        hint="reinstall the toolkit (pip install -e . in a checkout)",
+    )
+
+
+@functools.cache
+def _chart_defaults() -> dict:
+    return load_values_file(chart_source() / "values.yaml")
+
+
+def chart_defaults() -> dict:
+    """The chart's values.yaml: the defaults helm merges under every values file (a fresh copy)."""
+    return copy.deepcopy(_chart_defaults())
 
 
 def load_values_file(path: Path) -> dict:
@@ -81,11 +106,9 @@ def check_cluster_values(cluster: dict, target: str, gpu: bool, where: str) -> N
         )
 
 
-def gpu_products_for(
-    target: str, cluster: dict, known: dict[str, tuple[str, ...]], where: str
-) -> list[str]:
+def gpu_products_for(target: str, cluster: dict, where: str) -> list[str]:
     """The node label values of the repository's GPU: from the cluster values' `gpu.targets` when
-    they name targets, else from GPU Feature Discovery's names (`known`)."""
+    they name targets, else from GPU Feature Discovery's names in the GPU's profile."""
     named = lookup(cluster, "gpu.targets")
     if named is not None:
         if not isinstance(named, dict) or target not in named or not named[target]:
@@ -97,9 +120,10 @@ def gpu_products_for(
                 f"node label values to {where}), or rebuild for one of: {listed}",
             )
         return [str(p) for p in named[target]]
-    if target not in known:
+    profile = GPU_PROFILES.get(target)
+    if profile is None or not profile.gpu_products:
         raise DeployError(
             f"toolkit deploy knows no node label for the GPU target {target}",
             hint=f"name it in a cluster values file: gpu.targets.{target}: [<nvidia.com/gpu.product value>]",
         )
-    return list(known[target])
+    return list(profile.gpu_products)

@@ -1,17 +1,18 @@
 """Wait until the repository a deployment was rendered for is on the volume; refuse any other.
 
-    python -m toolkit.deploy.wait --repo DIR --fingerprint FP [--timeout SECONDS]
+    wait_for_repository(repo, fingerprint, timeout_s) -> Repository
 
-The chart runs it as each replica's init container (the build Job may still be running) and at the
-end of the build Job (`--timeout 0`: the repository just built must be the one deployed). Exit 0
-when DIR holds a complete, unmodified repository with fingerprint FP; exit 1, naming what is there
-instead, when it holds another one, a modified one, or nothing after SECONDS.
+The chart runs it (`toolkit wait-for-repository`, a hidden command) as each replica's init
+container, while the build Job may still be running, and at the end of the build Job (`--timeout 0`:
+the repository just built must be the one deployed). It succeeds when the folder holds a complete,
+unmodified repository with the rendered fingerprint, built by this toolkit; it fails, naming what is
+there instead, when it holds another one, a modified one, or nothing after the timeout. Hashing the
+files leaves memos in TOOLKIT_HOME, which the pod's containers share, so `toolkit serve` does not
+hash them again.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,16 +20,19 @@ from pathlib import Path
 from toolkit.deploy.fingerprint import describe, fingerprint
 from toolkit.errors import DeployError, ToolkitError
 from toolkit.repository.reader import MANIFEST, Repository, open_repository
+from toolkit.serve.launcher import check_repository
 
 POLL_S = 5.0
 REPORT_EVERY_S = 60.0
+REBUILD_ON_THE_VOLUME = "remove that folder from the volume and let the build Job write it again"
 
 
 def check_repository_for(repo: Path, expected: str) -> Repository | None:
     """The repository at `repo` when it is the expected one; None while there is none yet.
 
-    DeployError when something else is there: a foreign or broken folder, a repository with
-    another fingerprint, or one whose files changed after the build.
+    DeployError when something else is there: a foreign or broken folder, or a repository with
+    another fingerprint; RepositoryError (toolkit.serve.launcher.check_repository) when its files
+    changed after the build or another toolkit built it.
     """
     if not (repo / MANIFEST).is_file():
         return None  # toolkit build swaps a whole repository into place: no manifest, no repository yet
@@ -37,7 +41,7 @@ def check_repository_for(repo: Path, expected: str) -> Repository | None:
     except ToolkitError as exc:
         raise DeployError(
             f"{repo} holds no usable repository: {exc.message}",
-            hint="remove that folder from the volume; the build Job writes it again",
+            hint=REBUILD_ON_THE_VOLUME,
         ) from exc
     found = fingerprint(repository.manifest)
     if found != expected:
@@ -46,14 +50,7 @@ def check_repository_for(repo: Path, expected: str) -> Repository | None:
             hint="render the deployment for this repository (toolkit deploy --repo), or let the build "
             "Job of this release write its own repository",
         )
-    changes = repository.file_changes()
-    if changes:
-        listed = ", ".join(f"{c.path} ({c.change})" for c in changes[:5])
-        raise DeployError(
-            f"{repo} differs from what toolkit build wrote: {listed}",
-            hint="remove that folder from the volume and let the build Job write it again",
-        )
-    return repository
+    return check_repository(repo, same_toolkit=True, modified_fix=REBUILD_ON_THE_VOLUME)
 
 
 def wait_for_repository(
@@ -82,33 +79,3 @@ def wait_for_repository(
             on_wait(f"waiting for the repository {repo} (fingerprint {expected}): {waited:.0f}s")
             reported = waited
         time.sleep(min(poll_s, max(0.0, timeout_s - waited)))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m toolkit.deploy.wait", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--repo", required=True, type=Path, help="the repository folder on the volume"
-    )
-    parser.add_argument(
-        "--fingerprint", required=True, help="the fingerprint toolkit deploy rendered"
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=0.0, help="seconds to wait for it (0: check once)"
-    )
-    args = parser.parse_args(argv)
-    note = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        repository = wait_for_repository(args.repo, args.fingerprint, args.timeout, on_wait=note)
-    except ToolkitError as exc:
-        note(f"Error: {exc.message}")
-        if exc.hint:
-            note(f"  fix: {exc.hint}")
-        return 1
-    note(f"{args.repo}: {describe(repository.manifest)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

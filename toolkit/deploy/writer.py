@@ -23,6 +23,7 @@ import yaml
 
 from toolkit import __version__
 from toolkit.deploy.plan import DeploymentPlan
+from toolkit.deploy.values import chart_source
 from toolkit.errors import DeployError
 from toolkit.fsutil import deferred_interrupts, file_lock, make_world_readable
 
@@ -37,18 +38,6 @@ class DeploymentResult:
     values: Path
     chart: Path
     commands: list[str]
-
-
-def chart_source() -> Path:
-    """deploy/ of a source checkout, or the copy a wheel carries as toolkit/_deploy."""
-    package = Path(__file__).resolve().parents[1]
-    for candidate in (package / "_deploy", package.parent / "deploy"):
-        if (candidate / "Chart.yaml").is_file():
-            return candidate
-    raise DeployError(
-        "the toolkit's Helm chart (deploy/Chart.yaml) is not installed with this toolkit",
-        hint="reinstall the toolkit (pip install -e . in a checkout)",
-    )
 
 
 def write_deployment(plan: DeploymentPlan, output: Path) -> DeploymentResult:

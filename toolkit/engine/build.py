@@ -13,6 +13,7 @@ from pathlib import Path
 
 from toolkit.engine.build_plan import EngineBuildPlan
 from toolkit.engine.cache import RECORD, cache_key, checkpoint_hash, is_cached
+from toolkit.engine.layout import rank_engine_files
 from toolkit.engine.tools import require_gpu_sm, require_trtllm
 from toolkit.errors import EngineBuildError
 from toolkit.fsutil import file_lock, write_text_atomic
@@ -157,9 +158,7 @@ def check_engine_layout(engine_dir: Path, world_size: int | None = None) -> dict
             f"{engine_dir} is not a TensorRT-LLM engine folder ({exc!r})", hint="rebuild the engine"
         ) from exc
     expected = world_size or mapping.get("world_size", 1)
-    missing = [
-        f"rank{r}.engine" for r in range(expected) if not (engine_dir / f"rank{r}.engine").is_file()
-    ]
+    missing = [path.name for path in rank_engine_files(engine_dir, expected) if not path.is_file()]
     if missing:
         raise EngineBuildError(
             f"{engine_dir} lacks {', '.join(missing)}",

@@ -6,6 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from toolkit.engine.layout import rank_engine_files
 from toolkit.model.verify import checked_sha256
 
 # Files whose bytes decide the engine; tokenizer files do not.
@@ -45,7 +46,7 @@ def read_record(engine_dir: Path) -> dict | None:
 
 def is_cached(engine_dir: Path, key: str, world_size: int) -> bool:
     record = read_record(engine_dir)
-    ranks_present = all((engine_dir / f"rank{r}.engine").is_file() for r in range(world_size))
+    ranks_present = all(path.is_file() for path in rank_engine_files(engine_dir, world_size))
     return (
         bool(record)
         and record.get("cache_key") == key

@@ -28,6 +28,10 @@ class GpuProfile:
     bf16_tflops: float  # dense
     fp8_tflops: float | None  # dense; None where the chip has no FP8 tensor cores
     sm: str  # compute capability as nvidia-smi --query-gpu=compute_cap prints it, e.g. "9.0"
+    # The node label values of this card: GPU Feature Discovery labels each node
+    # nvidia.com/gpu.product with the NVML device name (what `nvidia-smi --query-gpu=name` prints),
+    # spaces turned into '-' (NVIDIA/k8s-device-plugin, internal/lm/resource.go, sanitise()).
+    gpu_products: tuple[str, ...] = ()
 
     @property
     def supports_fp8(self) -> bool:
@@ -42,6 +46,7 @@ class GpuProfile:
             "bf16_tflops": self.bf16_tflops,
             "fp8_tflops": self.fp8_tflops,
             "sm": self.sm,
+            "gpu_products": list(self.gpu_products),
         }
 
 
@@ -52,27 +57,75 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         # BF16 1,979 TFLOPS* and FP8 3,958 TFLOPS* with sparsity -> 989.5 / 1,979 dense. Hopper: SM 9.0.
         # nvidia-smi on "NVIDIA H100 80GB HBM3": memory.total 81559 MiB.
         GpuProfile(
-            "h100-sxm", "NVIDIA H100 SXM 80GB", 81559 * MIB, 3.35 * TB, 989.5, 1979.0, "9.0"
+            "h100-sxm",
+            "NVIDIA H100 SXM 80GB",
+            81559 * MIB,
+            3.35 * TB,
+            989.5,
+            1979.0,
+            "9.0",
+            gpu_products=("NVIDIA-H100-80GB-HBM3",),
         ),
         # Same datasheet, "H100 PCIe" column: 80 GB HBM2e, 2 TB/s, BF16 1,513* / FP8 3,026* (sparse);
         # nvidia-smi on "NVIDIA H100 PCIe": 81559 MiB.
         GpuProfile(
-            "h100-pcie", "NVIDIA H100 PCIe 80GB", 81559 * MIB, 2.0 * TB, 756.5, 1513.0, "9.0"
+            "h100-pcie",
+            "NVIDIA H100 PCIe 80GB",
+            81559 * MIB,
+            2.0 * TB,
+            756.5,
+            1513.0,
+            "9.0",
+            gpu_products=("NVIDIA-H100-PCIe",),
         ),
         # Same datasheet, "H100 NVL" column: 94 GB HBM3, 3.9 TB/s, BF16 1,671* / FP8 3,341* (sparse).
         # The datasheet's 94 GB (decimal): no nvidia-smi figure we could cite; errs low.
-        GpuProfile("h100-nvl", "NVIDIA H100 NVL 94GB", 94 * GB, 3.9 * TB, 835.5, 1670.5, "9.0"),
+        GpuProfile(
+            "h100-nvl",
+            "NVIDIA H100 NVL 94GB",
+            94 * GB,
+            3.9 * TB,
+            835.5,
+            1670.5,
+            "9.0",
+            gpu_products=("NVIDIA-H100-NVL",),
+        ),
         # NVIDIA H200 Tensor Core GPU datasheet (2024), "H200 SXM": 141 GB HBM3e, 4.8 TB/s,
         # BF16 1,979* / FP8 3,958* (sparse), same Hopper compute as H100 SXM; nvidia-smi: 143771 MiB.
-        GpuProfile("h200", "NVIDIA H200 SXM 141GB", 143771 * MIB, 4.8 * TB, 989.5, 1979.0, "9.0"),
+        GpuProfile(
+            "h200",
+            "NVIDIA H200 SXM 141GB",
+            143771 * MIB,
+            4.8 * TB,
+            989.5,
+            1979.0,
+            "9.0",
+            gpu_products=("NVIDIA-H200",),
+        ),
         # NVIDIA A100 Tensor Core GPU datasheet (2021), "A100 80GB SXM": 80 GB HBM2e, 2,039 GB/s,
         # BF16 312 TFLOPS dense (624 sparse); no FP8. Ampere: SM 8.0. nvidia-smi: 81920 MiB.
         GpuProfile(
-            "a100-80gb", "NVIDIA A100 SXM 80GB", 81920 * MIB, 2.039 * TB, 312.0, None, "8.0"
+            "a100-80gb",
+            "NVIDIA A100 SXM 80GB",
+            81920 * MIB,
+            2.039 * TB,
+            312.0,
+            None,
+            "8.0",
+            gpu_products=("NVIDIA-A100-SXM4-80GB",),
         ),
         # NVIDIA L40S datasheet (2023): 48 GB GDDR6, 864 GB/s, BF16 362.05 dense (733 sparse),
         # FP8 733 dense (1,466 sparse). Ada Lovelace: SM 8.9. nvidia-smi: 46068 MiB.
-        GpuProfile("l40s", "NVIDIA L40S 48GB", 46068 * MIB, 0.864 * TB, 362.05, 733.0, "8.9"),
+        GpuProfile(
+            "l40s",
+            "NVIDIA L40S 48GB",
+            46068 * MIB,
+            0.864 * TB,
+            362.05,
+            733.0,
+            "8.9",
+            gpu_products=("NVIDIA-L40S",),
+        ),
     )
 }
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolkit import __version__
 from toolkit.errors import RepositoryError, ServerError
 from toolkit.repository import contract as c
 from toolkit.repository.engines import TrtllmEngine
@@ -70,15 +71,34 @@ class RunningServer:
         )
 
 
-def check_repository(repo: Path, *, allow_modified: bool = False) -> Repository:
-    """Open `repo` and refuse what cannot be served as built: foreign, stale, modified files, other model sources."""
+def check_repository(
+    repo: Path,
+    *,
+    allow_modified: bool = False,
+    same_toolkit: bool = False,
+    modified_fix: str | None = "serve it as it is with --allow-modified",
+) -> Repository:
+    """Open `repo` and refuse what cannot be served as built: foreign, stale, modified files, other model sources.
+
+    `same_toolkit`: refuse a repository built by another toolkit release or from other model sources
+    for every target, not only for the Python engines (for callers whose next step runs this toolkit
+    on it: toolkit deploy's image and build Job). `modified_fix`: the caller's other way out of
+    modified files, beside rebuilding (None: rebuilding only).
+    """
     repository = open_repository(repo)
-    if (
-        repository.target in PYTHON_TARGETS
-        and repository.manifest.sources_digest != sources_digest()
-    ):
+    manifest = repository.manifest
+    current = sources_digest()
+    stale = manifest.sources_digest != current
+    if same_toolkit and (stale or manifest.toolkit_version != __version__):
         raise RepositoryError(
-            f"{repo} was built by toolkit {repository.manifest.toolkit_version} from other model sources than this "
+            f"{repo} was built by toolkit {manifest.toolkit_version} (model sources {manifest.sources_digest}); "
+            f"this is toolkit {__version__} (model sources {current})",
+            hint=f"rebuild it with this toolkit ({repository.rebuild_command}), or use toolkit "
+            f"{manifest.toolkit_version}",
+        )
+    if repository.target in PYTHON_TARGETS and stale:
+        raise RepositoryError(
+            f"{repo} was built by toolkit {manifest.toolkit_version} from other model sources than this "
             "toolkit's",
             hint=f"rebuild: {repository.rebuild_command}",
         )
@@ -88,7 +108,8 @@ def check_repository(repo: Path, *, allow_modified: bool = False) -> Repository:
         more = f" and {len(changes) - 5} more" if len(changes) > 5 else ""
         raise RepositoryError(
             f"{repo} differs from what toolkit build wrote: {listed}{more}",
-            hint=f"rebuild it ({repository.rebuild_command}), or serve it as it is with --allow-modified",
+            hint=f"rebuild it ({repository.rebuild_command})"
+            + (f", or {modified_fix}" if modified_fix else ""),
         )
     return repository
 

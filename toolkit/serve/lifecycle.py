@@ -40,7 +40,7 @@ class ServeOptions:
     api_keys: tuple[str, ...] = ()
     max_in_flight: int = 64
     api_log: Path | None = None
-    api_limits: ApiLimits = ApiLimits()  # the OpenAI API's header/body timeouts and body size
+    api_limits: ApiLimits = ApiLimits()  # the OpenAI API's timeouts, body size and body read budget
 
 
 @dataclass

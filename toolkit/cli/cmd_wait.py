@@ -1,0 +1,36 @@
+"""`toolkit wait-for-repository` (hidden): what the chart's init container and build Job run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from toolkit.deploy.fingerprint import describe
+from toolkit.deploy.wait import wait_for_repository
+
+
+@click.command("wait-for-repository", hidden=True)
+@click.option(
+    "--repo",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The repository folder on the volume.",
+)
+@click.option("--fingerprint", required=True, help="The fingerprint toolkit deploy rendered.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    help="Seconds to wait for it (0: check once).",
+)
+def command(repo, fingerprint, timeout):
+    """Wait until REPO holds the repository with FINGERPRINT that toolkit deploy rendered, built by
+    this toolkit and unmodified; refuse any other (exit 1, naming what is there)."""
+
+    # Plain lines (no rich wrapping): they end up in `kubectl logs`, one event per line.
+    def say(message: str) -> None:
+        click.echo(message, err=True)
+
+    repository = wait_for_repository(repo, fingerprint, timeout, on_wait=say)
+    say(f"{repo}: {describe(repository.manifest)}")
