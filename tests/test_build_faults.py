@@ -281,3 +281,42 @@ def test_manifest_json_of_a_built_repository_is_what_serve_reads(tiny, tmp_path)
         ).exit_code
         == 0
     )
+
+
+# --- locks ---------------------------------------------------------------------------------------
+
+
+def test_a_build_leaves_nothing_beside_its_output(tiny, tmp_path):
+    """The folder that holds the output gets the repository and nothing else: no lock file, no
+    leftovers (the quickstart builds into a git checkout, which must stay clean)."""
+    repo = tmp_path / "repo"
+    assert build("-t", "cpu", "-m", str(tiny), "-o", str(repo)).exit_code == 0
+    assert build("-t", "cpu", "-m", str(tiny), "-o", str(repo)).exit_code == 0  # a rebuild too
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
+
+
+LOCK_HOLDER = """
+import sys, time
+from pathlib import Path
+from toolkit.fsutil import file_lock
+lock, log, rounds = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+for _ in range(rounds):
+    with file_lock(lock):
+        with open(log, "a") as out:
+            out.write("in\\n"); out.flush(); time.sleep(0.002); out.write("out\\n")
+"""
+
+
+def test_a_lock_that_removes_its_file_still_excludes(tmp_path):
+    """Removing the lock file on release must not let two holders in at once (one that waited on the
+    removed file's inode would otherwise hold a lock nobody else sees)."""
+    lock, log = tmp_path / ".x.lock", tmp_path / "log"
+    workers = [
+        subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(lock), str(log), "60"])
+        for _ in range(4)
+    ]
+    assert all(w.wait(120) == 0 for w in workers)
+    lines = log.read_text().split()
+    assert len(lines) == 4 * 60 * 2
+    assert lines == ["in", "out"] * (4 * 60), "two holders were inside the lock at once"
+    assert not lock.exists()

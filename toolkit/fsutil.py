@@ -22,14 +22,32 @@ FICLONE = (
 
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock held while the block runs (other processes wait)."""
+    """An exclusive advisory lock held while the block runs (other processes wait).
+
+    The lock file is removed on release, so nothing is left beside the artifact. A waiter may then
+    hold a lock on the removed file's inode: after locking, it checks that the path still names the
+    inode it locked, and otherwise tries again on the new file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            locked = os.fstat(fd)
+            with contextlib.suppress(FileNotFoundError):
+                current = os.stat(path)
+                if (current.st_dev, current.st_ino) == (locked.st_dev, locked.st_ino):
+                    break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the file was removed (and maybe recreated) while we waited: lock anew
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # still holding the lock: no one can be inside the block on this path
+        os.close(fd)  # releases the lock
 
 
 def write_text_atomic(path: Path, text: str) -> None:
