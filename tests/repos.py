@@ -9,6 +9,8 @@ from toolkit.model.sources import ResolvedModel
 from toolkit.repository.engines import CpuEngine, SyntheticEngine
 from toolkit.repository.limits import RepositoryLimits
 from toolkit.repository.writer import plan_repository, write_repository
+from toolkit.serve.launcher import RunningServer, ServerConfig, launch_server
+from toolkit.serve.net import free_port
 
 TINY_LLAMA_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -72,3 +74,20 @@ def gpu_engine_plan(model: str, target: str | None = "h100-sxm", **options):
     from toolkit.build import BuildRequest, plan_build
 
     return plan_build(BuildRequest(model=str(model), target=target, **options)).engine_build
+
+
+def launch_on_free_ports(
+    repo: Path, log_file: Path, ready_timeout_s: float, **config
+) -> RunningServer:
+    """tritonserver over `repo` on three free ports, ready (or raising) within `ready_timeout_s`."""
+    return launch_server(
+        ServerConfig(
+            repo=repo,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            ready_timeout_s=ready_timeout_s,
+            log_file=log_file,
+            **config,
+        )
+    )

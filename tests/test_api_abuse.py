@@ -31,7 +31,7 @@ from toolkit.repository.writer import plan_repository, write_repository
 from toolkit.serve.net import free_port
 from toolkit.settings import ApiLimits
 
-from repos import config_only_checkpoint
+from repos import config_only_checkpoint, launch_on_free_ports
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(180)]
 
@@ -99,19 +99,8 @@ def _repository(root: Path, *, step_time_ms: float = 20.0, **limits) -> Path:
 
 
 def _serve(repo: Path, log_dir: Path):
-    from toolkit.serve.launcher import ServerConfig, launch_server
-
-    return launch_server(
-        ServerConfig(
-            repo=repo,
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            ready_timeout_s=120,
-            exit_timeout_s=3,  # a dead stub must not hold the teardown for Triton's default 30 s
-            log_file=log_dir / "server.log",
-        )
-    )
+    # exit_timeout_s: a dead stub must not hold the teardown for Triton's default 30 s
+    return launch_on_free_ports(repo, log_dir / "server.log", 120, exit_timeout_s=3)
 
 
 @pytest.fixture(scope="module")

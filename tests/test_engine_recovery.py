@@ -13,9 +13,8 @@ import pytest
 
 from toolkit.client.generate import GenerateRequest, generate_grpc
 from toolkit.errors import ClientError
-from toolkit.serve.net import free_port
 
-from repos import write_test_repository
+from repos import launch_on_free_ports, write_test_repository
 from tiny import make_tiny_checkpoint
 
 pytestmark = pytest.mark.server
@@ -29,8 +28,6 @@ def poisoned_server(tmp_path_factory):
     import torch
     from safetensors.torch import load_file, save_file
     from tokenizers import Tokenizer
-
-    from toolkit.serve.launcher import ServerConfig, launch_server
 
     root = tmp_path_factory.mktemp("poisoned")
     checkpoint = make_tiny_checkpoint(root / "checkpoint")
@@ -53,16 +50,7 @@ def poisoned_server(tmp_path_factory):
         kv_cache_tokens=2048,
     )
     log = root / "tritonserver.log"
-    server = launch_server(
-        ServerConfig(
-            repo=repo,
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            ready_timeout_s=300,
-            log_file=log,
-        )
-    )
+    server = launch_on_free_ports(repo, log, 300)
     yield server, log
     server.stop()
 

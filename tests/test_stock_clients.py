@@ -24,7 +24,7 @@ import pytest
 from toolkit.client.tensors import engine_tensors, infer_inputs, scalar
 from toolkit.serve.net import free_port
 
-from repos import write_test_repository
+from repos import launch_on_free_ports, write_test_repository
 from tiny import make_bigram_checkpoint
 
 pytestmark = pytest.mark.server
@@ -38,7 +38,6 @@ ANSWERS = {
 
 
 def _serve(root, decoupled: bool):
-    from toolkit.serve.launcher import ServerConfig, launch_server
 
     checkpoint = root / "checkpoint"
     if not checkpoint.exists():
@@ -52,16 +51,7 @@ def _serve(root, decoupled: bool):
         max_seq_len=2064,
         kv_cache_tokens=8192,
     )
-    server = launch_server(
-        ServerConfig(
-            repo=repo,
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            ready_timeout_s=180,
-            log_file=root / f"server-{decoupled}.log",
-        )
-    )
+    server = launch_on_free_ports(repo, root / f"server-{decoupled}.log", 180)
     return repo, server
 
 

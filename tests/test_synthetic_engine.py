@@ -9,9 +9,8 @@ import pytest
 from toolkit.client.tensors import engine_inputs
 from toolkit.repository import contract as c
 from toolkit.repository.reader import open_repository
-from toolkit.serve.net import free_port
 
-from repos import write_test_repository
+from repos import launch_on_free_ports, write_test_repository
 from tiny import make_tiny_checkpoint
 
 pytestmark = pytest.mark.server
@@ -20,22 +19,12 @@ pytestmark = pytest.mark.server
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A synthetic repository (built by the writer over a tiny checkpoint), served on its own ports."""
-    from toolkit.serve.launcher import ServerConfig, launch_server
 
     root = tmp_path_factory.mktemp("synthetic")
     repo = write_test_repository(
         make_tiny_checkpoint(root / "checkpoint"), root / "repo", synthetic=True
     )
-    server = launch_server(
-        ServerConfig(
-            repo=repo,
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            ready_timeout_s=120,
-            log_file=root / "server.log",
-        )
-    )
+    server = launch_on_free_ports(repo, root / "server.log", 120)
     yield server.grpc_url, tuple(open_repository(repo).engine.token_ids)
     server.stop()
 
