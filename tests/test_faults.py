@@ -368,6 +368,92 @@ def test_streams_longer_than_the_drain_timeout_are_cut_and_nothing_outlives_serv
     assert not survivors(serve.processes)
 
 
+def test_the_exit_code_says_the_drain_timeout_cut_streams_or_not(serving, bigram_repo):
+    """What tritonserver reports when its drain timeout cuts requests must not read as a crash."""
+    serve = serving("--drain-timeout", "1")
+    api_stream = ApiStream(serve.api, "loop", 2000)
+    assert api_stream.first.wait(60)
+    serve.process.send_signal(signal.SIGTERM)
+    code = serve.wait(HANG_BOUND_S)
+    assert code in (0, 1), serve.output()
+    assert ("while stopping" in serve.output()) == (code == 1), serve.output()
+
+
+def test_a_crash_while_draining_is_reported_not_called_a_clean_stop(serving, bigram_repo):
+    serve = serving("--drain-timeout", "60")
+    api_stream = ApiStream(serve.api, "loop", 2000)
+    assert api_stream.first.wait(60)
+    serve.process.send_signal(signal.SIGTERM)
+    time.sleep(1.0)  # draining: the stream still runs
+    assert api_stream.outcome(0) == "hung"
+    os.kill(serve.triton_pid, signal.SIGSEGV)
+    code = serve.wait()
+    assert code == 1, serve.output()
+    assert f"tritonserver exited with code -{int(signal.SIGSEGV)} while stopping" in serve.output()
+    assert "stopped\n" not in serve.output()
+    assert not survivors(serve.processes)
+
+
+def test_a_second_signal_stops_at_once_and_leaves_nothing(serving, bigram_repo):
+    serve = serving("--drain-timeout", "60")
+    api_stream = ApiStream(serve.api, "loop", 2000)
+    assert api_stream.first.wait(60)
+    serve.process.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    assert api_stream.outcome(0) == "hung"  # still draining
+    serve.process.send_signal(signal.SIGINT)
+    code = serve.wait(10)  # not the 60 s drain
+    assert code == 128 + signal.SIGINT, serve.output()
+    assert "stopped by SIGINT" in serve.output()
+    assert api_stream.outcome(HANG_BOUND_S) != "hung"
+    assert not survivors(serve.processes)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_stop_signal_during_start_up_leaves_nothing_behind(bigram_repo, tmp_path, sig):
+    """While the models load (minutes for a GPU engine) a stop signal must end what started."""
+    argv = [sys.executable, "-m", "toolkit.cli.main", "serve", "--repo", str(bigram_repo)]
+    for name in ("http", "grpc", "metrics", "openai"):
+        argv += [f"--{name}-port", str(free_port())]
+    argv += ["--log-file", str(tmp_path / "tritonserver.log")]
+    serve = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and serve.poll() is None:
+            seen |= descendants(serve.pid)
+            if any(_comm(pid) == "triton_python_b" for pid in seen):  # a model is loading
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("no Python-backend stub started")
+        serve.send_signal(sig)
+        try:
+            code = serve.wait(HANG_BOUND_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("serve did not stop") from None
+        stderr = serve.stderr.read()
+        assert not survivors(seen), f"processes outlived serve: {survivors(seen)}\n{stderr}"
+        if sig == signal.SIGINT:
+            assert code == 1 and "Aborted!" in stderr, stderr
+        else:
+            assert code == 128 + sig and f"stopped by {signal.Signals(sig).name}" in stderr, stderr
+        assert "Traceback" not in stderr, stderr
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        for pid in seen:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 @pytest.fixture(scope="module")
 def short_queue_repo(bigram_repo, tmp_path_factory):
     """Two batch slots and two queue places: a fifth concurrent request is over the bound."""

@@ -49,3 +49,31 @@ def test_world_size_4_has_four_ranks_and_distinct_prefixes():
 def test_world_size_1_needs_no_mpirun():
     with pytest.raises(ValueError):
         mpirun_command(1, lambda rank: ["tritonserver"])
+
+
+def test_stubs_under_mpirun_are_watched(tmp_path):
+    """Under mpirun the Python-backend stubs are grandchildren of the process-group leader (mpirun ->
+    tritonserver rank -> stub); serve must still find them, or a dead stub goes unnoticed."""
+    import os
+    import subprocess
+    import time
+
+    from toolkit.serve.lifecycle import STUB, python_stubs
+    from toolkit.subprocs import stop_process
+
+    model_py = tmp_path / "preprocessing" / "1" / "model.py"
+    model_py.parent.mkdir(parents=True)
+    model_py.write_text("sleep 60\n")
+    stub = tmp_path / STUB
+    os.symlink("/bin/sh", stub)  # a process named like the stub, whose first argument is model.py
+    leader = subprocess.Popen(  # "mpirun" -> "rank" -> stub, all in the leader's new group
+        ["/bin/sh", "-c", f"/bin/sh -c '{stub} {model_py}; :' ; :"], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not (found := python_stubs(leader.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(found.values()) == ["preprocessing"]
+        assert found.keys().isdisjoint({leader.pid})
+    finally:
+        stop_process(leader, 5)

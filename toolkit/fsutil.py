@@ -1,4 +1,4 @@
-"""File helpers: one lock per artifact, atomic writes, owned copies, content hashes, deferred interrupts."""
+"""File helpers: one lock per artifact, atomic writes, owned copies, content hashes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import fcntl
 import hashlib
 import os
 import shutil
-import signal
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,32 +107,6 @@ def disk_full_error(exc: OSError, where: Path, what: str) -> ToolkitError:
         f"{what} failed: the filesystem of {where} is full ({exc.strerror})",
         hint="free some space there, or write somewhere else; nothing was changed",
     )
-
-
-@contextlib.contextmanager
-def deferred_interrupts() -> Iterator[list[int]]:
-    """Hold SIGINT and SIGTERM until the block ends (a short, must-finish step, e.g. a swap into place).
-
-    Yields a list that holds, afterwards, the signals that arrived meanwhile; the caller decides what
-    they mean (after a finished swap: nothing to undo). The signals' handlers are replaced for the
-    block rather than the signals masked: a process-directed signal goes to any thread that does not
-    mask it (torch and tokenizers start threads), and only a handler always runs in the main thread.
-    Main thread only; elsewhere a no-op.
-    """
-    arrived: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield arrived
-        return
-    held = (signal.SIGINT, signal.SIGTERM)
-    previous = {
-        signum: signal.signal(signum, lambda signum, _frame: arrived.append(signum))
-        for signum in held
-    }
-    try:
-        yield arrived
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def copy_tree(source: Path, target: Path, skip: tuple[str, ...] = ("__pycache__",)) -> None:

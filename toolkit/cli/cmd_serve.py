@@ -154,25 +154,29 @@ def command(
             on_wait=lambda message: status.update(f"tritonserver: {message}"),
             detached=background,
         )
-    endpoints = session.endpoints()
-    if as_json:
-        emit_json(endpoints)
-    else:
-        for key, value in endpoints.items():
-            click.echo(f"{key:11} {value}")
-    if background:
-        write_server_record(
-            session.server,
-            {"openai": endpoints.get("openai"), "openai_pid": endpoints.get("openai_pid")},
-        )
-        pids = " ".join(str(p) for p in (endpoints["pid"], endpoints.get("openai_pid")) if p)
-        note(f"server running in the background; stop it with: kill {pids}")
-        return
-    note("ready; Ctrl-C (or SIGTERM) drains in-flight requests and stops")
     try:
+        endpoints = session.endpoints()
+        if as_json:
+            emit_json(endpoints)
+        else:
+            for key, value in endpoints.items():
+                click.echo(f"{key:11} {value}")
+        if background:
+            write_server_record(
+                session.server,
+                {"openai": endpoints.get("openai"), "openai_pid": endpoints.get("openai_pid")},
+            )
+            pids = " ".join(str(p) for p in (endpoints["pid"], endpoints.get("openai_pid")) if p)
+            note(f"server running in the background; stop it with: kill {pids}")
+            return
+        note("ready; Ctrl-C (or SIGTERM) drains in-flight requests and stops")
         session.run_until_stopped(on_event=note)
+    except BaseException:
+        session.kill()  # whatever ended us outside the drain (a second signal, a fault): nothing stays
+        raise
     finally:
-        remove_server_record(session.server)
+        if not background:
+            remove_server_record(session.server)
     note("stopped")
 
 

@@ -10,6 +10,7 @@ import click
 
 from toolkit import __version__
 from toolkit.errors import ToolkitError
+from toolkit.signals import Stopped, stop_signals_raise
 
 CONTEXT_SETTINGS = {
     "help_option_names": ["-h", "--help"],
@@ -50,7 +51,14 @@ _register_commands()
 
 
 def main() -> None:
-    cli(prog_name="toolkit")
+    """SIGTERM and SIGHUP stop a command as Ctrl-C does (its clean-up runs: no child process or staging
+    folder is left behind), and the exit code says which signal it was (128 + N)."""
+    with stop_signals_raise():
+        try:
+            cli(prog_name="toolkit")
+        except Stopped as stop:
+            click.echo(f"stopped by {stop}", err=True)
+            sys.exit(stop.exit_code)
 
 
 if __name__ == "__main__":

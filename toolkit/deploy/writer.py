@@ -25,7 +25,8 @@ from toolkit import __version__
 from toolkit.deploy.plan import DeploymentPlan
 from toolkit.deploy.values import chart_source
 from toolkit.errors import DeployError
-from toolkit.fsutil import deferred_interrupts, file_lock, make_world_readable
+from toolkit.fsutil import file_lock, make_world_readable
+from toolkit.signals import deferred_interrupts
 
 RECORD = "deploy.json"
 GENERATOR = "toolkit deploy"

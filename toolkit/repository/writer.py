@@ -25,7 +25,6 @@ from toolkit.fsutil import (
     check_free_space,
     copy_file,
     copy_tree,
-    deferred_interrupts,
     disk_full_error,
     file_lock,
     make_world_readable,
@@ -54,6 +53,7 @@ from toolkit.repository.reader import (
     record_files,
 )
 from toolkit.repository.sources import COMMON_MODULES, model_repo_sources, sources_digest
+from toolkit.signals import deferred_interrupts
 
 TEXT_MODELS = (c.PREPROCESSING, c.POSTPROCESSING, c.BLS)
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)

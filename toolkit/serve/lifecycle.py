@@ -1,13 +1,17 @@
 """The serve lifecycle: start tritonserver (and the OpenAI API), watch them, stop them, say how it ended.
 
     start_serving(options, on_wait) -> ServeSession      everything up and ready
-    session.run_until_stopped(on_event) -> None          blocks; SIGINT/SIGTERM/SIGHUP drain and stop;
+    session.run_until_stopped(on_event) -> None          blocks; SIGINT/SIGTERM/SIGHUP drain and stop
+                                                          (a second one stops at once: Stopped);
                                                           ServerError when a part dies on its own
+    session.kill() -> None                                SIGKILL every process group, at once
 
 A dead part is never left behind a healthy-looking front: when tritonserver exits, the API exits,
 or a model's Python-backend stub dies (the engine, pre/postprocessing, BLS), everything is stopped
-(open streams end with an error as their connections close) and ServerError names what died. No
-process of ours outlives the session: each child's whole process group is ended on every exit.
+(open streams end with an error as their connections close) and ServerError names what died, also
+when it dies while a stop signal is being handled. No process of ours outlives the session: each
+child's whole process group is ended on every exit; a stop signal during start-up ends what started
+(SIGTERM and SIGHUP raise there, toolkit/signals.py).
 """
 
 from __future__ import annotations
@@ -24,11 +28,18 @@ from toolkit.errors import ServerError
 from toolkit.serve.launcher import RunningServer, ServerConfig, launch_server, log_tail
 from toolkit.serve.net import check_port_free
 from toolkit.settings import ApiLimits
-from toolkit.subprocs import children_of, command_line, process_alive, stop_process, tail_lines
+from toolkit.signals import STOP_SIGNALS, Stopped
+from toolkit.subprocs import (
+    command_line,
+    group_members,
+    process_alive,
+    signal_group,
+    stop_process,
+    tail_lines,
+)
 
 STUB = "triton_python_backend_stub"
 WATCH_INTERVAL_S = 0.5
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FAULT_GRACE_S = 2.0  # after a part died: how long tritonserver gets to exit before it is killed
 
 
@@ -51,6 +62,7 @@ class ServeSession:
     api_log: Path | None = None
     stubs: dict[int, str] = field(default_factory=dict)  # pid -> model name
     stop_requested: int | None = None  # the signal that asked us to stop
+    forced: int | None = None  # a second stop signal: killed without waiting
 
     def endpoints(self) -> dict:
         found = {
@@ -88,8 +100,18 @@ class ServeSession:
                 time.sleep(WATCH_INTERVAL_S)
             on_event(
                 f"{signal.Signals(self.stop_requested).name}: finishing in-flight requests, then stopping"
+                " (again to stop at once)"
             )
-            self.stop()
+            failure = self.check()  # died just before the signal, within the last watch interval
+            if failure:
+                self.stop_after_fault()
+                raise ServerError(failure, hint=f"read the server log: {self.server.log_file}")
+            server_code, api_code = self.stop()
+            if self.forced is not None:
+                raise Stopped(self.forced)
+            failure = _stopped_badly(server_code, api_code)
+            if failure:
+                raise ServerError(failure, hint=f"read the server log: {self.server.log_file}")
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -110,19 +132,32 @@ class ServeSession:
                 )
         return None
 
-    def stop(self) -> None:
-        """Stop both, the API first (it stops admitting and finishes its streams as Triton finishes them)."""
+    def stop(self) -> tuple[int | None, int | None]:
+        """Stop both at once, draining: each stops admitting and finishes its streams (the API's as
+        Triton finishes them), within the drain timeout. Returns their exit codes (Triton's, the API's)."""
         grace = self.server.config.exit_timeout_s + 5
-        threads = (
-            [threading.Thread(target=stop_process, args=(self.api, grace))]
-            if self.api is not None
-            else []
-        )
-        threads.append(threading.Thread(target=self.server.stop, args=(grace,)))
+        codes: dict[str, int | None] = {"server": None, "api": None}
+
+        def stop_server() -> None:
+            codes["server"] = self.server.stop(grace)
+
+        def stop_api() -> None:
+            codes["api"] = stop_process(self.api, grace)
+
+        threads = [threading.Thread(target=stop_server)]
+        if self.api is not None:
+            threads.append(threading.Thread(target=stop_api))
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        return codes["server"], codes["api"]
+
+    def kill(self) -> None:
+        """SIGKILL every process group of the session now (a second stop signal, or a failed start)."""
+        for process in (self.server.process, self.api):
+            if process is not None:
+                signal_group(process.pid, signal.SIGKILL)
 
     def stop_after_fault(self) -> None:
         """Stop at once: requests on a dead part never finish, so draining would only hold clients for
@@ -136,7 +171,10 @@ class ServeSession:
         if self.stop_requested is None:
             self.stop_requested = signum
             return
-        raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for in-flight requests
+        # A second signal: stop waiting for in-flight requests. Kill rather than raise here: an
+        # exception would land wherever the main thread is (joining the stop threads) and abandon them.
+        self.forced = signum
+        self.kill()
 
 
 def start_serving(
@@ -150,7 +188,15 @@ def start_serving(
     if options.openai_port is not None:
         check_port_free(options.api_host, options.openai_port, "--openai-port")
     server = launch_server(options.server, on_wait, detached=detached)
-    session = ServeSession(options, server, stubs=python_stubs(server.pid))
+    try:
+        return _start_api(ServeSession(options, server, stubs=python_stubs(server.pid)), detached)
+    except BaseException:  # a failed API, or a stop signal: nothing that started may stay
+        server.stop(10)
+        raise
+
+
+def _start_api(session: ServeSession, detached: bool) -> ServeSession:
+    options, server = session.options, session.server
     if options.openai_port is None:
         return session
     from toolkit.api.app import ApiSettings
@@ -163,26 +209,34 @@ def start_serving(
         max_in_flight=options.max_in_flight,
         limits=options.api_limits,
     )
-    try:
-        session.api, session.api_log = launch_api(
-            settings,
-            host=options.api_host,
-            port=options.openai_port,
-            log_file=options.api_log,
-            detached=detached,
-            drain_timeout_s=options.server.exit_timeout_s,  # streams drain as long as Triton's requests
-        )
-    except BaseException:
-        server.stop(10)
-        raise
+    session.api, session.api_log = launch_api(
+        settings,
+        host=options.api_host,
+        port=options.openai_port,
+        log_file=options.api_log,
+        detached=detached,
+        drain_timeout_s=options.server.exit_timeout_s,  # streams drain as long as Triton's requests
+    )
     return session
 
 
+def _stopped_badly(server_code: int | None, api_code: int | None) -> str | None:
+    """Why a requested stop did not end cleanly: tritonserver or the API exiting with an error (a crash
+    while draining), not 0 after the drain or our own SIGTERM/SIGKILL past the drain timeout."""
+    ours = (0, -signal.SIGTERM, -signal.SIGKILL)
+    if server_code is not None and server_code not in ours:
+        return f"tritonserver exited with code {server_code} while stopping"
+    if api_code is not None and api_code not in ours:
+        return f"the OpenAI API exited with code {api_code} while stopping"
+    return None
+
+
 def python_stubs(server_pid: int) -> dict[int, str]:
-    """The Python-backend stub processes of a tritonserver, by model (their first argument is the model's
-    model.py path: <repo>/<model>/<version>/model.py)."""
+    """The Python-backend stub processes in a tritonserver's process group, by model (their first argument
+    is the model's model.py path: <repo>/<model>/<version>/model.py). The group, not the children: under
+    mpirun (tensor parallel) the stubs are grandchildren of the group's leader."""
     stubs = {}
-    for pid in children_of(server_pid):
+    for pid in group_members(server_pid):
         argv = command_line(pid)
         if argv and Path(argv[0]).name == STUB and len(argv) > 1:
             stubs[pid] = Path(argv[1]).parent.parent.name

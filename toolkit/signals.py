@@ -1,0 +1,77 @@
+"""Stop signals, one home: what SIGINT, SIGTERM and SIGHUP do to a toolkit process.
+
+- By default (`stop_signals_raise`, installed by the `toolkit` entry point) SIGTERM and SIGHUP raise
+  `Stopped` in the main thread, as SIGINT raises KeyboardInterrupt: every `finally` and
+  `except BaseException` clean-up runs (child process groups ended, staging folders removed) instead
+  of the process dying where it stands and leaving its children and files behind.
+- `deferred_interrupts` holds them during a short step that must finish (a swap into place).
+- `toolkit serve` replaces them while it serves: the first drains, a second stops at once
+  (serve/lifecycle.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(BaseException):
+    """A stop signal arrived (SIGTERM, SIGHUP; SIGINT after serve's drain). A BaseException, like
+    KeyboardInterrupt: `except Exception` handlers do not swallow it, clean-up handlers see it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention for "ended by signal N"
+
+
+def _raise_stopped(signum, _frame) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Stopped in the main thread while the block runs (SIGINT keeps
+    raising KeyboardInterrupt). Main thread only; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[list[int]]:
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends (a short, must-finish step, e.g. a swap into place).
+
+    Yields a list that holds, afterwards, the signals that arrived meanwhile; the caller decides what
+    they mean (after a finished swap: nothing to undo). The signals' handlers are replaced for the
+    block rather than the signals masked: a process-directed signal goes to any thread that does not
+    mask it (torch and tokenizers start threads), and only a handler always runs in the main thread.
+    Main thread only; elsewhere a no-op.
+    """
+    arrived: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield arrived
+        return
+    held = STOP_SIGNALS
+    previous = {
+        signum: signal.signal(signum, lambda signum, _frame: arrived.append(signum))
+        for signum in held
+    }
+    try:
+        yield arrived
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
