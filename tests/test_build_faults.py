@@ -320,3 +320,36 @@ def test_a_lock_that_removes_its_file_still_excludes(tmp_path):
     assert len(lines) == 4 * 60 * 2
     assert lines == ["in", "out"] * (4 * 60), "two holders were inside the lock at once"
     assert not lock.exists()
+
+
+# --- a user's changes to a built repository ------------------------------------------------------
+
+
+def test_a_rebuild_over_a_changed_repository_is_refused_and_loses_nothing(tiny, tmp_path):
+    """`serve --allow-modified` invites editing a repository: a rebuild must not throw edits away."""
+    repo = tmp_path / "repo"
+    assert build("-t", "synthetic", "-m", str(tiny), "-o", str(repo)).exit_code == 0
+    (repo / "NOTES.md").write_text("mine\n")
+    config = repo / "preprocessing" / "config.pbtxt"
+    config.write_text(config.read_text() + "# tuned by hand\n")
+    before = tree(repo)
+    result = build("-t", "synthetic", "-m", str(tiny), "-o", str(repo), "--max-batch-size", "4")
+    assert_clean_error(
+        result, "NOTES.md (added)", "preprocessing/config.pbtxt (modified)", "--discard-changes"
+    )
+    assert tree(repo) == before
+    result = build(
+        "-t", "synthetic", "-m", str(tiny), "-o", str(repo), "--max-batch-size", "4",
+        "--discard-changes",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert not (repo / "NOTES.md").exists()
+    check_repository(repo)
+
+
+def test_leftover_cleanup_treats_the_output_name_literally(tiny, tmp_path):
+    """An output named like a glob pattern must not remove another output's live staging folder."""
+    other = tmp_path / ".ab.building-999-live"
+    other.mkdir()
+    assert build("-t", "synthetic", "-m", str(tiny), "-o", str(tmp_path / "a[b]")).exit_code == 0
+    assert other.exists()

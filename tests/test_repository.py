@@ -238,6 +238,49 @@ def test_a_busy_openai_port_is_named_before_tritonserver_starts(tiny, tmp_path, 
     assert "pass a free port with --openai-port" in result.output
 
 
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this machine")
+def test_ports_on_ipv6_hosts_are_checked_on_ipv6(tmp_path):
+    from toolkit.errors import ServerError
+    from toolkit.serve.net import check_port_free
+
+    try:
+        busy = socket.socket(socket.AF_INET6)
+        busy.bind(("::1", 0))
+    except OSError:
+        pytest.skip("::1 cannot be bound here")
+    with busy:
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ServerError, match=f"port {port} on ::1 .--http-port. is in use"):
+            check_port_free("::1", port, "--http-port")
+    check_port_free("::1", port, "--http-port")  # free again: no false "in use" for IPv6
+    check_port_free("::", port, "--http-port")
+    with pytest.raises(ServerError, match="not an address or a name") as refused:
+        check_port_free("no-such-host.invalid", port, "--http-port")
+    assert "--host" in refused.value.hint
+
+
+def test_serve_errors_on_files_it_cannot_write_or_read_are_clean(tiny, tmp_path):
+    build(tiny, tmp_path / "repo")
+    keys = tmp_path / "keys"
+    keys.write_bytes(b"\xff\xfe not text")
+    result = CliRunner().invoke(
+        cli, ["serve", "--repo", str(tmp_path / "repo"), "--api-key-file", str(keys)]
+    )
+    assert result.exit_code == 1 and "is not UTF-8 text" in result.output, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+
+
+def test_an_output_in_a_folder_that_cannot_be_made_is_a_clean_error(tmp_path):
+    """A parent path that is a file (as root, the one unwritable folder a test can make)."""
+    parent = tmp_path / "notes.txt"
+    parent.write_text("mine\n")
+    result = CliRunner().invoke(cli, ["build", "-t", "synthetic", "-o", str(parent / "repo")])
+    assert result.exit_code == 1 and f"cannot write in {parent}" in result.output, result.output
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert parent.read_text() == "mine\n"
+
+
 @pytest.mark.server
 def test_a_model_that_fails_to_load_exits_with_the_log_tail(tiny, tmp_path):
     build(tiny, tmp_path / "repo")

@@ -78,6 +78,9 @@ class BuildRequest:
     engine_dir: Path | None = None
     decoupled: bool = True
     allow_pickle: bool = False
+    discard_changes: bool = (
+        False  # rebuild over a repository whose files were changed since its build
+    )
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,7 @@ def build_repository(
     `progress` gets one line per step; `bars` turns on download and conversion progress bars (terminals).
     """
     plan = plan_build(request)
-    check_output_folder(request.output)
+    check_output_folder(request.output, discard_changes=request.discard_changes)
     progress(f"model {plan.model.source}")
     model = resolve_model(plan.model, allow_pickle=request.allow_pickle, progress=bars)
     engine, engine_plan, engine_result = plan.engine, None, None
@@ -185,7 +188,11 @@ def build_repository(
     repo_plan = plan_repository(
         model, engine, request.output, plan.limits, memory_plan=memory, decoupled=request.decoupled
     )
-    repository = write_repository(repo_plan, progress=lambda step: progress(f"writing {step}"))
+    repository = write_repository(
+        repo_plan,
+        progress=lambda step: progress(f"writing {step}"),
+        discard_changes=request.discard_changes,
+    )
     return BuildResult(plan, model, repository, engine_plan, engine_result)
 
 

@@ -26,9 +26,15 @@ def file_lock(path: Path) -> Iterator[None]:
     hold a lock on the removed file's inode: after locking, it checks that the path still names the
     inode it locked, and otherwise tries again on the new file.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ToolkitError(
+            f"cannot write in {path.parent}: {exc.strerror}",
+            hint="choose a folder you can write to, or fix its permissions",
+        ) from exc
+    while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             locked = os.fstat(fd)
@@ -40,6 +46,7 @@ def file_lock(path: Path) -> Iterator[None]:
             os.close(fd)
             raise
         os.close(fd)  # the file was removed (and maybe recreated) while we waited: lock anew
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         yield
     finally:

@@ -118,6 +118,11 @@ def api_keys(key_files: tuple[Path, ...] | list[Path] = ()) -> tuple[str, ...]:
                 f"cannot read the API key file {path}: {exc.strerror}",
                 hint="pass a readable file with one key per line to --api-key-file",
             ) from exc
+        except UnicodeDecodeError as exc:
+            raise ToolkitError(
+                f"the API key file {path} is not UTF-8 text (byte {exc.start}: {exc.reason})",
+                hint="pass a text file with one key per line to --api-key-file",
+            ) from exc
         keys += [line.strip() for line in lines if not line.lstrip().startswith("#")]
     keys += [part.strip() for part in os.environ.get(API_KEYS, "").split(",")]
     return tuple(dict.fromkeys(key for key in keys if key))

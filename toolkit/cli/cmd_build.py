@@ -143,6 +143,12 @@ from toolkit.plan.memory import MemoryPlan
     help="Stream responses (decoupled models); --no-decoupled serves unary ModelInfer / HTTP infer clients.",
 )
 @click.option(
+    "--discard-changes",
+    is_flag=True,
+    help="Rebuild over a repository whose files were edited, added or removed since it was built "
+    "(those changes are lost; without this flag the build refuses and lists them).",
+)
+@click.option(
     "--allow-pickle",
     is_flag=True,
     help="Accept .bin/.pt weights (pickles can run code when loaded).",
@@ -175,6 +181,7 @@ def command(
     num_threads,
     step_time_ms,
     decoupled,
+    discard_changes,
     allow_pickle,
     dry_run,
     as_json,
@@ -204,6 +211,7 @@ def command(
         engine_dir=engine_dir,
         decoupled=decoupled,
         allow_pickle=allow_pickle,
+        discard_changes=discard_changes,
     )
     if dry_run:
         data = {"dry_run": True, **plan_build(request).to_dict()}

@@ -9,6 +9,7 @@ toolkit did not write is never touched.
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import json
 import os
@@ -138,7 +139,10 @@ def plan_repository(
 
 
 def write_repository(
-    plan: RepositoryPlan, progress: Callable[[str], None] = lambda _: None
+    plan: RepositoryPlan,
+    progress: Callable[[str], None] = lambda _: None,
+    *,
+    discard_changes: bool = False,
 ) -> RepositoryResult:
     output = plan.output
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +151,7 @@ def write_repository(
         key = plan.key
         if _up_to_date(output, key):
             return RepositoryResult(output, True, key)
-        check_output_folder(output)
+        check_output_folder(output, discard_changes=discard_changes)
         check_free_space(output.parent, _bytes_needed(plan), f"writing the repository {output}")
         staging = Path(
             tempfile.mkdtemp(prefix=f".{output.name}.building-{os.getpid()}-", dir=output.parent)
@@ -184,17 +188,23 @@ def _up_to_date(output: Path, key: str) -> bool:
     return repo.manifest.build_key == key and not repo.file_changes()
 
 
-def check_output_folder(output: Path) -> None:
-    """Only an empty folder or a repository this toolkit wrote may be replaced. Checked before anything
-    slow (a download, a conversion, an engine build) and again under the output's lock before writing."""
+def check_output_folder(output: Path, *, discard_changes: bool = False) -> None:
+    """Only an empty folder or a repository this toolkit wrote, as it wrote it, may be replaced (a
+    repository whose files were edited, added or removed only with `discard_changes`). Checked before
+    anything slow (a download, a conversion, an engine build) and again under the output's lock."""
     if not output.exists():
+        _check_can_create(output)
         return
     if not output.is_dir():
         raise RepositoryError(
             f"--output {output} is a file, not a folder; refusing to replace it",
             hint="choose another --output",
         )
-    if is_toolkit_repository(output) or not any(output.iterdir()):
+    if is_toolkit_repository(output):
+        if not discard_changes:
+            _refuse_changed_repository(output)
+        return
+    if not any(output.iterdir()):
         return
     marker = (
         " (its manifest.json was not written by this toolkit)"
@@ -207,9 +217,39 @@ def check_output_folder(output: Path) -> None:
     )
 
 
+def _check_can_create(output: Path) -> None:
+    """The nearest existing folder above `output` must be a folder this process may write in."""
+    above = output.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+        what = "is not a folder" if not above.is_dir() else "is not writable"
+        raise RepositoryError(
+            f"cannot write in {above}: it {what}, so --output {output} cannot be created",
+            hint="choose an --output in a folder you can write to",
+        )
+
+
+def _refuse_changed_repository(output: Path) -> None:
+    try:
+        changes = open_repository(output).file_changes()
+    except ToolkitError:
+        return  # ours, but of another format or half-made: nothing of the user's to keep
+    if not changes:
+        return
+    listed = ", ".join(f"{c.path} ({c.change})" for c in changes[:8])
+    more = f" and {len(changes) - 8} more" if len(changes) > 8 else ""
+    raise RepositoryError(
+        f"{output} has changed since it was built: {listed}{more}; rebuilding would lose "
+        "these changes, so nothing was touched",
+        hint="copy what you want to keep, then rebuild with --discard-changes (or choose another --output)",
+    )
+
+
 def _remove_leftovers(output: Path) -> None:
     """Staging and retired folders of builds that were killed; we hold the output's lock, so none is live."""
-    for pattern in (f".{output.name}.building-*", f".{output.name}.old-*"):
+    name = glob.escape(output.name)  # an output named "a[b]" must not match another's folders
+    for pattern in (f".{name}.building-*", f".{name}.old-*"):
         for leftover in output.parent.glob(pattern):
             shutil.rmtree(leftover, ignore_errors=True)
 

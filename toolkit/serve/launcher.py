@@ -196,7 +196,14 @@ def launch_server(
             "(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3)",
         )
     log_file = config.log_file or cache_dir("logs") / f"tritonserver-{config.grpc_port}.log"
-    log_file.write_bytes(b"")
+    try:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.write_bytes(b"")
+    except OSError as exc:
+        raise ServerError(
+            f"cannot write the server log {log_file}: {exc.strerror}",
+            hint="pass a --log-file in a folder you can write to",
+        ) from exc
     argv = server_command(binary, config, engine.world_size if engine else 1)
     # tritonserver and its stubs need no secrets: API keys and hub tokens stay out of their environment.
     process = start_process(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 import subprocess
 import time
@@ -21,15 +22,32 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def check_port_free(host: str, port: int, flag: str) -> None:
-    """ServerError naming the flag that chose `port` when something already listens on it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    """ServerError naming the flag that chose `port` when something already listens on it (IPv4 or IPv6,
+    as `host` resolves), or when `host` is no address of this machine."""
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(
+            host or "0.0.0.0", port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise ServerError(
+            f"{host} (the address for {flag}) is not an address or a name this machine resolves "
+            f"({exc.strerror})",
+            hint="pass --host (or --metrics-host) an address of this machine (127.0.0.1, ::1, 0.0.0.0, "
+            "::) or a resolvable name",
+        ) from exc
+    with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind((host if host not in ("", "0.0.0.0") else "0.0.0.0", port))
+            probe.bind(address)
         except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ServerError(
+                    f"port {port} on {host} ({flag}) is in use",
+                    hint=f"pass a free port with {flag}",
+                ) from exc
             raise ServerError(
-                f"port {port} on {host} ({flag}) is in use ({exc.strerror})",
-                hint=f"pass a free port with {flag}",
+                f"cannot listen on {host} port {port} ({flag}): {exc.strerror}",
+                hint="pass an address of this machine with --host, and a port you may bind",
             ) from exc
 
 
