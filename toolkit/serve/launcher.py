@@ -46,7 +46,6 @@ class RunningServer:
     log_file: Path
     repository: Repository
     models: tuple[str, ...] = field(default_factory=tuple)
-    stopping: bool = False  # set when we asked it to stop, so its exit code is not a failure
 
     @property
     def pid(self) -> int:
@@ -65,7 +64,6 @@ class RunningServer:
         return f"http://{client_host(self.config.metrics_host or self.config.host)}:{self.config.metrics_port}/metrics"
 
     def stop(self, timeout_s: float | None = None) -> int:
-        self.stopping = True
         return stop_process(
             self.process, self.config.exit_timeout_s + 5 if timeout_s is None else timeout_s
         )
