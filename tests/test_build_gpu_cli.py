@@ -83,6 +83,31 @@ def test_a_recipe_without_tp_plans_the_smallest_that_fits_and_tp_on_the_command_
     assert data["target"] == "h100-sxm"
 
 
+def test_an_fp8_kv_cache_with_bf16_weights_is_refused_before_anything_runs():
+    result = invoke(
+        "build", "--target", "h100-sxm", "--model", str(LLAMA_8B), "--kv-dtype", "fp8", "--dry-run"
+    )
+    assert result.exit_code == 1
+    assert "Error: --kv-dtype fp8 with --dtype bf16" in result.stderr
+    assert "--dtype fp8" in result.stderr and "--kv-dtype bf16" in result.stderr
+
+
+def test_build_refuses_an_engine_dir_holding_other_files(monkeypatch, tmp_path, gpu_checkpoint):
+    install_fake_trtllm(monkeypatch, tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    result = invoke(
+        "build", "--target", "h100-sxm", "--model", str(gpu_checkpoint),
+        "--output", str(tmp_path / "repo"), "--engine-dir", str(mine),
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert f"Error: --engine-dir {mine} holds files this toolkit did not write" in result.stderr
+    assert (mine / "notes.txt").read_text() == "keep me" and sorted(mine.iterdir()) == [
+        mine / "notes.txt"
+    ]
+
+
 def test_cpu_only_flags_are_named_when_used_with_a_gpu_flag_on_cpu():
     result = invoke("build", "--target", "cpu", "--dtype", "fp8")
     assert result.exit_code != 0 and "--dtype only applies to GPU targets" in result.output

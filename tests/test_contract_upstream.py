@@ -26,6 +26,7 @@ FAMILY = {
     "disaggregated",
     "prompt-table",
     "lookahead",
+    "unread",
 }
 # Stock tensors the toolkit leaves out (text-only decoder models), by reason. A client that sends one gets
 # Triton's "unexpected input" error: refused, never silently ignored.
@@ -89,13 +90,15 @@ LEFT_OUT = {
         "lookahead_verification_set_size",
     },
     "disaggregated": {"context_phase_params"},
+    # Declared by the stock config, read by no C++ of the pinned backend: utils.h maps top-p-min to
+    # "runtime_top_k_min" (an upstream typo), so a value sent would be accepted and silently ignored.
+    "unread": {"runtime_top_p_min"},
 }
 LEFT_OUT_NAMES = set().union(*LEFT_OUT.values())
-# Declared by the stock tensorrt_llm config but read by no C++ of the backend, kept for parity with clients that
-# send them (the stock ensemble feeds decoder_input_lengths). runtime_top_p_min: the C++ reads
-# "runtime_top_k_min" (an upstream typo). The CPU engine refuses runtime_top_p_min and ignores the decoder
-# inputs of a decoder-only model, as the GPU backend does.
-DECLARED_BUT_UNREAD = {"runtime_top_p_min", "decoder_input_lengths"}
+# Declared by the stock tensorrt_llm config but read by no C++ of the backend, kept because the stock ensemble
+# feeds it: the decoder-input length of encoder-decoder models, meaningless to a decoder-only engine (the CPU
+# engine ignores it as the GPU backend does). runtime_top_p_min is left out instead (LEFT_OUT["unread"]).
+DECLARED_BUT_UNREAD = {"decoder_input_lengths"}
 OURS = {
     c.ENGINE: (c.ENGINE_INPUTS, c.ENGINE_OUTPUTS),
     c.PREPROCESSING: (c.PREPROCESSING_INPUTS, c.PREPROCESSING_OUTPUTS),

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +25,7 @@ from repos import gpu_engine_plan
 
 DATA = Path(__file__).parent / "data"
 LLAMA_8B = DATA / "llama-3.1-8b-instruct" / "config.json"
+CATALOG = Path(__file__).parents[1] / "toolkit" / "model" / "catalog"
 
 
 @pytest.fixture
@@ -78,16 +84,143 @@ def test_build_writes_an_engine_and_an_unchanged_rebuild_does_nothing(fakes, che
     assert again.cached and again.cache_key == first.cache_key and calls(fakes) == 1
 
 
-def test_cache_key_changes_with_weights_version_and_recipe(fakes, checkpoint, monkeypatch):
+def test_cache_key_changes_with_weights_version_and_recipe(fakes, checkpoint):
+    from toolkit.engine.cache import cache_key
+
     plan = gpu_engine_plan(str(checkpoint), "h100-sxm")
     key = execute_engine_build(plan).cache_key
     (checkpoint / "model.safetensors").write_bytes(b"\x01" * 64)
     assert execute_engine_build(plan).cache_key != key and calls(fakes) == 2
-    monkeypatch.setenv("FAKE_TRTLLM_VERSION", "0.21.0")
-    assert not execute_engine_build(plan).cached and calls(fakes) == 3
+    assert cache_key("c", {}, "0.20.0", "9.0") != cache_key("c", {}, "0.21.0", "9.0")
     assert not execute_engine_build(
         gpu_engine_plan(str(checkpoint), "h100-sxm", max_seq_len=4096)
     ).cached
+
+
+def test_build_refuses_a_trtllm_other_than_the_pin(fakes, checkpoint, monkeypatch):
+    """The commands and example-script paths are the pinned release's: another release is refused, not warned."""
+    monkeypatch.setenv("FAKE_TRTLLM_VERSION", "0.21.0")
+    plan = gpu_engine_plan(str(checkpoint), "h100-sxm")
+    with pytest.raises(EngineBuildError, match="TensorRT-LLM 0.21.0 is installed") as err:
+        execute_engine_build(plan)
+    assert "0.20.0" in err.value.message
+    assert "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3" in err.value.hint
+    assert calls(fakes) == 0 and not Path(plan.engine_dir).exists()
+
+
+def test_trtllm_build_keeps_its_timing_cache_out_of_the_callers_folder(
+    fakes, checkpoint, tmp_path, monkeypatch
+):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    plan = gpu_engine_plan(str(checkpoint), "h100-sxm")
+    build = list(plan.commands[1])
+    assert Path(build[build.index("--output_timing_cache") + 1]).parent == Path(plan.work_dir)
+    execute_engine_build(plan)
+    assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kv"), [("bf16", "bf16"), ("fp8", "fp8"), ("fp8", "bf16"), ("int4-awq", "bf16")]
+)
+def test_the_engine_keeps_paged_context_fmha_where_the_runtime_needs_it(
+    fakes, checkpoint, dtype, kv
+):
+    """The fake trtllm-build turns paged context FMHA off as the upstream record's builder rule says; an
+    engine the runtime is told to chunk or reuse for must still have it."""
+    plan = gpu_engine_plan(str(checkpoint), "h100-sxm", dtype=dtype, kv_dtype=kv)
+    engine = Path(execute_engine_build(plan).engine_dir)
+    plugins = json.loads((engine / "config.json").read_text())["build_config"]["plugin_config"]
+    runtime = read_engine_info(engine).runtime
+    if runtime["enable_chunked_context"] or runtime["enable_kv_cache_reuse"]:
+        assert plugins["use_paged_context_fmha"] == "enable"
+
+
+def test_a_qwen2_checkpoint_builds_through_the_qwen_converter(fakes, tmp_path):
+    config = tmp_path / "qwen-config.json"
+    entry = json.loads((CATALOG / "qwen2.5-7b-instruct.json").read_text())
+    config.write_text(json.dumps(entry["config"]))
+    checkpoint = fake_checkpoint(tmp_path, config)
+    plan = gpu_engine_plan(str(checkpoint), "h100-sxm", dtype="bf16")
+    assert plan.commands[0][1].endswith("examples/models/core/qwen/convert_checkpoint.py")
+    engine = Path(
+        execute_engine_build(plan).engine_dir
+    )  # the fake converter parsed it: upstream's flags
+    config = json.loads((engine / "config.json").read_text())
+    assert config["pretrained_config"]["architecture"] == "Qwen2ForCausalLM"
+
+
+def test_engine_dir_with_files_the_toolkit_did_not_write_is_refused(fakes, checkpoint, tmp_path):
+    stuff = tmp_path / "stuff"
+    stuff.mkdir()
+    (stuff / "thesis.tex").write_text("years of work")
+    plan = gpu_engine_plan(str(checkpoint), "h100-sxm", engine_dir=stuff)
+    with pytest.raises(
+        EngineBuildError, match=f"{stuff} holds files this toolkit did not write"
+    ) as err:
+        execute_engine_build(plan)
+    assert "--engine-dir" in err.value.hint
+    assert (stuff / "thesis.tex").read_text() == "years of work" and calls(fakes) == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    built = execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm", engine_dir=empty))
+    assert (Path(built.engine_dir) / "rank0.engine").is_file()
+    again = gpu_engine_plan(str(checkpoint), "h100-sxm", engine_dir=empty, max_seq_len=4096)
+    assert not execute_engine_build(again).cached  # our own engine there: rebuilt in place
+
+
+def test_engines_with_other_limits_get_their_own_folder(fakes, checkpoint):
+    """Repository A's engine stays when repository B is built with other limits (default engine dirs)."""
+    a = execute_engine_build(gpu_engine_plan(str(checkpoint), "h100-sxm", max_seq_len=4096))
+    b_plan = gpu_engine_plan(str(checkpoint), "h100-sxm", max_seq_len=2048, max_batch_size=16)
+    assert b_plan.engine_dir != a.engine_dir
+    b = execute_engine_build(b_plan)
+    assert read_engine_info(Path(a.engine_dir)).max_seq_len == 4096
+    assert read_engine_info(Path(b.engine_dir)).max_batch_size == 16
+    assert (
+        json.loads((Path(a.engine_dir) / "toolkit_build.json").read_text())["cache_key"]
+        == a.cache_key
+    )
+
+
+def test_a_killed_build_takes_its_tool_with_it(fakes, checkpoint, tmp_path, monkeypatch):
+    """SIGKILL leaves no chance to clean up: the parent-death signal ends the running trtllm-build."""
+    pid_file = tmp_path / "trtllm-build.pid"
+    monkeypatch.setenv("FAKE_TRTLLM_SLEEP_S", "120")
+    monkeypatch.setenv("FAKE_TRTLLM_PID_FILE", str(pid_file))
+    script = (
+        "import sys; from toolkit.engine import execute_engine_build; "
+        "sys.path.insert(0, 'tests'); from repos import gpu_engine_plan; "
+        f"execute_engine_build(gpu_engine_plan({str(checkpoint)!r}, 'h100-sxm'))"
+    )
+    repo = Path(__file__).parents[1]
+    build = subprocess.Popen([sys.executable, "-c", script], cwd=repo, env=dict(os.environ))
+    tool = None
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and build.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pid_file.exists(), f"trtllm-build never started (build exit code {build.poll()})"
+        tool = int(pid_file.read_text())
+        build.kill()
+        build.wait(10)
+        deadline = time.monotonic() + 10
+        while _running(tool) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(tool), "trtllm-build outlived the killed build"
+    finally:
+        build.kill()
+        if tool is not None and _running(tool):
+            os.kill(tool, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def test_tp2_writes_one_engine_per_rank_and_serve_sees_world_size_2(fakes, checkpoint):

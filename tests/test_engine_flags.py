@@ -4,32 +4,33 @@ sources, each named there): every flag and value we emit, and every flag our own
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from toolkit.engine.trtllm_flags import TOOL_FLAGS, check_argv, tool_of
 from toolkit.errors import EngineBuildError
-from toolkit.trtllm import PINNED_TRTLLM_VERSION
+from toolkit.trtllm import CONTAINERS, PINNED_TRTLLM_VERSION, container_for
 
-from fakes.upstream_argparse import upstream_flags, upstream_parser
+from fakes.upstream_argparse import RECORD, upstream_flags, upstream_parser
 from repos import gpu_engine_plan
 
 LLAMA_8B = str(Path(__file__).parent / "data" / "llama-3.1-8b-instruct")
-TOOLS = ("trtllm-build", "convert_checkpoint.py", "quantize.py")
+TOOLS = ("trtllm-build", "llama/convert_checkpoint.py", "qwen/convert_checkpoint.py", "quantize.py")
+# Weights and KV cache the toolkit builds: an fp8 KV cache only with fp8 weights (see the refusal test).
+PRECISIONS = [("bf16", "bf16"), ("fp8", "fp8"), ("fp8", "bf16"), ("int4-awq", "bf16")]
 
 
 def flags_of(argv):
     return [a[2:] for a in argv if a.startswith("--")]
 
 
-@pytest.mark.parametrize(
-    "dtype,kv",
-    [("bf16", "bf16"), ("fp8", "fp8"), ("fp8", "bf16"), ("int4-awq", "fp8"), ("bf16", "fp8")],
-)
+@pytest.mark.parametrize("model", [LLAMA_8B, "qwen2.5-7b-instruct", "mistral-7b-instruct-v0.3"])
+@pytest.mark.parametrize("dtype,kv", PRECISIONS)
 @pytest.mark.parametrize("tp", [1, 2])
-def test_every_emitted_command_parses_with_the_upstream_argparse(dtype, kv, tp):
-    plan = gpu_engine_plan(LLAMA_8B, "h100-sxm", dtype=dtype, kv_dtype=kv, tp=tp)
+def test_every_emitted_command_parses_with_the_upstream_argparse(model, dtype, kv, tp):
+    plan = gpu_engine_plan(model, "h100-sxm", dtype=dtype, kv_dtype=kv, tp=tp)
     for argv in plan.commands:
         tool, args = tool_of(list(argv))
         assert set(flags_of(args)) <= set(upstream_flags(tool)), tool
@@ -105,6 +106,62 @@ def test_pinned_release_is_named():
     assert PINNED_TRTLLM_VERSION == "0.20.0"
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "int4-awq"])
+def test_an_fp8_kv_cache_needs_fp8_weights(dtype):
+    """trtllm-build 0.20 turns paged context FMHA off for an fp8 KV cache unless the checkpoint's quant_algo is
+    one the upstream record names; the runtime then turns chunked context and KV-cache reuse off. Refused."""
+    rule = json.loads(RECORD.read_text())["trtllm-build"]["builder_rules"]
+    assert "W4A16_AWQ" not in rule["paged_context_fmha_with_fp8_kv_cache"]["quant_algos"]
+    with pytest.raises(EngineBuildError) as err:
+        gpu_engine_plan(LLAMA_8B, "h100-sxm", dtype=dtype, kv_dtype="fp8")
+    assert f"--kv-dtype fp8 with --dtype {dtype}" in err.value.message
+    assert "paged context FMHA" in err.value.message
+    assert "--kv-dtype bf16" in err.value.hint and "--dtype fp8" in err.value.hint
+
+
+def test_without_chunked_context_a_step_must_hold_the_longest_prompt(tmp_path):
+    """The executor bounds an unchunked context by max_num_tokens (context FMHA on): planned below
+    max_input_len, long prompts could not be served."""
+    recipe = tmp_path / "no-chunks.yaml"
+    recipe.write_text("model: x\ntarget: h100-sxm\nkv_cache:\n  enable_chunked_context: false\n")
+    with pytest.raises(
+        EngineBuildError, match="max_num_tokens 2048 is less than max_input_len 8191"
+    ):
+        gpu_engine_plan(LLAMA_8B, None, recipe=str(recipe))
+    plan = gpu_engine_plan(LLAMA_8B, None, recipe=str(recipe), max_num_tokens=8192)
+    assert not plan.runtime.enable_chunked_context and plan.memory.max_num_tokens == 8192
+
+
+@pytest.mark.parametrize(
+    "model,script",
+    [
+        ("qwen2.5-7b-instruct", "examples/models/core/qwen/convert_checkpoint.py"),
+        ("qwen2.5-72b-instruct", "examples/models/core/qwen/convert_checkpoint.py"),
+        (LLAMA_8B, "examples/models/core/llama/convert_checkpoint.py"),
+        ("mistral-7b-instruct-v0.3", "examples/models/core/llama/convert_checkpoint.py"),
+    ],
+)
+def test_bf16_converts_with_the_converter_of_the_architecture(model, script):
+    """The Llama converter builds LLaMAForCausalLM, which has no q/k/v bias: Qwen2 needs its own."""
+    convert = list(gpu_engine_plan(model, "h100-sxm", dtype="bf16", tp=4).commands[0])
+    assert convert[1].endswith(script)
+    tool, args = tool_of(convert)
+    assert tool == script.split("/", 3)[-1]
+    parsed = upstream_parser(tool).parse_args(args)  # the upstream record of that very script
+    assert (parsed.dtype, parsed.tp_size) == ("bfloat16", 4)
+
+
+def test_container_of_each_release_is_the_first_that_carries_it():
+    rows = json.loads(RECORD.read_text())["triton_containers"]["rows"]
+    first: dict[str, str] = {}
+    for tag, version in sorted(rows.items()):
+        first.setdefault(version, tag)
+    for version, tag in first.items():
+        assert container_for(version) == f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3"
+    assert set(CONTAINERS) <= set(first), "a release the record does not list"
+    assert container_for(PINNED_TRTLLM_VERSION).endswith(":25.06-trtllm-python-py3")
+
+
 def test_bf16_uses_the_converter_and_the_gemm_plugin():
     plan = gpu_engine_plan(LLAMA_8B, "h100-sxm", dtype="bf16")
     convert, build = (list(a) for a in plan.commands)
@@ -156,6 +213,10 @@ def test_check_argv_rejects_unknown_flags_and_values():
         check_argv(["trtllm-build", "--max_output_len", "10"])  # removed long before 0.20
     with pytest.raises(EngineBuildError, match="--gemm_plugin 'fp16'"):
         check_argv(["trtllm-build", "--gemm_plugin", "fp16"])
+    with pytest.raises(EngineBuildError, match="--log_level 'trace'"):
+        check_argv(["trtllm-build", "--log_level", "trace"])  # came after 0.20
+    with pytest.raises(EngineBuildError, match="has no flag '--fp8_kv_cache'"):
+        check_argv(["python3", "/x/models/core/qwen/convert_checkpoint.py", "--fp8_kv_cache"])
     with pytest.raises(EngineBuildError, match="--qformat 'fp4'"):
         check_argv(["python3", "/x/quantization/quantize.py", "--qformat", "fp4"])
     with pytest.raises(EngineBuildError, match="needs a value"):

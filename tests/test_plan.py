@@ -116,6 +116,27 @@ def test_llama_8b_tp2_splits_kv_heads_and_linear_layers():
     assert plan.weights_bytes_per_gpu == int(per_gpu)
 
 
+def test_pipeline_stages_hold_the_embedding_first_and_the_lm_head_last():
+    """TensorRT-LLM builds the embedding on the first pipeline stage and the LM head (with the final norm) on
+    the last; a GPU holds its stage's layers. The plan is per GPU on the worst stage."""
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336  # linear weights of one layer
+    norms = 2 * 4096
+    embedding = lm_head = 128256 * 4096
+    pp2 = plan_memory(facts(LLAMA_8B), get_gpu("h100-sxm"), pp=2)
+    first = 16 * (layer + norms) + embedding
+    last = 16 * (layer + norms) + lm_head + 4096
+    assert pp2.weights_bytes_per_gpu == max(first, last) * 2 == last * 2
+    tp2pp2 = plan_memory(facts(LLAMA_8B), get_gpu("h100-sxm"), tp=2, pp=2)
+    first = 16 * (layer / 2 + norms) + embedding  # the embedding is whole on each TP rank
+    last = 16 * (layer / 2 + norms) + lm_head / 2 + 4096  # the LM head is TP-split
+    assert tp2pp2.weights_bytes_per_gpu == int(max(first, last) * 2) == int(first * 2)
+    smol = facts(SMOL)  # 30 layers over 4 stages: 8, 8, 7, 7 (the first stages take the remainder)
+    pp4 = plan_memory(smol, get_gpu("h100-sxm"), pp=4)
+    layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576
+    first, last = 8 * layer + 49152 * 576, 7 * layer + 49152 * 576 + 576
+    assert pp4.weights_bytes_per_gpu == max(first, last) * 2
+
+
 def test_smollm2_numbers():
     f = facts(SMOL)
     per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from toolkit.engine.recipe import list_recipes, load_recipe
@@ -69,3 +71,23 @@ def test_unknown_recipe_name_lists_the_known_ones():
     with pytest.raises(RecipeError) as err:
         load_recipe("nope")
     assert "llama-3.1-8b-instruct-h100-sxm-fp8" in err.value.hint
+
+
+def test_what_a_recipe_comment_says_the_planner_picks_is_what_it_picks(monkeypatch):
+    """A recipe without tp that names the TP the planner takes in its comment must name the right one."""
+    from toolkit.build import BuildRequest, plan_build
+    from toolkit.engine.recipe import recipes_dir
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    checked = 0
+    for name in list_recipes():
+        text = (recipes_dir() / f"{name}.yaml").read_text()
+        header = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+        said = re.search(r"smallest tensor-parallel size that fits \((\d+) here", header)
+        if said:
+            plan = plan_build(BuildRequest(recipe=name)).memory
+            assert plan.tp_size == int(said.group(1)), (
+                f"{name}: the comment says TP {said.group(1)}"
+            )
+            checked += 1
+    assert checked

@@ -21,17 +21,27 @@ import re
 PINNED_TRTLLM_VERSION = "0.20.0"
 TRITON_TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3"
 # Releases whose trtllm-build still writes TensorRT engines the tensorrtllm backend serves (major, minor).
+# Serving accepts an engine of any of them (in its own container); `toolkit build` runs the pinned one only.
 SUPPORTED_TRTLLM_RANGE = ((0, 17), (1, 2))
-# NVIDIA's Triton container of each release (server repo, docs/introduction/compatibility.md).
+# The first Triton TRT-LLM container (`<tag>-trtllm-python-py3`) that carries each TensorRT-LLM release, by
+# the exact version the package reports: an engine only loads in the release that built it. Source: the
+# "trtllm-python-py3" table of triton-inference-server/server docs/introduction/compatibility.md at commit
+# 0f963c9a8c6913aa4cd9b57ee04f9c2b76ee8d2a (docs.nvidia.com's copy of that page ends at 25.12). Later
+# containers carrying the same release: 0.20.0 also 25.07; 1.0.0 also 25.10; 1.1.0 also 26.01, 26.02;
+# 1.2.1 also 26.05 to 26.07. 25.11 lists "1.0.3.2510", kept as written there.
 CONTAINERS = {
-    (0, 17): "25.02",
-    (0, 18): "25.04",
-    (0, 19): "25.05",
-    (0, 20): "25.06",
-    (0, 21): "25.08",
-    (1, 0): "25.10",
-    (1, 1): "26.02",
-    (1, 2): "26.07",
+    "0.17.0": "25.01",
+    "0.17.0.post1": "25.02",
+    "0.18.0": "25.03",
+    "0.18.2": "25.04",
+    "0.19.0": "25.05",
+    "0.20.0": "25.06",
+    "0.21.0": "25.08",
+    "1.0.0": "25.09",
+    "1.0.3.2510": "25.11",
+    "1.1.0": "25.12",
+    "1.2.0": "26.03",
+    "1.2.1": "26.04",
 }
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)")
@@ -49,8 +59,9 @@ def supported(version: str) -> bool:
 
 
 def container_for(version: str) -> str:
-    """The Triton TRT-LLM container image that carries `version` (the pinned one when unknown)."""
-    tag = CONTAINERS.get(version_tuple(version) or (0, 0))
+    """The Triton TRT-LLM container image that carries `version` (the pinned one when the table has no row
+    for that exact version)."""
+    tag = CONTAINERS.get(version.strip())
     return (
         f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3" if tag else TRITON_TRTLLM_CONTAINER
     )

@@ -33,6 +33,8 @@ def upstream_parser(tool: str) -> argparse.ArgumentParser:
             kwargs["type"] = _TYPES.get(flag.get("type"), str)
             if flag.get("choices"):
                 kwargs["choices"] = flag["choices"]
+        if flag.get("required"):
+            kwargs["required"] = True
         if flag.get("nargs"):
             kwargs["nargs"] = flag["nargs"]
             if flag["nargs"] == "?":

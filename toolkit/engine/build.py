@@ -5,20 +5,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from toolkit.engine.build_plan import EngineBuildPlan
-from toolkit.engine.cache import RECORD, cache_key, checkpoint_hash, is_cached
+from toolkit.engine.cache import RECORD, cache_key, checkpoint_hash, is_cached, read_record
 from toolkit.engine.layout import rank_engine_files
 from toolkit.engine.tools import require_gpu_sm, require_trtllm
 from toolkit.errors import EngineBuildError
 from toolkit.fsutil import file_lock, write_text_atomic
-from toolkit.subprocs import stop_process
-from toolkit.trtllm import PINNED_TRTLLM_VERSION
+from toolkit.subprocs import start_process, stop_process
 
 Progress = Callable[[str], None]
 _LOG_TAIL_LINES = 25
@@ -47,12 +45,7 @@ def execute_engine_build(
     """
     say = progress or (lambda _message: None)
     started = time.monotonic()
-    version = require_trtllm()
-    if version != PINNED_TRTLLM_VERSION:
-        say(
-            f"warning: TensorRT-LLM {version} is installed; the toolkit's flags are checked against "
-            f"{PINNED_TRTLLM_VERSION}"
-        )
+    version = require_trtllm()  # the pinned release, or refused
     sm = require_gpu_sm(plan.gpu_sm, plan.target)
     model_dir = _checkpoint_with_weights(plan)
     key = cache_key(checkpoint_hash(model_dir), plan.build_inputs(), version, sm)
@@ -63,6 +56,7 @@ def execute_engine_build(
             return EngineBuildResult(
                 str(engine_dir), True, key, version, sm, plan.world_size, time.monotonic() - started
             )
+        check_replaceable(engine_dir)  # before hours of work, and again just before the swap
         _run_steps(plan, say)
         _install(plan, key, version, sm)
     say(f"engine ready: {engine_dir}")
@@ -94,21 +88,22 @@ def _run_steps(plan: EngineBuildPlan, say: Progress) -> None:
 
 
 def run_logged(argv: list[str], log_path: Path, name: str) -> None:
-    """Run one tool in its own session, output to a log file; EngineBuildError with the log tail on failure."""
-    with open(log_path, "w") as log:
-        try:
-            process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        except FileNotFoundError as exc:
-            from toolkit.engine.tools import container_hint
+    """Run one tool in its own session, output to a log file; EngineBuildError with the log tail on failure.
 
-            raise EngineBuildError(f"{name}: {argv[0]} not found", hint=container_hint()) from exc
-        try:
-            code = process.wait()
-        except BaseException:
-            stop_process(process, 10)
-            raise
+    The tool gets the parent-death signal (toolkit.subprocs.start_process): a `toolkit build` that is
+    killed outright (SIGKILL, OOM killer) takes its trtllm-build with it; any other exit stops its group.
+    """
+    try:
+        process = start_process(argv, log_path)
+    except FileNotFoundError as exc:
+        from toolkit.engine.tools import container_hint
+
+        raise EngineBuildError(f"{name}: {argv[0]} not found", hint=container_hint()) from exc
+    try:
+        code = process.wait()
+    except BaseException:
+        stop_process(process, 10)
+        raise
     if code != 0:
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:])
         raise EngineBuildError(
@@ -137,6 +132,7 @@ def _install(plan: EngineBuildPlan, key: str, version: str, sm: str) -> None:
     }
     write_text_atomic(built / RECORD, json.dumps(record, indent=2) + "\n")
     engine_dir = Path(plan.engine_dir)
+    check_replaceable(engine_dir)
     if engine_dir.exists():
         old = engine_dir.with_name(f".{engine_dir.name}.old")
         shutil.rmtree(old, ignore_errors=True)
@@ -144,6 +140,20 @@ def _install(plan: EngineBuildPlan, key: str, version: str, sm: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
     os.replace(built, engine_dir)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def check_replaceable(engine_dir: Path) -> None:
+    """Refuse to replace a folder this toolkit did not write: only an absent or empty folder, or an engine
+    folder with our build record, may be swapped out (--engine-dir may name any folder of the user's)."""
+    if not engine_dir.exists() or read_record(engine_dir) is not None:
+        return
+    if not engine_dir.is_dir() or any(engine_dir.iterdir()):
+        raise EngineBuildError(
+            f"--engine-dir {engine_dir} holds files this toolkit did not write (it has no {RECORD}); "
+            "building would replace them",
+            hint="pass an --engine-dir that is empty or does not exist yet (or one an earlier toolkit build "
+            "wrote), or leave --engine-dir out",
+        )
 
 
 def check_engine_layout(engine_dir: Path, world_size: int | None = None) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -14,6 +16,7 @@ from toolkit.engine.commands import (
 )
 from toolkit.engine.recipe import BuildRecipe
 from toolkit.engine.trtllm_flags import check_argv
+from toolkit.errors import EngineBuildError
 from toolkit.plan.memory import MemoryPlan
 from toolkit.settings import toolkit_home, trtllm_tools
 from toolkit.trtllm import PINNED_TRTLLM_VERSION, TRITON_TRTLLM_CONTAINER
@@ -91,8 +94,15 @@ def plan_engine_build(
 
     `display_dir` stands in for a checkpoint that is not downloaded yet (dry runs of hub models).
     """
+    check_precisions(memory)
+    check_context_fits(memory, recipe)
+    step_names = ("quantize" if needs_quantizer(memory) else "convert", "trtllm-build")
     engine_dir = (
-        Path(output_dir).expanduser().resolve() if output_dir else default_engine_dir(model, memory)
+        Path(output_dir).expanduser().resolve()
+        if output_dir
+        else default_engine_dir(
+            model, memory, _engine_key(model_source, recipe, memory, step_names, gpu_sm)
+        )
     )
     work_dir = engine_dir.parent / f".{engine_dir.name}.work"
     model_dir = Path(checkpoint_dir if checkpoint_dir is not None else display_dir)
@@ -115,9 +125,46 @@ def plan_engine_build(
         engine_dir=str(engine_dir),
         work_dir=str(work_dir),
         commands=_commands(memory, recipe, model_dir, work_dir),
-        step_names=("quantize" if needs_quantizer(memory) else "convert", "trtllm-build"),
+        step_names=step_names,
         runtime=runtime,
     )
+
+
+def check_precisions(memory: MemoryPlan) -> None:
+    """Refuse an fp8 KV cache under weights that are not fp8.
+
+    TensorRT-LLM 0.20's trtllm-build turns paged context FMHA off for an fp8 KV cache unless the
+    checkpoint's quant_algo is FP8, W4A8_AWQ or NVFP4 (tensorrt_llm/builder.py, build(): "FP8 Paged Context
+    FMHA is disabled because FP8 context FMHA is disabled"); bf16 weights have none, int4-awq is W4A16_AWQ.
+    Without paged context FMHA the executor turns chunked context and KV-cache block reuse off
+    (cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp, fixExecutorConfig), and a prompt longer
+    than max_num_tokens can no longer be chunked. Sources with revisions: tests/data/upstream/trtllm_tools.json,
+    trtllm-build.builder_rules.
+    """
+    if memory.kv_dtype == "fp8" and memory.dtype != "fp8":
+        raise EngineBuildError(
+            f"--kv-dtype fp8 with --dtype {memory.dtype}: TensorRT-LLM {PINNED_TRTLLM_VERSION} builds an fp8 "
+            "KV cache without paged context FMHA unless the weights are fp8, and the engine then runs "
+            "without chunked context and KV-cache reuse",
+            hint=f"use --kv-dtype bf16 with --dtype {memory.dtype}, or --dtype fp8 --kv-dtype fp8 "
+            "(in a recipe: quantization.dtype / quantization.kv_cache_dtype)",
+        )
+
+
+def check_context_fits(memory: MemoryPlan, recipe: BuildRecipe) -> None:
+    """Without chunked context a prompt is one step: max_num_tokens must hold max_input_len tokens.
+
+    The executor bounds a context by max_num_tokens when context FMHA is on and chunking is off
+    (trtGptModelInflightBatching.cpp: maxContextLength); longer prompts would be refused at serve time.
+    """
+    if not recipe.enable_chunked_context and memory.max_num_tokens < memory.max_input_len:
+        raise EngineBuildError(
+            f"kv_cache.enable_chunked_context is false, and max_num_tokens {memory.max_num_tokens} is less than "
+            f"max_input_len {memory.max_input_len}: prompts longer than {memory.max_num_tokens} tokens could "
+            "not be served",
+            hint=f"set kv_cache.enable_chunked_context: true in the recipe, or pass --max-num-tokens "
+            f"{memory.max_input_len} (or --max-input-len {memory.max_num_tokens})",
+        )
 
 
 def _commands(
@@ -127,6 +174,7 @@ def _commands(
         model_dir=model_dir,
         checkpoint_dir=work_dir / "checkpoint",
         engine_dir=work_dir / "engine",
+        timing_cache=work_dir / "timing.cache",
         calib_size=recipe.calib_size,
         awq_block_size=recipe.awq_block_size,
     )
@@ -140,7 +188,35 @@ def _commands(
     return tuple(tuple(argv) for argv in commands)
 
 
-def default_engine_dir(model: str, memory: MemoryPlan) -> Path:
+def _engine_key(
+    model_source: str,
+    recipe: BuildRecipe,
+    memory: MemoryPlan,
+    step_names: tuple[str, ...],
+    gpu_sm: str,
+) -> dict:
+    """Everything of the build cache key that is known before the checkpoint is downloaded."""
+    return {
+        "model_source": model_source,
+        "recipe": recipe.build_inputs(),
+        "memory": memory.to_dict(),
+        "commands_shape": list(step_names),
+        "trtllm": PINNED_TRTLLM_VERSION,
+        "sm": gpu_sm,
+    }
+
+
+def default_engine_dir(model: str, memory: MemoryPlan, key: dict) -> Path:
+    """$TOOLKIT_HOME/engines/<model>-<gpu>-<precisions>-<parallelism>-<digest of `key`>.
+
+    The digest covers the limits and every other planned input, so a build with other limits gets its own
+    folder instead of replacing the engine another repository points to. (Only a changed checkpoint, same
+    source and settings, rebuilds a folder in place: that is the build cache's rebuild.)
+    """
     slug = re.sub(r"[^a-z0-9.]+", "-", model.lower()).strip("-")
-    name = f"{slug}-{memory.gpu}-{memory.dtype}-kv{memory.kv_dtype}-tp{memory.tp_size}pp{memory.pp_size}"
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    name = (
+        f"{slug}-{memory.gpu}-{memory.dtype}-kv{memory.kv_dtype}-tp{memory.tp_size}pp{memory.pp_size}"
+        f"-{digest}"
+    )
     return toolkit_home() / "engines" / name

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.engine.trtllm_flags import LLAMA_CONVERT_SCRIPT, QUANTIZE_SCRIPT
+from toolkit.engine.trtllm_flags import CONVERT_SCRIPTS, QUANTIZE_SCRIPT
+from toolkit.errors import EngineBuildError
+from toolkit.model.facts import SUPPORTED_ARCHITECTURES
 from toolkit.plan.memory import MemoryPlan
 from toolkit.settings import TrtllmTools
 
@@ -27,6 +29,8 @@ class StepSettings:
     model_dir: Path
     checkpoint_dir: Path  # TensorRT-LLM checkpoint written by convert/quantize
     engine_dir: Path  # trtllm-build's --output_dir
+    # trtllm-build's --output_timing_cache: its default, model.cache, would land in the caller's cwd.
+    timing_cache: Path
     calib_size: int = 512
     awq_block_size: int = 128
 
@@ -42,10 +46,22 @@ def checkpoint_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools
     return convert_argv(plan, settings, tools)
 
 
+def convert_script(plan: MemoryPlan) -> str:
+    """The converter of the model's family (toolkit.model.facts.SUPPORTED_ARCHITECTURES): Llama and Mistral
+    go through the Llama one, Qwen2 through the Qwen one (the Llama converter would drop its q/k/v biases)."""
+    family = SUPPORTED_ARCHITECTURES.get(plan.architecture)
+    if family not in CONVERT_SCRIPTS:
+        raise EngineBuildError(
+            f"no TensorRT-LLM checkpoint converter for architecture {plan.architecture or '(unknown)'!r}",
+            hint=f"use a checkpoint of one of: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
+        )
+    return CONVERT_SCRIPTS[family]
+
+
 def convert_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
     return [
         tools.python,
-        f"{tools.examples_dir}/{LLAMA_CONVERT_SCRIPT}",
+        f"{tools.examples_dir}/{convert_script(plan)}",
         "--model_dir",
         str(settings.model_dir),
         "--output_dir",
@@ -124,6 +140,8 @@ def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmToo
         str(plan.world_size),
         "--log_level",
         "info",
+        "--output_timing_cache",
+        str(settings.timing_cache),
     ]
     if plan.dtype in ("bf16", "fp8"):
         argv += [

@@ -13,7 +13,7 @@ import subprocess
 
 from toolkit.errors import EngineBuildError
 from toolkit.settings import trtllm_tools
-from toolkit.trtllm import PINNED_TRTLLM_VERSION, TRITON_TRTLLM_CONTAINER, supported
+from toolkit.trtllm import PINNED_TRTLLM_VERSION, TRITON_TRTLLM_CONTAINER
 
 _DETECT_TIMEOUT_S = 120  # importing tensorrt_llm loads CUDA libraries: seconds, not minutes
 
@@ -60,16 +60,21 @@ def detect_gpu_sm() -> str | None:
 
 
 def require_trtllm() -> str:
-    """The installed TensorRT-LLM version, if it has the engine flow; EngineBuildError otherwise."""
+    """The installed TensorRT-LLM version if it is the pinned release; EngineBuildError otherwise.
+
+    Building runs the pinned release only: the commands, flags and example-script paths the toolkit
+    emits are that release's (serving accepts engines of other releases, toolkit.engine.info).
+    """
     version = detect_trtllm_version()
     if version is None:
         raise EngineBuildError(
             "TensorRT-LLM is not installed here (python3 cannot import tensorrt_llm)",
             hint=container_hint(),
         )
-    if not supported(version):
+    if version != PINNED_TRTLLM_VERSION:
         raise EngineBuildError(
-            f"TensorRT-LLM {version} is installed; the TensorRT engine flow needs 0.17 to 1.2",
+            f"TensorRT-LLM {version} is installed; toolkit build emits the commands and example-script "
+            f"paths of TensorRT-LLM {PINNED_TRTLLM_VERSION} only",
             hint=container_hint(),
         )
     return version

@@ -15,8 +15,11 @@ from toolkit.errors import EngineBuildError
 from toolkit.trtllm import PINNED_TRTLLM_VERSION
 
 # Paths of the example scripts inside a TensorRT-LLM checkout of the pinned tag (moved under
-# examples/models/core/ in 0.19; 0.17 and 0.18 had examples/llama/convert_checkpoint.py).
+# examples/models/core/ in 0.19; 0.17 and 0.18 had examples/llama/convert_checkpoint.py). One converter
+# per model family: the Llama one knows nothing of Qwen2's q/k/v biases and would drop them.
 LLAMA_CONVERT_SCRIPT = "models/core/llama/convert_checkpoint.py"
+QWEN_CONVERT_SCRIPT = "models/core/qwen/convert_checkpoint.py"
+CONVERT_SCRIPTS = {"llama": LLAMA_CONVERT_SCRIPT, "qwen": QWEN_CONVERT_SCRIPT}
 QUANTIZE_SCRIPT = "quantization/quantize.py"
 
 
@@ -111,11 +114,8 @@ _TRTLLM_BUILD_MAIN = [
     ),
     Flag("kv_cache_type", "choice", ("continuous", "paged", "disabled")),
     Flag("profiling_verbosity", "choice", ("layer_names_only", "detailed", "none")),
-    Flag(
-        "log_level",
-        "choice",
-        ("internal_error", "error", "warning", "info", "verbose", "debug", "trace"),
-    ),
+    # tensorrt_llm/logger.py severity_map keys; "trace" came after 0.20.
+    Flag("log_level", "choice", ("internal_error", "error", "warning", "info", "verbose", "debug")),
     Flag("logits_dtype", "choice", ("float16", "float32")),
     Flag("lora_ckpt_source", "choice", ("hf", "nemo")),
     Flag(
@@ -251,6 +251,37 @@ _CONVERT = [
 ]
 CONVERT_CHECKPOINT_FLAGS = {f.name: f for f in _CONVERT}
 
+# --- examples/models/core/qwen/convert_checkpoint.py, parse_arguments() (Qwen, Qwen2, Qwen2.5) ---------
+_QWEN_CONVERT = [
+    *_flags("str", "model_dir", "calib_dataset", "output_dir"),
+    *_flags(
+        "int",
+        "tp_size",
+        "pp_size",
+        "cp_size",
+        "group_size",
+        "workers",
+        "moe_tp_size",
+        "moe_ep_size",
+    ),
+    Flag("smoothquant", "float"),
+    Flag("dtype", "choice", _WEIGHT_DTYPES),
+    Flag("weight_only_precision", "choice", ("int8", "int4", "int4_gptq")),
+    Flag("embedding_sharding_dim", "choice", ("0", "1")),
+    *_flags(
+        "store_true",
+        "use_weight_only",
+        "disable_weight_only_quant_plugin",
+        "per_channel",
+        "per_token",
+        "int8_kv_cache",
+        "per_group",
+        "load_model_on_cpu",
+        "use_parallel_embedding",
+    ),
+]
+QWEN_CONVERT_CHECKPOINT_FLAGS = {f.name: f for f in _QWEN_CONVERT}
+
 # --- examples/quantization/quantize.py (ModelOpt's quantize-and-export path) -------------------
 _QUANTIZE = [
     *_flags(
@@ -295,9 +326,11 @@ _QUANTIZE = [
 ]
 QUANTIZE_FLAGS = {f.name: f for f in _QUANTIZE}
 
+# Tool names as the argv ends them (`.../llama/convert_checkpoint.py`): the converters share a file name.
 TOOL_FLAGS = {
     "trtllm-build": TRTLLM_BUILD_FLAGS,
-    "convert_checkpoint.py": CONVERT_CHECKPOINT_FLAGS,
+    "llama/convert_checkpoint.py": CONVERT_CHECKPOINT_FLAGS,
+    "qwen/convert_checkpoint.py": QWEN_CONVERT_CHECKPOINT_FLAGS,
     "quantize.py": QUANTIZE_FLAGS,
 }
 

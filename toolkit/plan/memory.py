@@ -1,8 +1,9 @@
 """Memory and roofline planner: weights, KV cache pool, batch limits and speed-of-light bounds.
 
-All byte counts are per the whole model unless the name says `_per_gpu`. A GPU holds its
-tensor-parallel shard of every linear layer and of the LM head (TensorRT-LLM splits both),
-a full copy of the embedding table, and its pipeline stage's layers.
+All byte counts are per the whole model unless the name says `_per_gpu`. A GPU holds its pipeline
+stage's layers (their linear layers as a tensor-parallel shard); the first stage also holds a full copy
+of the embedding table, the last the final norm and a tensor-parallel shard of the LM head (TensorRT-LLM
+builds them only on those stages). Per-GPU numbers are those of the busiest stage.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class MemoryPlan:
     prefill_ms_lower_bound: float  # one max_num_tokens chunk
     fits: bool
     min_tp_that_fits: int | None = None
+    architecture: str = ""  # config.json's, e.g. Qwen2ForCausalLM: picks the checkpoint converter
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,12 +124,27 @@ def weights_bytes(facts: ModelFacts, dtype: str) -> int:
     return int(s.linear * _LINEAR_BYTES[dtype] + other * _UNQUANTIZED_BYTES)
 
 
+def stage_layers(num_layers: int, pp: int) -> list[int]:
+    """Layers per pipeline stage, first stage first: the first `num_layers % pp` stages take one more
+    (TensorRT-LLM's Mapping.pp_layers splits the layer list as torch.tensor_split does)."""
+    base, extra = divmod(num_layers, pp)
+    return [base + (1 if stage < extra else 0) for stage in range(pp)]
+
+
 def weights_bytes_per_gpu(facts: ModelFacts, dtype: str, tp: int, pp: int) -> int:
-    """Bytes on the busiest GPU: its linear shard, its stage's norms, the embedding and its LM-head shard."""
+    """Bytes on the busiest GPU: its stage's layers (linear layers TP-sharded, norms whole), plus the whole
+    embedding on the first stage and the final norm and an LM-head shard on the last."""
     s = _split(facts)
-    linear = s.linear * _LINEAR_BYTES[dtype] / (tp * pp)
-    other = s.layer_norms / pp + s.embedding + s.lm_head / tp + s.final_norm
-    return int(linear + other * _UNQUANTIZED_BYTES)
+    linear_per_layer = s.linear // facts.num_layers  # parameters; every layer has the same shapes
+    norms_per_layer = s.layer_norms // facts.num_layers
+    stages = [
+        layers * linear_per_layer * _LINEAR_BYTES[dtype] / tp
+        + layers * norms_per_layer * _UNQUANTIZED_BYTES
+        for layers in stage_layers(facts.num_layers, pp)
+    ]
+    stages[0] += s.embedding * _UNQUANTIZED_BYTES
+    stages[-1] += (s.lm_head / tp + s.final_norm) * _UNQUANTIZED_BYTES
+    return int(max(stages))
 
 
 def kv_bytes_per_token(facts: ModelFacts, kv_dtype: str) -> int:
@@ -144,7 +161,7 @@ def kv_heads_per_gpu(facts: ModelFacts, tp: int) -> int:
 
 
 def kv_bytes_per_token_per_gpu(facts: ModelFacts, kv_dtype: str, tp: int, pp: int) -> int:
-    layers = -(-facts.num_layers // pp)
+    layers = stage_layers(facts.num_layers, pp)[0]  # the first stage has the most
     return 2 * layers * kv_heads_per_gpu(facts, tp) * facts.head_dim * _KV_BYTES[kv_dtype]
 
 
@@ -229,6 +246,7 @@ def compute_plan(
         prefill_tokens_per_s_upper_bound=prefill_tps,
         prefill_ms_lower_bound=num_tokens / prefill_tps * 1e3,
         fits=sequences >= 1,
+        architecture=facts.architecture,
     )
 
 

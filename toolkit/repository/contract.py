@@ -4,7 +4,10 @@ Names, dtypes, dims, optional flags and reshapes follow NVIDIA's stock `all_mode
 configs of the backend code TensorRT-LLM 0.20.0 ships (toolkit.trtllm says why that revision), restricted
 to text-only decoder models: the multimodal, encoder-decoder, LoRA, speculative-decoding,
 guided-decoding, KV-retention and disaggregated-serving tensors are left out (a client that sends one
-is refused by Triton as an unexpected input, never silently ignored). tests/test_contract_upstream.py
+is refused by Triton as an unexpected input, never silently ignored). So is `runtime_top_p_min`, which
+the stock config declares but the backend never reads (its utils.h names top-p-min "runtime_top_k_min",
+an upstream typo): declared, it would be accepted and ignored. `decoder_input_lengths` stays, unread by a
+decoder-only engine, because the stock ensemble feeds it. tests/test_contract_upstream.py
 checks every tensor here against tests/data/upstream/triton_backend.json, transcribed from the backend.
 
 Where a release reads another name for the same input (0.17-0.19: `min_length`, `random_seed`;
@@ -62,7 +65,7 @@ ENGINE_INPUTS = (
     *_scalars("INT32", "beam_width"),
     *_scalars("FP32", "temperature"),
     *_scalars("INT32", "runtime_top_k"),
-    *_scalars("FP32", "runtime_top_p", "runtime_top_p_min", "runtime_top_p_decay"),
+    *_scalars("FP32", "runtime_top_p", "runtime_top_p_decay"),
     *_scalars("INT32", "runtime_top_p_reset_ids"),
     *_scalars("FP32", "len_penalty"),
     *_scalars("BOOL", "early_stopping"),

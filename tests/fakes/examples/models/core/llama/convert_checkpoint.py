@@ -4,5 +4,5 @@ import sys
 
 from fake_checkpoint import parse, write_checkpoint
 
-args = parse("convert_checkpoint.py", sys.argv[1:])
+args = parse("llama/convert_checkpoint.py", sys.argv[1:])
 write_checkpoint(args, None, "FP8" if args.fp8_kv_cache else None)
