@@ -28,6 +28,7 @@ from click.testing import CliRunner
 from kubernetes_validate.utils import SchemaNotFoundError
 from kubernetes_validate.utils import ValidationError as KubeValidationError
 
+from toolkit.api.metrics import ApiMetrics
 from toolkit.cli.cmd_build import command as build_command
 from toolkit.cli.main import cli
 from toolkit.deploy.fingerprint import fingerprint
@@ -57,6 +58,7 @@ CRD_APIS = (
     "monitoring.coreos.com/v1/PodMonitor",
 )
 IMAGE = "registry.example.com/ml/toolkit"
+CHART_SCHEMA = json.loads((Path(__file__).parents[1] / "deploy" / "values.schema.json").read_text())
 RELEASE, NAMESPACE = "llm", "serving"
 HUB_REVISION = (
     "0e9e39f249a16976918f6564b8830bc894c89659"  # a 40-hex commit, as a hub build records it
@@ -108,7 +110,17 @@ def deploy(repo: Path, out: Path, *args) -> dict:
     """`toolkit deploy` through the CLI; the values it wrote."""
     result = invoke("deploy", "--repo", repo, "-o", out, "--image", IMAGE, *args)
     assert result.exit_code == 0, result.output
-    return yaml.safe_load((out / "values.yaml").read_text())
+    values = yaml.safe_load((out / "values.yaml").read_text())
+    assert chart_schema_errors(values) == []  # what toolkit deploy writes, helm's schema takes
+    return values
+
+
+def chart_schema_errors(values: dict) -> list[str]:
+    """deploy/values.schema.json's errors, as helm would report them for these values."""
+    validator = jsonschema.Draft7Validator(CHART_SCHEMA)
+    return [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(values)
+    ]
 
 
 def helm_template(
@@ -156,6 +168,12 @@ def container(pod_spec: dict, name: str) -> dict:
 
 def flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
+
+
+def build_container(docs: list[dict]) -> dict:
+    """The build Job's `toolkit build` (its init container; the container after it checks the result)."""
+    (build,) = find(docs, "Job")["spec"]["template"]["spec"]["initContainers"]
+    return build
 
 
 # --- repositories -------------------------------------------------------------------------------
@@ -545,6 +563,82 @@ def promql_selectors(query: str) -> list[tuple[str, dict]]:
     return found
 
 
+PROMQL_TOKEN = re.compile(
+    r"\s*(?:(?P<number>[0-9]+(?:\.[0-9]+)?)|(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<matchers>\{[^{}]*\})?"
+    r"|(?P<punct>[-+(),]))"
+)
+
+
+def promql_value(query: str, series: list[tuple[str, dict, float]]) -> float | None:
+    """The value KEDA reads from `query` over `series` (metric, labels, value): the PromQL the
+    ScaledObject uses (selectors with = matchers, sum, sum by, clamp_min, + and - matching on
+    identical label sets). None when the result is empty (KEDA: no value, its fallback)."""
+    tokens = [m for m in PROMQL_TOKEN.finditer(query)]
+    assert "".join(m.group(0) for m in tokens).strip() == query.strip(), query
+    position = 0
+
+    def take(text: str | None = None):
+        nonlocal position
+        token = tokens[position]
+        assert text is None or token.group(0).strip() == text, (query, position, text)
+        position += 1
+        return token
+
+    def peek() -> str:
+        return tokens[position].group(0).strip() if position < len(tokens) else ""
+
+    def term() -> dict:
+        token = take()
+        name = token.group("name")
+        if name == "clamp_min":
+            take("(")
+            inner = expression()
+            take(",")
+            low = float(take().group("number"))
+            take(")")
+            return {k: max(v, low) for k, v in inner.items()}
+        if name == "sum":
+            by: tuple[str, ...] = ()
+            if peek() == "by":
+                take("by")
+                take("(")
+                by = (take().group("name"),)
+                take(")")
+            take("(")
+            inner = expression()
+            take(")")
+            out: dict = {}
+            for key, value in inner.items():
+                group = tuple((k, v) for k, v in key if k in by)
+                out[group] = out.get(group, 0.0) + value
+            return out
+        if token.group(0).strip() == "(":
+            inner = expression()
+            take(")")
+            return inner
+        wanted = (
+            dict(promql_selectors(token.group(0).strip())[0][1]) if token.group("matchers") else {}
+        )
+        return {
+            tuple(sorted(labels.items())): float(value)
+            for metric, labels, value in series
+            if metric == name and all(labels.get(k) == v for k, v in wanted.items())
+        }
+
+    def expression() -> dict:
+        left = term()
+        while peek() in ("+", "-"):
+            sign = 1 if take().group(0).strip() == "+" else -1
+            right = term()
+            left = {k: v + sign * right[k] for k, v in left.items() if k in right}
+        return left
+
+    result = expression()
+    assert position == len(tokens), query
+    assert len(result) <= 1, f"{query} returns {len(result)} series: KEDA needs one"
+    return next(iter(result.values()), None)
+
+
 def spec_selector(spec: str) -> tuple[str, dict]:
     """An EPP metric spec NAME{k=v,...} as (metric, labels), by its grammar (metrics_spec.go)."""
     match = METRIC_SPEC.match(spec)
@@ -620,7 +714,7 @@ def test_cpu_deployment_renders_and_every_object_validates(helm, cpu_repo, tmp_p
     triton = container(pod, "triton")
     assert "nvidia.com/gpu" not in json.dumps(triton["resources"]) and "affinity" not in pod
     assert values["model"]["fingerprint"] == fingerprint(open_repository(cpu_repo).manifest)
-    job = find(docs, "Job")["spec"]["template"]["spec"]["containers"][0]
+    job = build_container(docs)
     assert (
         job["args"][:2] == ["--model", f"hf:acme/tiny-llama@{HUB_REVISION}"]
         and "--engine-dir" not in job["args"]
@@ -664,7 +758,7 @@ def test_h100_fp8_deployment_renders_and_every_object_validates(gpu_render):
     ]
     assert {v["name"]: v for v in pod["volumes"]}["shm"]["emptyDir"]["medium"] == "Memory"
     job = find(docs, "Job")["spec"]["template"]["spec"]
-    build = job["containers"][0]
+    build = build_container(docs)
     assert (
         build["resources"]["limits"]["nvidia.com/gpu"] == 2 and job["affinity"] == pod["affinity"]
     )
@@ -679,7 +773,7 @@ def test_hf_token_reaches_only_the_build_job_from_its_secret(helm, cpu_repo, tmp
         cpu_repo, tmp_path / "d", "--hf-token-secret", "hub-token", "--api-key-secret", "llm-keys"
     )
     docs = render(helm, tmp_path / "d")
-    build = find(docs, "Job")["spec"]["template"]["spec"]["containers"][0]
+    build = build_container(docs)
     token = next(e for e in build["env"] if e["name"] == "HF_TOKEN")
     assert token == {
         "name": "HF_TOKEN",
@@ -701,7 +795,7 @@ def test_hf_token_reaches_only_the_build_job_from_its_secret(helm, cpu_repo, tmp
 
 def test_build_job_arguments_are_accepted_by_toolkit_build_and_say_what_was_built(gpu_render):
     repo, _, docs, _ = gpu_render
-    args = find(docs, "Job")["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = build_container(docs)["args"]
     # click parses them as `toolkit build` would: an unknown flag or a bad value is refused here.
     params = build_command.make_context("build", list(args)).params
     plan = open_repository(repo).memory_plan
@@ -737,9 +831,19 @@ def test_probes_grace_and_drain_agree_with_the_serve_commands(gpu_render):
     assert pod["terminationGracePeriodSeconds"] >= prestop + drain + 5
     assert pod["terminationGracePeriodSeconds"] == values["drain"]["terminationGracePeriodSeconds"]
     startup = triton["startupProbe"]
-    assert startup["periodSeconds"] * startup["failureThreshold"] >= int(
-        flag(triton["args"], "--ready-timeout")
-    )
+    # The kubelet kills at the failureThreshold-th failure, (threshold - 1) periods after the first
+    # probe: only after toolkit serve's own --ready-timeout has passed and it has stopped tritonserver
+    # (10 s) and printed why, with the log's tail (`kubectl logs --previous`).
+    ready_timeout = int(flag(triton["args"], "--ready-timeout"))
+    assert (startup["failureThreshold"] - 1) * startup["periodSeconds"] >= ready_timeout + 10 + 5
+    # A hung Triton that fails its startup or liveness probe is killed after a short grace, not
+    # after the drain's grace period while it holds the GPUs (probe-level grace: GA in 1.28).
+    for kind in ("startupProbe", "livenessProbe"):
+        assert 10 + 5 <= triton[kind]["terminationGracePeriodSeconds"] <= 30, kind
+        assert triton[kind]["terminationGracePeriodSeconds"] < pod["terminationGracePeriodSeconds"]
+    assert (
+        "terminationGracePeriodSeconds" not in triton["readinessProbe"]
+    )  # the API server refuses it
     http = int(flag(triton["args"], "--http-port"))
     assert (
         exec_probe_url(startup)
@@ -762,11 +866,9 @@ def test_probes_grace_and_drain_agree_with_the_serve_commands(gpu_render):
         behavior["scaleDown"]["stabilizationWindowSeconds"] >= 2 * load
         or behavior["scaleDown"]["stabilizationWindowSeconds"] == 3600
     )
-    # A rollout is reported stalled only after the image pull, the init container's wait for the
-    # build Job and the load could all have happened (Kubernetes' default is 600 s).
-    wait = int(flag(pod["initContainers"][0]["args"], "--timeout"))
-    assert wait == find(docs, "Job")["spec"]["activeDeadlineSeconds"] == 21600
-    assert deployment["spec"]["progressDeadlineSeconds"] >= wait + load + 600
+    # A rollout is reported stalled only after the image pull and the load could have happened
+    # (Kubernetes' default is 600 s); the build is done before the Deployment is applied.
+    assert deployment["spec"]["progressDeadlineSeconds"] == load + 600
 
 
 def test_the_endpoint_picker_reads_the_backend_metric_names_it_knows_for_triton(gpu_render):
@@ -818,7 +920,7 @@ ONLY_MONITORING = ("monitoring.coreos.com/v1/PodMonitor",)
         (CRD_APIS, ["--set", "model.fingerprintt=abc"], "Additional property fingerprintt is not allowed"),
         (CRD_APIS, ["--set", "autoscaling.scaleUp.periodSeconds=3600"], "less than or equal to 1800"),
         (CRD_APIS, ["--set", "drain.timeoutSeconds=900"], "shorter than drain.preStopSeconds + drain.timeoutSeconds"),
-        (CRD_APIS, ["--set", "strategy.progressDeadlineSeconds=600"], "progressDeadlineSeconds=600 is shorter"),
+        (CRD_APIS, ["--set", "strategy.progressDeadlineSeconds=30"], "progressDeadlineSeconds=30 is shorter"),
         (CRD_APIS, ["--set", "routing.httpRoute.path=/"], "Additional property path is not allowed"),
     ],
 )  # fmt: skip
@@ -1106,10 +1208,22 @@ def test_rule_metrics_are_the_tensorrt_llm_backends_own_names(gpu_render):
     assert {m for _, m, _ in selectors} == {
         "nv_trt_llm_request_metrics",
         "nv_trt_llm_kv_cache_block_metrics",
+        "toolkit_api_requests_in_flight",
+    }
+    api = {
+        sample.name: (family.type, set(family.samples[0].labels) if family.samples else set())
+        for family in ApiMetrics().registry.collect()
+        for sample in family.samples
     }
     for where, metric, labels in selectors:
-        family = record["families"][metric]
         exporter = {k: v for k, v in labels.items() if k not in TARGET_LABELS}
+        if metric.startswith(
+            "toolkit_api_"
+        ):  # the API's own gauge, scraped through the `http` endpoint
+            assert metric in api and api[metric][0] == "gauge", where
+            assert set(exporter) <= api[metric][1], where
+            continue
+        family = record["families"][metric]
         assert family["kind"] == "gauge", where
         assert exporter.pop(family["category"]) in record["vectors"][family["labels"]], where
         assert set(exporter) <= set(record["labels_on_every_metric"]), where
@@ -1219,8 +1333,8 @@ def test_load_and_drain_times_come_from_the_engine_files_and_the_plan(gpu_render
     queued = math.ceil(limits.max_queue_size / limits.max_batch_size) * stream
     longest = math.ceil(queued + stream)
     assert values["drain"]["timeoutSeconds"] == min(900, max(30, longest))
-    assert values["routing"]["httpRoute"]["requestTimeout"] == (
-        f"{max(300, values['drain']['timeoutSeconds'], longest)}s"
+    assert gateway_seconds(values["routing"]["httpRoute"]["requestTimeout"]) == (
+        max(300, values["drain"]["timeoutSeconds"], longest)
     )
     assert values["api"]["maxInFlight"] == limits.max_batch_size + limits.max_queue_size
 
@@ -1234,7 +1348,7 @@ def test_the_cpu_drain_and_route_cover_the_queue_before_the_first_token(cpu_repo
     assert longest > 30  # more than the stream alone would give
     values = deploy(cpu_repo, tmp_path / "d")
     assert values["drain"]["timeoutSeconds"] == min(900, longest)
-    assert values["routing"]["httpRoute"]["requestTimeout"] == f"{max(300, longest)}s"
+    assert gateway_seconds(values["routing"]["httpRoute"]["requestTimeout"]) == max(300, longest)
 
 
 def test_route_timeout_and_scaling_follow_the_load_and_drain_times_given(cpu_repo, tmp_path):
@@ -1250,7 +1364,7 @@ def test_route_timeout_and_scaling_follow_the_load_and_drain_times_given(cpu_rep
         cluster,
     ]
     values = deploy(cpu_repo, tmp_path / "d", *args)
-    assert values["routing"]["httpRoute"]["requestTimeout"] == "500s"
+    assert values["routing"]["httpRoute"]["requestTimeout"] == "8m20s"
     scaling = values["autoscaling"]
     assert scaling["scaleUp"]["periodSeconds"] == 1200  # one load time per step up
     assert scaling["scaleDown"]["stabilizationWindowSeconds"] == 2400  # two load times
@@ -1357,7 +1471,7 @@ def test_containers_without_gpus_see_none(gpu_render):
 def test_build_job_requests_host_memory_for_the_checkpoint(gpu_render, cpu_repo, tmp_path):
     """Quantizing an 8B model holds its bf16 checkpoint (16 GB) in host memory, and the converted one."""
     repo, values, docs, _ = gpu_render
-    build = find(docs, "Job")["spec"]["template"]["spec"]["containers"][0]["resources"]
+    build = build_container(docs)["resources"]
     parameters = open_repository(repo).memory_plan.parameter_count
     memory = int(build["requests"]["memory"].removesuffix("Gi"))
     assert memory == math.ceil((8 * 2**30 + 2 * 2 * parameters + 2 * 2**30) / 2**30)
@@ -1432,29 +1546,60 @@ def test_replicas_spread_over_nodes(gpu_render):
     assert matches(spread["labelSelector"]["matchLabels"], template["metadata"]["labels"])
 
 
-def test_autoscaling_scales_on_requests_in_flight_and_on_saturation(
+def test_autoscaling_scales_on_the_apis_requests_in_flight_and_on_queueing(
     helm, gpu_render, cpu_repo, tmp_path
 ):
-    """Waiting requests are the ones the engine could not schedule (its batch slots or KV blocks are
-    full): a saturation signal. The load signal is the requests in flight per replica against the
-    concurrency one replica serves well (by default its batch slots; from toolkit bench with the flag)."""
+    """The TensorRT-LLM backend's `active` is capped at max_batch_size (the executor's max active
+    requests) and `waiting` = active - scheduled: requests queued beyond the batch slots show in
+    neither, so a trigger on scheduled + waiting never exceeds max_batch_size. The load signal is the
+    API's own gauge of admitted requests; the saturation signal is those the engine is not running."""
     repo, values, docs, _ = gpu_render
     triggers = {t["name"]: t for t in find(docs, "ScaledObject")["spec"]["triggers"]}
     assert set(triggers) == {"requests-in-flight", "waiting-requests", "kv-cache-use"}
-    in_flight = triggers["requests-in-flight"]["metadata"]
-    types = [labels["request_type"] for _, labels in promql_selectors(in_flight["query"])]
-    assert types == ["scheduled", "waiting"] and in_flight["query"].count("sum(") == 2
+    load = triggers["requests-in-flight"]["metadata"]
+    assert [m for m, _ in promql_selectors(load["query"])] == ["toolkit_api_requests_in_flight"]
     batch = open_repository(repo).limits.max_batch_size
-    assert (
-        in_flight["threshold"] == str(batch) == str(values["autoscaling"]["concurrencyPerReplica"])
-    )
-    waiting = promql_selectors(triggers["waiting-requests"]["metadata"]["query"])
-    assert [labels["request_type"] for _, labels in waiting] == ["waiting"]
+    default = max(
+        1, int(batch * 0.8)
+    )  # scale-up starts (+10 % HPA tolerance) before a request queues
+    assert load["threshold"] == str(default) == str(values["autoscaling"]["concurrencyPerReplica"])
+    queued = triggers["waiting-requests"]["metadata"]["query"]
+    assert [(m, labels.get("request_type")) for m, labels in promql_selectors(queued)] == [
+        ("toolkit_api_requests_in_flight", None),
+        ("nv_trt_llm_request_metrics", "scheduled"),
+    ]
+    assert 'request_type="waiting"' not in json.dumps(find(docs, "ScaledObject"))
     deploy(cpu_repo, tmp_path / "d", "--max-replicas", "4", "--concurrency-per-replica", "6")
     scaled = find(render(helm, tmp_path / "d"), "ScaledObject")["spec"]["triggers"]
     assert (
         next(t for t in scaled if t["name"] == "requests-in-flight")["metadata"]["threshold"] == "6"
     )
+
+
+def test_the_triggers_see_requests_queued_beyond_the_batch_slots(gpu_render):
+    """The rendered queries over what a GPU replica exports when its batch slots are full and 300
+    more requests queue: the backend's gauges say `active` = scheduled = max_batch_size and `waiting`
+    0; the API's gauge says max_batch_size + 300. A lightly loaded replica must not hide the queue."""
+    repo, _, docs, _ = gpu_render
+    batch = open_repository(repo).limits.max_batch_size
+    monitor = find(docs, "PodMonitor")
+    namespace, job = monitor["metadata"]["namespace"], f"{NAMESPACE}/{monitor['metadata']['name']}"
+    series = []
+    for pod, in_flight, scheduled in (
+        ("a", batch + 300, batch),
+        ("b", 3, 5),
+    ):  # b: streams just ended in the API
+        target = {"namespace": namespace, "job": job, "pod": pod}
+        series.append(("toolkit_api_requests_in_flight", {**target, "container": "api"}, in_flight))
+        for kind, value in (("active", scheduled), ("scheduled", scheduled), ("waiting", 0)):
+            labels = {**target, "model": "tensorrt_llm", "version": "1", "request_type": kind}
+            series.append(("nv_trt_llm_request_metrics", {**labels, "container": "triton"}, value))
+    triggers = {t["name"]: t["metadata"] for t in find(docs, "ScaledObject")["spec"]["triggers"]}
+    assert promql_value(triggers["requests-in-flight"]["query"], series) == batch + 303
+    assert promql_value(triggers["waiting-requests"]["query"], series) == 300
+    assert (
+        promql_value(triggers["waiting-requests"]["query"], series[:0]) is None
+    )  # no series: fallback
 
 
 def test_the_init_container_shares_the_cache_with_the_servers(gpu_render):
@@ -1489,3 +1634,268 @@ def test_k8s_tools_installer_fails_clearly_where_its_binaries_do_not_run(tmp_pat
     assert (
         "error:" in result.stderr and "aarch64" in result.stderr and "helm v3.17.3" in result.stderr
     )
+
+
+# --- second review: GPU autoscaling, the build's order, probes, values helm refuses, /dev/shm -----
+class _FakeFamily:
+    """pb_utils.MetricFamily, enough to read what the engines' metrics set."""
+
+    GAUGE, COUNTER, HISTOGRAM = "gauge", "counter", "histogram"
+
+    def __init__(self, name: str, description: str, kind: str):
+        self.name = name
+
+    def Metric(self, labels: dict, buckets=None):  # noqa: N802 - pb_utils' name
+        return _FakeMetric()
+
+
+class _FakeMetric:
+    value = None
+
+    def set(self, value) -> None:
+        self.value = value
+
+    def observe(self, value) -> None:
+        pass
+
+
+def test_the_python_engines_report_requests_as_the_tensorrt_llm_backend_does():
+    """The backend's `active` is what the executor holds in its batch (at most max_batch_size, its max
+    active requests); requests beyond wait in the executor's queue, which Triton does not export, and
+    `waiting` = active - scheduled counts only active requests not scheduled (KV blocks, token budget).
+    The CPU and synthetic engines report the same, so the live tests see what a GPU replica shows."""
+    import types
+
+    from toolkit.repository.sources import model_repo_sources
+
+    sys.path.insert(0, str(model_repo_sources() / "common"))
+    from engine_metrics import EngineMetrics
+
+    pb_utils = types.SimpleNamespace(MetricFamily=_FakeFamily)
+    metrics = EngineMetrics(
+        pb_utils,
+        model="tensorrt_llm",
+        version="1",
+        max_batch_size=2,
+        kv_blocks=16,
+        tokens_per_block=8,
+    )
+
+    def requests() -> dict:
+        return {
+            label: gauge.value
+            for (family, label), gauge in metrics.gauges.items()
+            if family == "nv_trt_llm_request_metrics"
+        }
+
+    # Six requests held: both slots run, four queue for a slot.
+    metrics.update(held=6, scheduled=2, context=0, used_blocks=4, context_tokens=0)
+    assert requests() == {"active": 2, "max": 2, "scheduled": 2, "context": 0, "waiting": 0}
+    # Both slots taken, one of them not scheduled this step (no KV block for it): the backend's waiting.
+    metrics.update(held=3, scheduled=1, context=0, used_blocks=16, context_tokens=0)
+    assert requests() == {"active": 2, "max": 2, "scheduled": 1, "context": 0, "waiting": 1}
+
+
+def test_the_build_runs_before_the_replicas_exist(gpu_render, tmp_path):
+    """Replicas hold their GPUs while their init container waits for the repository; a build Job that
+    needs GPUs of the same kind, applied beside them, never schedules on a full cluster. The Job is a
+    pre-install/pre-upgrade hook: helm applies the Deployment only after it succeeded (and not at all
+    when it fails). Its claim is created before it; helm waits for the build as long as its deadline."""
+    repo, values, docs, _ = gpu_render
+    job = find(docs, "Job")
+    hooks = job["metadata"]["annotations"]
+    assert hooks["helm.sh/hook"] == "pre-install,pre-upgrade"
+    # The last try's Job (and its log) stays until the next one replaces it.
+    assert hooks["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    assert job["metadata"]["name"] == f"{RELEASE}-build"
+    claim = find(docs, "PersistentVolumeClaim")["metadata"]["annotations"]
+    assert (
+        claim["helm.sh/hook"] == "pre-install,pre-upgrade"
+        and "helm.sh/hook-delete-policy" not in claim
+    )
+    assert int(claim["helm.sh/hook-weight"]) < int(hooks["helm.sh/hook-weight"])
+    assert claim["helm.sh/resource-policy"] == "keep"  # engines outlive the release
+    others = [d for d in docs if d["kind"] not in ("Job", "PersistentVolumeClaim")]
+    assert not [d for d in others if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+    # helm waits for a hook Job for --timeout (5 min by default): the printed install allows the
+    # build's own deadline, so a failed build is reported with its reason, not helm's timeout.
+    result = invoke(
+        "deploy", "--repo", repo, "-o", tmp_path / "d", "--image", IMAGE, "--dry-run", "--json"
+    )
+    install = json.loads(result.stdout)["commands"][-1].split()
+    assert install[:3] == ["helm", "upgrade", "--install"]
+    assert gateway_seconds(flag(install, "--timeout")) > job["spec"]["activeDeadlineSeconds"]
+    # toolkit itself is PID 1 of each container (a shell there ignores SIGTERM: the build would be
+    # killed without cleaning its staging folder off the volume).
+    spec = job["spec"]["template"]["spec"]
+    (build,), (check,) = spec["initContainers"], spec["containers"]
+    assert build["command"] == ["toolkit", "build"]
+    assert check["command"] == ["toolkit", "wait-for-repository"]
+    assert flag(check["args"], "--repo") == flag(build["args"], "--output")
+    assert flag(check["args"], "--fingerprint") == values["model"]["fingerprint"]
+    assert flag(check["args"], "--timeout") == "0"
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in check["env"]
+    assert "nvidia.com/gpu" not in json.dumps(check.get("resources", {}))
+
+
+def test_an_upgrade_that_keeps_the_fingerprint_builds_nothing(helm, cpu_repo, tmp_path):
+    """A hook Job needs a free GPU even when it would only find the repository built: an upgrade that
+    serves the same fingerprint (a new replica count, an image pull policy) skips it when the cluster
+    shows it built: the release's Deployment serves it, or the last build Job of it succeeded. The
+    decision reads `lookup` (empty under helm template); here it is given what the cluster holds."""
+    values = deploy(cpu_repo, tmp_path / "d")
+
+    def of(fingerprint: str) -> str:  # an object's metadata, annotated as the chart's objects are
+        return f'"metadata" (dict "annotations" (dict "toolkit/fingerprint" {fingerprint}))'
+
+    cases = {
+        "fresh": "dict",
+        "deployed": f'dict "deployment" (dict {of("$fp")})',
+        "deployed-other": f'dict "deployment" (dict {of(chr(34) + "0" + chr(34))})',
+        "built": f'dict "job" (dict {of("$fp")} "status" (dict "succeeded" 1))',
+        "build-failed": f'dict "job" (dict {of("$fp")} "status" (dict "failed" 2))',
+        "built-other": f'dict "job" (dict {of(chr(34) + "0" + chr(34))} "status" (dict "succeeded" 1))',
+    }
+    lines = "\n".join(
+        f'  {name}: {{{{ include "toolkit.buildNeeded" (merge (dict "root" $) ({found})) | quote }}}}'
+        for name, found in cases.items()
+    )
+    (tmp_path / "d" / "chart" / "templates" / "build-needed-check.yaml").write_text(
+        "{{- $fp := .Values.model.fingerprint }}\n"
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: build-needed}\ndata:\n" + lines + "\n"
+    )
+    data = find(render(helm, tmp_path / "d"), "ConfigMap", "build-needed")["data"]
+    assert values["model"]["fingerprint"] and data == {
+        "fresh": "true",
+        "deployed": "",
+        "deployed-other": "true",
+        "built": "",
+        "build-failed": "true",
+        "built-other": "true",
+    }
+
+
+def gateway_seconds(duration: str) -> float:
+    """Seconds of a Gateway API duration (GEP-2257: 1h2m3s, 500ms)."""
+    parts = re.findall(r"([0-9]+)(h|ms|m|s)", duration)
+    assert "".join(n + u for n, u in parts) == duration, duration
+    unit = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(int(n) * unit[u] for n, u in parts)
+
+
+def test_route_timeouts_are_gateway_api_durations(cpu_repo, tmp_path):
+    """The HTTPRoute's timeout is written in hours, minutes and seconds: at most 5 digits each (the
+    chart's schema and the Gateway API's CRD), so a long drain does not make helm refuse the values."""
+    for drain, expected in ((86400, "24h"), (3725, "1h2m5s"), (500, "8m20s"), (301, "5m1s")):
+        values = deploy(cpu_repo, tmp_path / "d", "--drain-timeout", str(drain))
+        assert values["routing"]["httpRoute"]["requestTimeout"] == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "cluster", "message", "fix"),
+    [
+        (["--mount-path", "models"], {}, "--mount-path models is not an absolute path", "--mount-path /models"),
+        ([], {"storage": {"mountPath": "models"}}, "storage.mountPath=models in ", "--mount-path /models"),
+        (["--drain-timeout", "100000"], {}, "--drain-timeout 100000 is more than", "--drain-timeout 86400"),
+        (["--api-key-secret", "Bad_Name"], {}, "--api-key-secret Bad_Name is not a Secret name", "lowercase"),
+        (["--hf-token-secret", "hf token"], {}, "--hf-token-secret 'hf token' is not a Secret name", "lowercase"),
+        ([], {"routing": {"httpRoute": {"requestTimeout": "10min"}}}, "requestTimeout=10min in ", "1h30m"),
+    ],
+)  # fmt: skip
+def test_values_helm_would_refuse_are_refused_first(
+    cpu_repo, tmp_path, args, cluster, message, fix
+):
+    """What the chart's schema (or the API server) would refuse after `helm upgrade`: named here, with
+    the flag or file that set it and the fix, before anything is written."""
+    files = ["-f", write_values(tmp_path / "c.yaml", cluster)] if cluster else []
+    result = invoke(
+        "deploy", "--repo", cpu_repo, "-o", tmp_path / "d", "--image", IMAGE, *files, *args
+    )
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert "fix:" in result.output and fix in result.output, result.output
+    assert not (tmp_path / "d").exists()
+
+
+def test_memory_requests_count_the_shm_size_the_cluster_values_give(gpu_render, tmp_path):
+    """/dev/shm is a memory emptyDir: its pages count against the container's memory limit. A cluster
+    file that gives Triton (and the build Job) 16 GiB of it gets 14 GiB more memory than the default 2."""
+    repo = gpu_render[0]
+    default = deploy(repo, tmp_path / "a")
+    cluster = write_values(tmp_path / "c.yaml", {"triton": {"shmSize": "16Gi"}})
+    bigger = deploy(repo, tmp_path / "b", "-f", cluster)
+
+    def gib(values: dict, key: str, kind: str = "requests") -> int:
+        return int(values[key]["resources"][kind]["memory"].removesuffix("Gi"))
+
+    assert gib(bigger, "triton") - gib(default, "triton") == 14
+    assert gib(bigger, "triton", "limits") == gib(bigger, "triton")
+    assert gib(bigger, "build") - gib(default, "build") == 14
+    write_values(tmp_path / "c.yaml", {"triton": {"shmSize": "16GB"}})
+    result = invoke("deploy", "--repo", repo, "-o", tmp_path / "e", "--image", IMAGE, "-f", cluster)
+    assert result.exit_code == 1 and "triton.shmSize=16GB in " in result.output, result.output
+    assert "fix:" in result.output and "16Gi" in result.output
+
+
+def test_next_steps_create_the_secrets_in_the_release_namespace(cpu_repo, tmp_path):
+    args = [
+        "--repo",
+        cpu_repo,
+        "-o",
+        tmp_path / "d",
+        "--image",
+        IMAGE,
+        "--name",
+        "llm",
+        "--dry-run",
+        "--json",
+    ]
+    result = invoke("deploy", *args, "--hf-token-secret", "hub-token")
+    assert result.exit_code == 0, result.output
+    commands = json.loads(result.stdout)["commands"]
+    assert [c for c in commands if "secret" in c] == [
+        "kubectl -n NAMESPACE create secret generic llm-api-keys --from-file=keys=./api-keys.txt",
+        'kubectl -n NAMESPACE create secret generic hub-token --from-literal=token="$HF_TOKEN"',
+    ]
+    assert "--namespace NAMESPACE" in commands[-1]
+    cluster = write_values(
+        tmp_path / "c.yaml", {"build": {"hfToken": {"secretName": "hf", "key": "t"}}}
+    )
+    result = invoke("deploy", *args, "-f", cluster, "--no-auth")
+    commands = json.loads(result.stdout)["commands"]
+    assert [c for c in commands if "secret" in c] == [
+        'kubectl -n NAMESPACE create secret generic hf --from-literal=t="$HF_TOKEN"'
+    ]
+
+
+def test_cluster_values_may_repeat_the_gpu_count_the_engines_need(gpu_render, tmp_path):
+    """gpu.count is refused in cluster values only where it contradicts the repository (any GPU for a
+    cpu or synthetic one, another count than the engine's ranks); docs/deploy.md says so."""
+    repo = gpu_render[0]
+    cluster = write_values(tmp_path / "c.yaml", {"gpu": {"count": 2}})
+    assert deploy(repo, tmp_path / "d", "-f", cluster)["gpu"]["count"] == 2
+    text = (Path(__file__).parents[1] / "docs" / "deploy.md").read_text()
+    section = text[text.index("## Cluster values") :]
+    assert "`gpu.count`) are refused" not in section
+    assert "`gpu.count` only where it contradicts" in " ".join(section.split())
+    # Triton's metrics server binds IPv4 or IPv6, never both on one socket: the doc says which.
+    assert "IPv4" in text and "0.0.0.0" in text
+
+
+def test_the_init_containers_wait_ends_at_once_on_sigterm(tmp_path):
+    """A pod deleted while its init container waits for the repository (PID 1 there: the toolkit
+    entry point's handler makes SIGTERM end it) must not sit out its grace period."""
+    import signal
+    import time
+
+    argv = [str(Path(sys.executable).parent / "toolkit"), "wait-for-repository"]
+    argv += ["--repo", str(tmp_path / "absent"), "--fingerprint", "0" * 16, "--timeout", "600"]
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "waiting for the repository" in process.stderr.readline()
+        process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        _, stderr = process.communicate(timeout=10)
+    finally:
+        process.kill()
+    assert time.monotonic() - sent < 3
+    assert process.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in stderr, stderr

@@ -1,13 +1,16 @@
 """The rendered deployment against a real served CPU repository (real tritonserver, real API).
 
 - Every metric name and label a rendered autoscaler or routing rule reads is on the live /metrics
-  of the served repository under load.
+  of the served repository under load (Triton's and the API's, the PodMonitor's two endpoints).
+- With more requests than batch slots, the engines report what the TensorRT-LLM backend reports
+  (active at most max_batch_size, the queue behind it in no engine metric), and the rendered
+  autoscaler queries, evaluated on the live series, count the queue.
 - The pod's containers, run locally with their rendered command, args and env (each volume mount
   mapped to a local folder), serve on the ports the probes and Services name, and the probes (HTTP
   and exec) pass; Triton's HTTP and gRPC listen on loopback only, its metrics on every address; the
   stop sequence (preStop, then SIGTERM to both containers) finishes an in-flight stream within the
   grace period, refuses new connections and ends every process.
-- The build Job's command rebuilds the deployed repository (same fingerprint) and refuses another.
+- The build Job's containers rebuild the deployed repository (same fingerprint) and refuse another.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_deploy import (
     CRD_APIS,
+    NAMESPACE,
     TARGET_LABELS,
     container,
     deploy,
     find,
     find_helm,
     flag,
+    promql_value,
     render,
     rule_selectors,
     server_deployment,
@@ -43,8 +48,15 @@ from test_deploy import (
 
 from toolkit.api.app import ApiSettings
 from toolkit.api.server import run_api_in_background
+from toolkit.model.sources import ResolvedModel
+from toolkit.repository.engines import SyntheticEngine
+from toolkit.repository.limits import RepositoryLimits
+from toolkit.repository.writer import plan_repository, write_repository
 from toolkit.serve.net import free_port
 from toolkit.subprocs import group_alive, stop_process
+
+from repos import launch_on_free_ports
+from tiny import make_tiny_checkpoint
 
 pytestmark = pytest.mark.server
 
@@ -246,7 +258,9 @@ def test_rule_metrics_are_on_live_metrics_under_load(live, served_repo):
     for thread in threads:
         thread.start()
     try:
+        # The PodMonitor's two endpoints: Triton's metrics port and the API's.
         samples = scrape_under_load(served_repo.metrics_url, threads)
+        samples += scrape(f"{api.url}/metrics")
     finally:
         done.set()
         for thread in threads:
@@ -262,11 +276,15 @@ def test_rule_metrics_are_on_live_metrics_under_load(live, served_repo):
         assert len(found) == 1, f"{where}: {metric}{exporter} selects {len(found)} live series"
 
 
+def scrape(url: str) -> list:
+    text = httpx.get(url, timeout=5).text
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
 def scrape_under_load(url: str, threads: list[threading.Thread]) -> list:
     """A scrape taken while requests run (the engine reports them scheduled and holding KV blocks)."""
     while any(t.is_alive() for t in threads):
-        text = httpx.get(url, timeout=5).text
-        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        samples = scrape(url)
         scheduled = sample_value(samples, "nv_trt_llm_request_metrics", request_type="scheduled")
         used = sample_value(
             samples, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used"
@@ -283,6 +301,100 @@ def sample_value(samples: list, name: str, **labels: str) -> float:
         for s in samples
         if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
     )
+
+
+SLOTS = 2  # max_batch_size of the queueing test's engine
+STEP_MS = 100.0
+
+
+@pytest.fixture(scope="module")
+def two_slot_engine(tmp_path_factory):
+    """A synthetic repository with 2 batch slots and 100 ms steps, served; its deployment rendered
+    (with autoscaling) for the folder that holds it."""
+    root = tmp_path_factory.mktemp("two-slots")
+    checkpoint = make_tiny_checkpoint(root / "checkpoint")
+    limits = RepositoryLimits().overridden(
+        max_input_len=128,
+        max_output_len=64,
+        max_seq_len=256,
+        kv_cache_tokens=1024,
+        max_batch_size=SLOTS,
+    )
+    model = ResolvedModel(checkpoint, f"local:{checkpoint}", None)
+    engine = SyntheticEngine(step_time_ms=STEP_MS)
+    repo = write_repository(plan_repository(model, engine, root / "volume" / "repo", limits)).path
+    server = launch_on_free_ports(repo, root / "server.log", 120)
+    try:
+        deploy(repo, root / "d", "--no-build", "--mount-path", repo.parent, "--max-replicas", "3")
+        docs = render(find_helm(), root / "d", apis=CRD_APIS)
+        yield repo, server, docs
+    finally:
+        server.stop()
+
+
+def test_the_autoscaler_counts_requests_queued_beyond_the_batch_slots(two_slot_engine):
+    """Six streams on two batch slots: the engine reports what TensorRT-LLM's backend reports (active =
+    scheduled = 2, waiting 0: the four queued for a slot are in none of its metrics), and the
+    rendered queries, over these live series labelled as the PodMonitor labels them, count 6 in
+    flight and 4 waiting for the engine (the old `scheduled + waiting` read 2 and could never
+    exceed max_batch_size)."""
+    repo, server, docs = two_slot_engine
+    api = run_api_in_background(ApiSettings(server.grpc_url, repo), port=free_port())
+    model = httpx.get(f"{api.url}/v1/models").json()["data"][0]["id"]
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 30, "stream": True}
+    finished: list[str | None] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{api.url}/v1/completions", json=body, timeout=120) as response:
+            chunks = [line for line in response.iter_lines() if line.startswith("data: {")]
+            finished.append(json.loads(chunks[-1][6:])["choices"][0]["finish_reason"])
+
+    threads = [threading.Thread(target=stream) for _ in range(3 * SLOTS)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            engine, front = scrape(server.metrics_url), scrape(f"{api.url}/metrics")
+            scheduled = sample_value(engine, "nv_trt_llm_request_metrics", request_type="scheduled")
+            if (
+                sample_value(front, "toolkit_api_requests_in_flight") == 3 * SLOTS
+                and scheduled == SLOTS
+            ):
+                break
+            assert time.monotonic() < deadline, "the six streams were never in flight at once"
+            time.sleep(0.05)
+    finally:
+        for thread in threads:
+            thread.join(120)
+        api.stop()
+    reported = {
+        s.labels["request_type"]: s.value for s in engine if s.name == "nv_trt_llm_request_metrics"
+    }
+    assert reported == {
+        "active": SLOTS,
+        "max": SLOTS,
+        "scheduled": SLOTS,
+        "context": 0,
+        "waiting": 0,
+    }
+    assert finished == ["length"] * 3 * SLOTS  # the queued streams were served in turn, whole
+    series = pod_series(engine, "triton") + pod_series(front, "api")
+    triggers = {t["name"]: t["metadata"] for t in find(docs, "ScaledObject")["spec"]["triggers"]}
+    assert promql_value(triggers["requests-in-flight"]["query"], series) == 3 * SLOTS
+    assert promql_value(triggers["waiting-requests"]["query"], series) == 2 * SLOTS
+
+
+def pod_series(samples: list, container_name: str) -> list[tuple[str, dict, float]]:
+    """Samples of one replica's endpoint with the labels the PodMonitor's scrape adds."""
+    target = {
+        "namespace": NAMESPACE,
+        "job": f"{NAMESPACE}/llm",
+        "pod": "llm-0",
+        "container": container_name,
+        "endpoint": "metrics" if container_name == "triton" else "http",
+    }
+    return [(s.name, {**s.labels, **target}, s.value) for s in samples]
 
 
 @pytest.fixture(scope="module")
@@ -443,21 +555,24 @@ def test_build_job_rebuilds_the_deployed_repository_and_refuses_another(
     served_repo, helm, tmp_path
 ):
     values = deploy(served_repo.repo, tmp_path / "d")
+    fingerprint = values["model"]["fingerprint"]
     docs = render(helm, tmp_path / "d", apis=CRD_APIS)
     template = find(docs, "Job")["spec"]["template"]
     volume = tmp_path / "volume"
     job = LocalPod(template, tmp_path / "job", {}, claims={"models": volume})
-    build = template["spec"]["containers"][0]
-    argv, env = job.argv(build), job.env(build)
+    (build,), (check,) = template["spec"]["initContainers"], template["spec"]["containers"]
+    env = job.env(build)
     # The volume's cache already holds the embedded checkpoint (as on the Job's second run).
     env["TOOLKIT_HOME"] = str(served_repo.home)
-    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(job.argv(build), env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    repository = Path(env["TOOLKIT_REPOSITORY"])
-    assert repository == volume / "llm" / values["model"]["fingerprint"] / "repository"
-    assert (
-        f"fingerprint {values['model']['fingerprint']}" in result.stderr
-    )  # the Job's own check passed
-    env["TOOLKIT_FINGERPRINT"] = "0" * 16  # a deployment rendered for another repository
-    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    repository = Path(job.local_path(build, flag(build["args"], "--output")))
+    assert repository == volume / "llm" / fingerprint / "repository"
+    # Then the Job's check, as the kubelet runs it after the build: the repository is the deployed one.
+    run = {"env": job.env(check), "capture_output": True, "text": True, "timeout": 300}
+    result = subprocess.run(job.argv(check), **run)
+    assert result.returncode == 0 and f"fingerprint {fingerprint}" in result.stderr, result.stderr
+    # A deployment rendered for another repository: the check fails the Job (and so the install).
+    other = [("0" * 16 if a == fingerprint else a) for a in check["args"]]
+    result = subprocess.run(job.argv(check, [*check["command"], *other]), **run)
     assert result.returncode == 1 and "not the one deployed" in result.stderr

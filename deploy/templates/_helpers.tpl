@@ -58,8 +58,38 @@ app.kubernetes.io/component: endpoint-picker
 {{- if not (has .Values.model.target (list "cpu" "synthetic")) }}true{{ end -}}
 {{- end -}}
 
+{{/* The triton container's startup probe fails for good at its failureThreshold-th failure,
+(threshold - 1) periods after the first probe: only after `toolkit serve --ready-timeout` has run out
+and toolkit serve has stopped tritonserver (10 s) and printed why, with the log's tail (kubectl logs
+--previous), plus its checks before tritonserver starts: startup.timeoutSeconds + 30 s. */}}
 {{- define "toolkit.startupFailureThreshold" -}}
-{{- div (add .Values.startup.timeoutSeconds .Values.startup.periodSeconds -1) .Values.startup.periodSeconds -}}
+{{- add1 (div (add .Values.startup.timeoutSeconds 30 .Values.startup.periodSeconds -1) .Values.startup.periodSeconds) -}}
+{{- end -}}
+
+{{/* Seconds a triton container that failed its startup or liveness probe gets before SIGKILL: a hung
+or never-ready Triton has nothing to drain, and its GPUs are held until it is gone (the pod's grace
+period, the drain's, applies to deletions only). toolkit serve stops tritonserver within 10 s. */}}
+{{- define "toolkit.probeKillGraceSeconds" -}}
+30
+{{- end -}}
+
+{{- define "toolkit.buildJobName" -}}
+{{- printf "%s-build" (include "toolkit.fullname" .) -}}
+{{- end -}}
+
+{{/* "true" when this install or upgrade must run the build Job, empty when the cluster shows the
+fingerprint built: the release's Deployment serves it, or the last build Job built it. A hook Job
+needs a free GPU even to find its work done; on a full cluster it would hold up every upgrade.
+Takes root and what the cluster holds (lookup: an empty map under helm template, which so renders
+the Job): deployment, job. */}}
+{{- define "toolkit.buildNeeded" -}}
+{{- $fingerprint := .root.Values.model.fingerprint -}}
+{{- $served := dig "metadata" "annotations" "toolkit/fingerprint" "" (.deployment | default dict) -}}
+{{- $built := dig "metadata" "annotations" "toolkit/fingerprint" "" (.job | default dict) -}}
+{{- $succeeded := dig "status" "succeeded" 0 (.job | default dict) -}}
+{{- if not (or (eq $served $fingerprint) (and (eq $built $fingerprint) (gt (int $succeeded) 0))) -}}
+true
+{{- end -}}
 {{- end -}}
 
 {{/* inferencePool or service, after resolving auto against the cluster's APIs. */}}
@@ -144,9 +174,8 @@ exec:
 {{- if lt (int $v.drain.terminationGracePeriodSeconds) (int $leastGrace) -}}
 {{- fail (printf "drain.terminationGracePeriodSeconds=%v is shorter than drain.preStopSeconds + drain.timeoutSeconds + the 5 s toolkit serve waits past Triton's drain (%v): set it to at least %v, or render the values again with toolkit deploy --drain-timeout" $v.drain.terminationGracePeriodSeconds $leastGrace $leastGrace) -}}
 {{- end -}}
-{{- $leastProgress := add $v.startup.timeoutSeconds (ternary $v.build.waitTimeoutSeconds 0 $v.build.enabled) -}}
-{{- if lt (int $v.strategy.progressDeadlineSeconds) (int $leastProgress) -}}
-{{- fail (printf "strategy.progressDeadlineSeconds=%v is shorter than startup.timeoutSeconds%s (%v): a rollout would be reported stalled while its replicas still load; set it to at least %v plus the image pull, or render the values again with toolkit deploy" $v.strategy.progressDeadlineSeconds (ternary " + build.waitTimeoutSeconds" "" $v.build.enabled) $leastProgress $leastProgress) -}}
+{{- if lt (int $v.strategy.progressDeadlineSeconds) (int $v.startup.timeoutSeconds) -}}
+{{- fail (printf "strategy.progressDeadlineSeconds=%v is shorter than startup.timeoutSeconds (%v): a rollout would be reported stalled while its replicas still load; set it to at least %v plus the image pull, or render the values again with toolkit deploy" $v.strategy.progressDeadlineSeconds $v.startup.timeoutSeconds $v.startup.timeoutSeconds) -}}
 {{- end -}}
 {{- if and $v.build.enabled (not $v.build.args) -}}
 {{- fail "build.enabled=true but build.args is empty: render the values with toolkit deploy, or set build.enabled=false and put the repository on the volume yourself" -}}

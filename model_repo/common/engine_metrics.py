@@ -7,6 +7,14 @@ nv_trt_llm_request_metrics{request_type="waiting"} and
 nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}) read a CPU or synthetic one
 the same way. Every series carries model and version labels, as the backend's do, and exists
 from load on. Gauges are sent only when their value changes: each set is a round trip to Triton.
+
+Requests mean what they mean in the backend (inflight_batcher_llm's stats from TensorRT-LLM's
+executor): `active` is what the executor holds in its batch, at most max_batch_size (its max active
+requests); requests beyond wait in the executor's queue, which no metric here counts; `scheduled` are
+the active ones this step runs, and `waiting` = active - scheduled the active ones it could not
+(no KV blocks, token budget). So a queue behind full batch slots reads active = scheduled =
+max_batch_size and waiting 0, on every target: autoscalers must count it elsewhere (the API's
+toolkit_api_requests_in_flight).
 """
 
 from __future__ import annotations
@@ -93,20 +101,27 @@ class EngineMetrics:
         self.kv_blocks = kv_blocks
         self.iterations = 0
         self._set("nv_trt_llm_kv_cache_block_metrics", "tokens_per", tokens_per_block)
-        self.update(active=0, scheduled=0, context=0, used_blocks=0, context_tokens=0)
+        self.update(held=0, scheduled=0, context=0, used_blocks=0, context_tokens=0)
 
     def update(
         self,
         *,
-        active: int,
+        held: int,
         scheduled: int,
         context: int,
         used_blocks: int,
         context_tokens: int,
         iterations: int = 0,
     ) -> None:
-        """One reading of the engine's state, as the backend reports each iteration's statistics."""
+        """One reading of the engine's state, as the backend reports each iteration's statistics.
+
+        `held`: every request the engine holds (running, or queued for a batch slot); `scheduled`:
+        those running this step. Reported as the backend does: active capped at max_batch_size.
+        """
         self.iterations += iterations
+        active = min(held, self.max_batch_size)
+        scheduled = min(scheduled, active)
+        context = min(context, scheduled)
         request = "nv_trt_llm_request_metrics"
         for label, value in (
             ("active", active),

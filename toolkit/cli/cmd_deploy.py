@@ -36,8 +36,8 @@ from toolkit.deploy.plan import ROUTING_MODES
     "--max-replicas",
     type=click.IntRange(min=1),
     default=None,
-    help="Turn on KEDA autoscaling on requests in flight, waiting requests and KV-cache use, up to this "
-    "many replicas (instead of --replicas).",
+    help="Turn on KEDA autoscaling on the API's requests in flight, requests waiting for the engine and "
+    "KV-cache use, up to this many replicas (instead of --replicas).",
 )
 @click.option(
     "-o",
@@ -65,8 +65,8 @@ from toolkit.deploy.plan import ROUTING_MODES
 @click.option(
     "--mount-path",
     default=None,
-    help="Where the replicas (and the build Job) mount the model volume [default: the cluster values' "
-    "storage.mountPath, else /models].",
+    help="Where the replicas (and the build Job) mount the model volume, an absolute path [default: the "
+    "cluster values' storage.mountPath, else /models].",
 )
 @click.option(
     "--no-build",
@@ -78,7 +78,8 @@ from toolkit.deploy.plan import ROUTING_MODES
 @click.option(
     "--api-key-secret",
     default=None,
-    help="Secret holding the API's bearer keys file (key `keys`) [default: <name>-api-keys].",
+    help="Secret holding the API's bearer keys file (key `keys`), in the release's namespace "
+    "[default: <name>-api-keys].",
 )
 @click.option(
     "--no-auth",
@@ -101,15 +102,16 @@ from toolkit.deploy.plan import ROUTING_MODES
     "--concurrency-per-replica",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Autoscaling target: requests in flight (scheduled + waiting) per replica; the concurrency at which "
-    "one replica meets your latency targets, from toolkit bench [default: the engine's max_batch_size].",
+    help="Autoscaling target: the API's requests in flight per replica (running, or queued for a batch "
+    "slot); the concurrency at which one replica meets your latency targets, from toolkit bench [default: "
+    "0.8 x the engine's max_batch_size].",
 )
 @click.option(
     "--waiting-per-replica",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Autoscaling saturation trigger: requests the engine could not schedule (batch slots or KV "
-    "blocks full) per replica [4].",
+    help="Autoscaling saturation trigger: requests waiting for the engine per replica (the API's in flight "
+    "less the engine's scheduled: queued for a batch slot, or short of KV blocks) [4].",
 )
 @click.option(
     "--kv-cache-fraction",
@@ -121,8 +123,8 @@ from toolkit.deploy.plan import ROUTING_MODES
     "--drain-timeout",
     type=click.IntRange(min=1),
     default=None,
-    help="Seconds a stopping replica lets in-flight requests finish [from the longest request the limits "
-    "allow: its wait for a batch slot, then its stream].",
+    help="Seconds a stopping replica lets in-flight requests finish, at most 86400 [from the longest "
+    "request the limits allow: its wait for a batch slot, then its stream].",
 )
 @click.option(
     "--startup-timeout",

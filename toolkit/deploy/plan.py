@@ -12,6 +12,7 @@ overridden: a repository that cannot run where asked is refused with the value a
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,12 +39,21 @@ from toolkit.trtllm import container_for
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 ROUTING_MODES = {"auto": "auto", "inference-pool": "inferencePool", "service": "service"}
 DEFAULT_MOUNT_PATH = "/models"
-# Requests the engine could not schedule (batch slots or KV blocks full) per replica: a saturation trigger.
+# Requests waiting for the engine (queued for a batch slot, or not scheduled for lack of KV blocks)
+# per replica: a saturation trigger.
 WAITING_PER_REPLICA = 4
 KV_CACHE_FRACTION = 0.8  # KV-cache use per replica (the endpoint picker's own saturation mark)
 HTTP_ROUTE_MIN_S = 300
 NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 NAME_MAX = 40  # the chart's names add up to 13 characters to it, within Kubernetes' 53 for releases
+# A Secret's name: a DNS-1123 subdomain (the API server refuses a pod that names another).
+SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+SECRET_NAME_MAX = 253
+# A stopping replica holds its GPUs for the drain: longer than a day is a typo.
+DRAIN_MAX_S = 86400
+# The Gateway API's Duration (GEP-2257), as the chart's schema and the HTTPRoute CRD check it.
+GATEWAY_DURATION = re.compile(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$")
+NAMESPACE = "NAMESPACE"  # the placeholder the printed commands use
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,7 @@ class DeployRequest:
     hf_token_secret: str | None = None
     # auto | inference-pool | service; default: the cluster values', else auto
     routing: str | None = None
-    concurrency_per_replica: float | None = None  # default: the engine's max_batch_size
+    concurrency_per_replica: float | None = None  # default: 0.8 x the engine's max_batch_size
     waiting_per_replica: float | None = None
     kv_cache_fraction: float | None = None
     drain_timeout: int | None = None
@@ -88,7 +98,7 @@ class DeploymentPlan:
         return self.repository.target
 
     def commands(self, output: Path) -> list[str]:
-        """What to run next, in order: the image, the API keys Secret, the release."""
+        """What to run next, in order: the image, the Secrets (in the release's namespace), the release."""
         image = self.values["image"]
         dockerfile = "Dockerfile.gpu" if self.base_image else "Dockerfile.cpu"
         build_args = (
@@ -101,15 +111,24 @@ class DeploymentPlan:
             f"docker build -f {output}/image/{dockerfile}{build_args} -t {image['repository']}:{image['tag']} . "
             f"&& docker push {image['repository']}:{image['tag']}",
         ]
-        auth = lookup(self.values, "api.auth", {})
-        if auth.get("enabled", True):
-            key = auth.get("key", "keys")
+        values = merge(chart_defaults(), self.values)  # what helm renders from
+        secret = f"kubectl -n {NAMESPACE} create secret generic"
+        auth = values["api"]["auth"]
+        if auth["enabled"]:
             commands.append(
-                f"kubectl create secret generic {auth['existingSecret']} --from-file={key}=./api-keys.txt"
+                f"{secret} {auth['existingSecret']} --from-file={auth['key']}=./api-keys.txt"
             )
-        commands.append(
-            f"helm upgrade --install {self.name} {output}/chart -f {output}/values.yaml --namespace NAMESPACE"
-        )
+        build = values["build"]
+        if build["enabled"] and build["hfToken"]["secretName"]:
+            token = build["hfToken"]
+            commands.append(
+                f'{secret} {token["secretName"]} --from-literal={token["key"]}="$HF_TOKEN"'
+            )
+        install = f"helm upgrade --install {self.name} {output}/chart -f {output}/values.yaml --namespace {NAMESPACE}"
+        if build["enabled"]:
+            # helm waits for the build hook up to --timeout (5 minutes by default).
+            install += f" --timeout {sizing.helm_timeout_seconds(build['activeDeadlineSeconds'])}s"
+        commands.append(install)
         return commands
 
     def to_dict(self) -> dict:
@@ -126,6 +145,7 @@ class DeploymentPlan:
 
 
 def plan_deployment(request: DeployRequest) -> DeploymentPlan:
+    _check_request(request)
     repository = _checked_repository(request.repo)
     engine = repository.engine
     gpu = isinstance(engine, TrtllmEngine)
@@ -139,7 +159,8 @@ def plan_deployment(request: DeployRequest) -> DeploymentPlan:
     for _, data in files:
         cluster = merge(cluster, data)
     name = _release_name(request, repository)
-    derived = _derived_values(request, repository, info, cluster)
+    shm_bytes = _shm_bytes(cluster, files)
+    derived = _derived_values(request, repository, info, cluster, shm_bytes)
     flags = _flag_values(request)
     # What follows from the load and drain times, from the ones that hold after the cluster values
     # and flags (and the chart's defaults under them all, as helm merges them).
@@ -203,10 +224,27 @@ def _release_name(request: DeployRequest, repository: Repository) -> str:
     return name
 
 
+def _shm_bytes(cluster: dict, files: list[tuple[str, dict]]) -> int:
+    """Bytes of the triton container's (and the build Job's) /dev/shm: triton.shmSize as helm will
+    render it, the cluster files' over the chart's default."""
+    size = lookup(merge(chart_defaults(), cluster), "triton.shmSize")
+    found = sizing.quantity_bytes(size)
+    if found is None:
+        raise DeployError(
+            f"{_given('triton.shmSize', None, None, files, size)} is not a Kubernetes quantity of memory",
+            hint="write it as e.g. 16Gi (binary suffixes Ki, Mi, Gi, Ti) or 16G (decimal)",
+        )
+    return found
+
+
 def _derived_values(
-    request: DeployRequest, repository: Repository, info: EngineInfo | None, cluster: dict
+    request: DeployRequest,
+    repository: Repository,
+    info: EngineInfo | None,
+    cluster: dict,
+    shm_bytes: int,
 ) -> dict:
-    """Every value the manifest (and the engine files) decide."""
+    """Every value the manifest (and the engine files) decide; `shm_bytes` goes into the memory."""
     manifest = repository.manifest
     gpu = info is not None
     world_size = info.world_size if gpu else 1
@@ -228,7 +266,9 @@ def _derived_values(
         },
         "startup": {"timeoutSeconds": startup_s},
         "drain": {"timeoutSeconds": drain_s},
-        "triton": {"resources": sizing.triton_resources(repository, load_bytes, world_size)},
+        "triton": {
+            "resources": sizing.triton_resources(repository, load_bytes, world_size, shm_bytes)
+        },
         "api": {"maxInFlight": sizing.max_in_flight(repository)},
         "routing": {
             "mode": "auto",
@@ -240,9 +280,9 @@ def _derived_values(
             },
         },
         "autoscaling": {
-            # Scale before requests wait: the engine's batch slots, until `toolkit bench` measures
-            # the concurrency one replica serves within its latency targets (docs/deploy.md).
-            "concurrencyPerReplica": limits.max_batch_size,
+            # Scale before requests queue: most of the engine's batch slots, until `toolkit bench`
+            # measures the concurrency one replica serves within its latency targets (docs/deploy.md).
+            "concurrencyPerReplica": sizing.concurrency_per_replica(repository),
             "waitingPerReplica": WAITING_PER_REPLICA,
             "kvCacheFraction": KV_CACHE_FRACTION,
         },
@@ -256,7 +296,7 @@ def _derived_values(
         values["build"] = {
             "enabled": True,
             "args": build_arguments(repository, info.record if gpu else None),
-            "resources": sizing.build_resources(repository, world_size),
+            "resources": sizing.build_resources(repository, world_size, shm_bytes),
         }
     else:
         values["build"] = {"enabled": False, "args": []}
@@ -270,16 +310,13 @@ def _timing_values(values: dict, repository: Repository) -> dict:
     startup_s = values["startup"]["timeoutSeconds"]
     drain_s = values["drain"]["timeoutSeconds"]
     grace_s = sizing.grace_seconds(drain_s, lookup(values, "drain.preStopSeconds"))
-    build_wait_s = lookup(values, "build.waitTimeoutSeconds") if values["build"]["enabled"] else 0
     # A request may wait for a batch slot before its first token, then stream: the gateway must
     # let it (and a drain no shorter than that).
     route_s = max(HTTP_ROUTE_MIN_S, drain_s, sizing.request_seconds(repository))
     return {
         "drain": {"terminationGracePeriodSeconds": grace_s},
-        "strategy": {
-            "progressDeadlineSeconds": sizing.progress_deadline_seconds(startup_s, build_wait_s)
-        },
-        "routing": {"httpRoute": {"requestTimeout": f"{route_s}s"}},
+        "strategy": {"progressDeadlineSeconds": sizing.progress_deadline_seconds(startup_s)},
+        "routing": {"httpRoute": {"requestTimeout": sizing.gateway_duration(route_s)}},
         "autoscaling": sizing.scaling_behavior(startup_s, grace_s),
     }
 
@@ -323,6 +360,42 @@ def _flag_values(request: DeployRequest) -> dict:
     return values
 
 
+def _check_request(request: DeployRequest) -> None:
+    """Flags the chart's schema or the API server would refuse after `helm upgrade`: refused here,
+    naming the value and the fix."""
+    if request.mount_path is not None and not _absolute(request.mount_path):
+        raise DeployError(
+            f"--mount-path {shlex.quote(request.mount_path)} is not an absolute path: the replicas and the "
+            "build Job mount the model volume there, and the repository names its engine by absolute path",
+            hint=f"pass an absolute path, e.g. --mount-path {DEFAULT_MOUNT_PATH}",
+        )
+    if request.drain_timeout is not None and request.drain_timeout > DRAIN_MAX_S:
+        raise DeployError(
+            f"--drain-timeout {request.drain_timeout} is more than a day ({DRAIN_MAX_S} s): a stopping "
+            "replica holds its GPUs for the whole drain",
+            hint=f"pass --drain-timeout {DRAIN_MAX_S} or less (toolkit bench measures your longest requests)",
+        )
+    for flag, name in (
+        ("--api-key-secret", request.api_key_secret),
+        ("--hf-token-secret", request.hf_token_secret),
+    ):
+        if name is not None:
+            _check_secret_name(f"{flag} {shlex.quote(name)}", name, f"pass {flag} with such a name")
+
+
+def _absolute(path: str) -> bool:
+    return path.startswith("/") and len(path) > 1
+
+
+def _check_secret_name(given: str, name: str, fix: str) -> None:
+    if not SECRET_NAME.match(name) or len(name) > SECRET_NAME_MAX:
+        raise DeployError(
+            f"{given} is not a Secret name: lowercase letters, digits, '-' and '.', starting and "
+            f"ending with a letter or digit, at most {SECRET_NAME_MAX} characters",
+            hint=fix,
+        )
+
+
 def _split_image(image: str) -> tuple[str, str | None]:
     """REGISTRY[:PORT]/REPO[:TAG] -> (repository, tag or None); a digest is not a tag we can check."""
     if "@" in image:
@@ -357,14 +430,44 @@ def _check_values(
     auth = values.setdefault("api", {}).setdefault("auth", {})
     if auth.get("enabled", True) and not auth.get("existingSecret"):
         auth["existingSecret"] = f"{name}-api-keys"
+    _check_cluster_settings(values, request, files)
     if not request.build:
         _check_on_volume(repository, info, values["storage"]["mountPath"])
+
+
+def _check_cluster_settings(
+    values: dict, request: DeployRequest, files: list[tuple[str, dict]]
+) -> None:
+    """Values of the cluster files (or flags) that the chart's schema or the API server would refuse."""
+    mount = values["storage"]["mountPath"]
+    if not isinstance(mount, str) or not _absolute(mount):
+        given = _given("storage.mountPath", "--mount-path", request.mount_path, files, mount)
+        raise DeployError(
+            f"{given} is not an absolute path: the replicas and the build Job mount the model volume there",
+            hint=f"set storage.mountPath to an absolute path there, or pass --mount-path {DEFAULT_MOUNT_PATH}",
+        )
+    route = lookup(values, "routing.httpRoute.requestTimeout")
+    if not isinstance(route, str) or not GATEWAY_DURATION.match(route):
+        given = _given("routing.httpRoute.requestTimeout", None, None, files, route)
+        raise DeployError(
+            f"{given} is not a Gateway API duration: up to four parts of at most 5 digits and h, m, "
+            "s or ms",
+            hint="write it as e.g. 1h30m or 600s, or leave it out (toolkit deploy sizes it)",
+        )
+    for key, flag, flag_value in (
+        ("api.auth.existingSecret", "--api-key-secret", request.api_key_secret),
+        ("build.hfToken.secretName", "--hf-token-secret", request.hf_token_secret),
+    ):
+        name = lookup(values, key)
+        if name:
+            given = _given(key, flag, flag_value, files, name)
+            _check_secret_name(given, str(name), f"name the Secret in {key} with such a name")
 
 
 def _given(key: str, flag: str, flag_value, files: list[tuple[str, dict]], value) -> str:
     """How a person wrote `value`: the flag, the cluster file that set `key` (the last one), or the default."""
     if flag_value is not None:
-        return f"{flag} {flag_value}"
+        return f"{flag} {shlex.quote(str(flag_value))}"
     where = [path for path, data in files if lookup(data, key) is not None]
     if where:
         return f"{key}={value} in {where[-1]}"
@@ -478,8 +581,9 @@ def _notes(
             lookup(data, "autoscaling.concurrencyPerReplica") is not None for _, data in files
         ):
             notes.append(
-                f"autoscaling holds {scaling['concurrencyPerReplica']} requests per replica (the engine's "
-                "max_batch_size); measure the concurrency that meets your latency targets with toolkit "
-                "bench and pass --concurrency-per-replica"
+                f"autoscaling holds {scaling['concurrencyPerReplica']} requests in flight per replica "
+                f"({sizing.SLOTS_TARGET} x the engine's max_batch_size {repository.limits.max_batch_size}); "
+                "measure the concurrency that meets your latency targets with toolkit bench and pass "
+                "--concurrency-per-replica"
             )
     return notes

@@ -7,6 +7,7 @@ assumption named beside it; `toolkit deploy` flags override every one of them.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from toolkit.repository import contract as c
@@ -33,9 +34,10 @@ ROOFLINE_MARGIN = 2.0
 # The slowest CPU stream the drain is sized for, in tokens/s (measure yours with toolkit bench).
 CPU_TOKENS_PER_S = 10.0
 DRAIN_MIN_S, DRAIN_MAX_S = 30, 900
+# The autoscaler holds a replica's requests in flight at this fraction of its batch slots.
+SLOTS_TARGET = 0.8
 # Beyond preStop + drain: toolkit serve's own 5 s past Triton's exit timeout, and slack.
 GRACE_MARGIN_S = 15
-SHM_BYTES = 2 * GIB
 HOST_OVERHEAD_BYTES = 2 * GIB  # Python, tokenizers, the API's and Triton's own memory
 GPU_HOST_OVERHEAD_BYTES = 8 * GIB  # plus CUDA, MPI and TensorRT-LLM's host buffers
 FP32_BYTES = 4
@@ -44,6 +46,16 @@ FP32_BYTES = 4
 # on the hub are bf16, 2 bytes per parameter (the memory plan counts the parameters).
 BUILD_CHECKPOINT_COPIES = 2
 CHECKPOINT_BYTES_PER_PARAMETER = 2
+# helm waits for the build hook this much past the Job's own deadline, so a build that runs out of
+# time is reported with the Job's reason (DeadlineExceeded), not as helm's timeout.
+HELM_TIMEOUT_MARGIN_S = 300
+# Kubernetes resource quantities (memory): a number, optionally with a decimal or binary suffix.
+QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+QUANTITY_UNITS = {
+    None: 1,
+    **{s: 1000 ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+    **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+}
 
 
 def weight_bytes(repository: Repository, engine_files: list[Path] | None = None) -> int:
@@ -71,10 +83,35 @@ def startup_seconds(load_bytes: int, gpu: bool, hash_bytes: int = 0) -> int:
     return int(math.ceil(seconds / 10) * 10)
 
 
-def progress_deadline_seconds(startup_s: int, build_wait_s: int = 0) -> int:
-    """The Deployment's progressDeadlineSeconds: image pull, the init container's wait for the build
-    Job (`build_wait_s`, 0 without one) and the load, before a rollout is reported as stalled."""
-    return IMAGE_PULL_S + build_wait_s + startup_s
+def progress_deadline_seconds(startup_s: int) -> int:
+    """The Deployment's progressDeadlineSeconds: image pull and the load, before a rollout is reported
+    as stalled (the build Job is done before helm applies the Deployment)."""
+    return IMAGE_PULL_S + startup_s
+
+
+def helm_timeout_seconds(build_deadline_s: int) -> int:
+    """`helm upgrade --timeout` with a build Job: helm waits for the pre-install/pre-upgrade hook that
+    long (5 minutes by default), so past the Job's own activeDeadlineSeconds."""
+    return build_deadline_s + HELM_TIMEOUT_MARGIN_S
+
+
+def gateway_duration(seconds: int) -> str:
+    """A Gateway API duration (GEP-2257: up to four NUMBER+unit parts, each number at most 5 digits):
+    hours, minutes and seconds, e.g. 102800 -> 28h33m20s."""
+    hours, rest = divmod(int(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return "".join(parts) or "0s"
+
+
+def quantity_bytes(value) -> int | None:
+    """Bytes of a Kubernetes memory quantity (2Gi, 500M, 1073741824); None when it is not one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value >= 0 else None
+    match = QUANTITY.match(str(value).strip()) if isinstance(value, str) else None
+    if match is None:
+        return None
+    return math.ceil(float(match.group(1)) * QUANTITY_UNITS[match.group(2)])
 
 
 def longest_stream_seconds(repository: Repository) -> float:
@@ -121,8 +158,11 @@ def kv_pool_bytes(repository: Repository) -> int:
     return per_token * repository.limits.kv_cache_tokens
 
 
-def triton_resources(repository: Repository, load_bytes: int, world_size: int) -> dict:
-    """Requests (and a memory limit equal to them) for the triton container; GPUs are the chart's."""
+def triton_resources(
+    repository: Repository, load_bytes: int, world_size: int, shm_bytes: int
+) -> dict:
+    """Requests (and a memory limit equal to them) for the triton container; GPUs are the chart's.
+    `shm_bytes`: the /dev/shm memory emptyDir (triton.shmSize), whose pages count against the limit."""
     engine = repository.engine
     if isinstance(engine, CpuEngine):
         memory = HOST_OVERHEAD_BYTES + 2 * load_bytes + kv_pool_bytes(repository)
@@ -131,10 +171,17 @@ def triton_resources(repository: Repository, load_bytes: int, world_size: int) -
         memory, cpus = HOST_OVERHEAD_BYTES, 2
     else:
         memory, cpus = GPU_HOST_OVERHEAD_BYTES + load_bytes, 2 + 2 * world_size
-    memory = (
-        f"{math.ceil((memory + SHM_BYTES) / GIB)}Gi"  # /dev/shm is memory the pod is charged for
-    )
+    memory = f"{math.ceil((memory + shm_bytes) / GIB)}Gi"
     return {"requests": {"cpu": str(cpus), "memory": memory}, "limits": {"memory": memory}}
+
+
+def concurrency_per_replica(repository: Repository) -> int:
+    """The autoscaler's default target of requests in flight per replica: SLOTS_TARGET of the engine's
+    max_batch_size. Past max_batch_size a request only queues (TTFT grows by a whole stream for every
+    max_batch_size queued), and the HPA acts only 10 % past its target: at 0.8 it starts adding a
+    replica at about 0.88 x max_batch_size, before a request queues, and the slots left absorb the
+    growth while the new replica loads. Measure your own with toolkit bench."""
+    return max(1, int(repository.limits.max_batch_size * SLOTS_TARGET))
 
 
 def max_in_flight(repository: Repository) -> int:
@@ -152,13 +199,14 @@ def checkpoint_bytes(repository: Repository) -> int:
     return weight_bytes(repository)
 
 
-def build_resources(repository: Repository, world_size: int) -> dict:
-    """CPU and memory requests for the build Job (its GPUs are the chart's). No memory limit: a
-    conversion that needs more than planned may use what the node has free instead of dying
-    after hours of work; the request keeps the scheduler off nodes that lack it."""
+def build_resources(repository: Repository, world_size: int, shm_bytes: int) -> dict:
+    """CPU and memory requests for the build Job (its GPUs are the chart's), its /dev/shm
+    (`shm_bytes`, triton.shmSize) included. No memory limit: a conversion that needs more than
+    planned may use what the node has free instead of dying after hours of work; the request keeps
+    the scheduler off nodes that lack it."""
     gpu = isinstance(repository.engine, TrtllmEngine)
     overhead = GPU_HOST_OVERHEAD_BYTES if gpu else HOST_OVERHEAD_BYTES
-    memory = overhead + BUILD_CHECKPOINT_COPIES * checkpoint_bytes(repository) + SHM_BYTES
+    memory = overhead + BUILD_CHECKPOINT_COPIES * checkpoint_bytes(repository) + shm_bytes
     cpus = 4 + 2 * world_size if gpu else 2
     return {"requests": {"cpu": str(cpus), "memory": f"{math.ceil(memory / GIB)}Gi"}}
 

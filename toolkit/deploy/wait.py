@@ -3,7 +3,8 @@
     wait_for_repository(repo, fingerprint, timeout_s) -> Repository
 
 The chart runs it (`toolkit wait-for-repository`, a hidden command) as each replica's init
-container, while the build Job may still be running, and at the end of the build Job (`--timeout 0`:
+container (the build Job, a helm hook, has finished by then; with build.enabled=false it waits for
+the repository you put there), and as the build Job's container after its build (`--timeout 0`:
 the repository just built must be the one deployed). It succeeds when the folder holds a complete,
 unmodified repository with the rendered fingerprint, built by this toolkit; it fails, naming what is
 there instead, when it holds another one, a modified one, or nothing after the timeout. Hashing the

@@ -440,7 +440,7 @@ class TritonPythonModel:
         context = [s for s in scheduled if not s.tokens]
         used = sum(-(-(len(s.prompt) + len(s.tokens)) // self.block_size) for s in scheduled)
         self.metrics.update(
-            active=len(streams),
+            held=len(streams),  # transformers' manager queues those beyond max_batch_size
             scheduled=len(scheduled),
             context=len(context),
             used_blocks=used,

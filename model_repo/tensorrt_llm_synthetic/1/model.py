@@ -3,8 +3,10 @@
 It exists to measure the serving stack alone (preprocessing, the ensemble's hops, postprocessing,
 detokenization, the OpenAI API) on a machine without a GPU, so it must cost as little CPU per
 token as the contract allows:
-- one generator thread emits one token per active request per step (in-flight batching across
-  requests, like the real engine), sleeping to the next step deadline when `step_time_ms` > 0;
+- one generator thread emits one token per running request per step (in-flight batching across
+  requests, like the real engine): at most max_batch_size run, the rest wait in arrival order for
+  a batch slot, as in TensorRT-LLM's executor queue; it sleeps to the next step deadline when
+  `step_time_ms` > 0;
 - the response tensors are built once: the engine cycles through a fixed list of valid token ids,
   so each streamed response reuses a prebuilt `output_ids` tensor and one `sequence_length` tensor;
 - the last token goes out with the final flag (no extra empty response);
@@ -115,7 +117,9 @@ class TritonPythonModel:
         ]
         self.one_length = pb_utils.Tensor("sequence_length", np.ones((1, 1), np.int32))
         self.pending: deque[_Stream] = deque()
-        self.active: list[_Stream] = []  # the generator thread's; others only read its length
+        # The generator thread's, in arrival order: the first max_batch_size run, the rest wait for a
+        # slot. Other threads only read its length.
+        self.active: list[_Stream] = []
         self.stops: deque[str] = deque()  # Triton request ids to stop, for the generator thread
         self.wake = threading.Condition()
         self.running = True
@@ -210,7 +214,11 @@ class TritonPythonModel:
                 self.stops.clear()
             step += 1
             check_cancel = step % self.cancel_every == 0
-            self.active = [s for s in self.active if self._step(s, check_cancel, stops)]
+            running = self.active[: self.max_batch_size]
+            queued = self.active[self.max_batch_size :]
+            self.active = [s for s in running if self._step(s, check_cancel, stops)] + [
+                s for s in queued if self._still_queued(s, check_cancel, stops)
+            ]
             if time.monotonic() - reported >= METRICS_EVERY_S:
                 reported = time.monotonic()
                 self._report()
@@ -228,12 +236,29 @@ class TritonPythonModel:
         running = self.active[: self.max_batch_size]
         used = sum(-(-(s.input_len + s.produced) // self.block_size) for s in running)
         self.metrics.update(
-            active=len(self.active),
+            held=len(self.active),
             scheduled=len(running),
             context=0,
             used_blocks=used,
             context_tokens=0,
         )
+
+    def _still_queued(self, s: _Stream, check_cancel: bool, stops: set) -> bool:
+        """Whether `s`, waiting for a batch slot, still waits: a cancelled or stopped one ends now,
+        with what it has (nothing)."""
+        if check_cancel and s.request.is_cancelled():
+            s.sender.send(flags=FINAL)
+            return False
+        if s.triton_id in stops:
+            if s.streaming:
+                s.sender.send(flags=FINAL)
+            else:
+                s.sender.send(
+                    pb_utils.InferenceResponse(output_tensors=self._whole_output(s)), flags=FINAL
+                )
+            self.metrics.request_finished(s.input_len, 0)
+            return False
+        return True
 
     def _step(self, s: _Stream, check_cancel: bool, stops: set) -> bool:
         """Emit one token for `s`; returns whether it stays active."""
