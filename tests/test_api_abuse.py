@@ -478,12 +478,13 @@ def test_bodies_being_read_share_a_budget_and_past_it_get_503_at_once(engine, ap
     holders = [_socket(api.url) for _ in range(2)]
     try:
         for sock in holders:
-            sock.sendall(whole + b"{ ")  # the rest never comes (until --body-timeout)
+            # All but the last byte: what has arrived is what a body holds (the last never comes).
+            sock.sendall(whole + b"{" + b" " * (limit - 2))
         deadline = time.monotonic() + 10
-        while _metric(f"{api.url}/metrics", "toolkit_api_body_read_bytes") < 2 * limit:
+        while _metric(f"{api.url}/metrics", "toolkit_api_body_read_bytes") < 2 * limit - 2:
             assert time.monotonic() < deadline, "the two bodies are not being read"
             time.sleep(0.05)
-        for late in (whole + b"{ ", chunked + b"2\r\n{ \r\n"):
+        for late in (whole + b"{   ", chunked + b"4\r\n{   \r\n"):  # 4 bytes: 2 over the budget
             sock = _socket(api.url)
             started = time.monotonic()
             try:
@@ -806,3 +807,209 @@ def test_the_limits_are_options_of_toolkit_api(engine):
     result = CliRunner().invoke(cli, [*args, "--body-read-budget-mib", "0.25"])
     assert result.exit_code == 1 and "--body-read-budget-mib" in result.output
     assert "--max-body-mib" in result.output
+
+
+# --- review fixes: budget held by announced bodies, pipelined headers, a hung engine --------------
+def test_announced_bodies_hold_no_budget_before_their_bytes_arrive(engine, api_factory):
+    """Four connections that announced the largest body (8 MiB) and sent one byte reserved the whole default
+    budget (4 x --max-body-mib) for up to --body-timeout: every other generation request got 503. A body
+    now holds only the bytes that have arrived."""
+    api = api_factory(*engine)  # the default limits
+    limit = ApiLimits().max_body_bytes
+    head = {"Content-Type": "application/json", "Content-Length": str(limit)}
+    socks = [_socket(api.url) for _ in range(4)]
+    try:
+        for sock in socks:
+            sock.sendall(_request_head("/v1/completions", head) + b"{")
+        deadline = time.monotonic() + 10
+        while _metric(f"{api.url}/metrics", "toolkit_api_body_read_bytes") < 4:
+            assert time.monotonic() < deadline, "the four bodies are not being read"
+            time.sleep(0.05)
+        assert _metric(f"{api.url}/metrics", "toolkit_api_body_read_bytes") == 4
+        response = httpx.post(f"{api.url}/v1/completions", json=_completion(), timeout=60)
+        assert response.status_code == 200, response.text
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_headers_pipelined_during_a_stream_are_bounded(long_engine, api_factory):
+    """While a stream was answered, httptools took the next request's headers without bound (no 431, no
+    408, the API's memory growing with them). Now they count from their first byte: the connection is
+    closed once they pass 64 KiB, and its stream's engine request is cancelled."""
+    triton_url, _, repo = long_engine
+    api = api_factory(triton_url, repo, http="httptools")
+    body = json.dumps(
+        _completion(max_tokens=LONG_OUTPUT, min_tokens=LONG_OUTPUT, stream=True)
+    ).encode()
+    head = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+    sock = _socket(api.url)
+    sent = [0]
+
+    def pipeline():
+        line = b"X-Pad: " + b"a" * 4096 + b"\r\n"
+        try:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: test\r\n")
+            while sent[0] < 16 * 2**20:  # enough to show the bound; not enough to hurt on failure
+                sock.sendall(line)
+                sent[0] += len(line)
+        except OSError:
+            pass  # the server hung up
+
+    try:
+        sock.sendall(_request_head("/v1/completions", head) + body)
+        sock.settimeout(30)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")  # the stream is under way
+        threading.Thread(target=pipeline, daemon=True).start()
+        _read_until_closed(sock, 20)  # TimeoutError: the headers were taken without bound
+    finally:
+        sock.close()
+    deadline = time.monotonic() + 10
+    while _in_flight(api.url) > 0:
+        assert time.monotonic() < deadline, "the stream still holds its slot"
+        time.sleep(0.1)
+    assert _metric(f"{api.url}/metrics", "toolkit_api_cancelled_requests_total") == 1
+
+
+class _FakeTriton:
+    """A Triton gRPC endpoint that answers readiness (as Triton's frontend does, whatever its models do) and,
+    for generation, per `mode`: "hang" (nothing, ever: a deadlocked stub, a hung GPU step), "one" (one token,
+    then nothing), "answer" (one token and the final flag), "slow" (probes at once, others after `slow_s`)."""
+
+    def __init__(self, mode: str = "hang", slow_s: float = 0.0):
+        from concurrent import futures
+
+        import grpc
+        from tritonclient.grpc import service_pb2_grpc
+
+        self.mode, self.slow_s = mode, slow_s
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer(), self.server)
+        self.url = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0)
+
+    def _servicer(self):
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+        fake = self
+
+        class Servicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+            def ServerReady(self, request, context):
+                return service_pb2.ServerReadyResponse(ready=True)
+
+            def ModelReady(self, request, context):
+                return service_pb2.ModelReadyResponse(ready=True)
+
+            def ModelStreamInfer(self, request_iterator, context):
+                for request in request_iterator:
+                    probe = _requested_tokens(request) == 1  # the API's one-token check
+                    if fake.mode == "one" and not probe:
+                        yield _token_response(request, final=False)
+                    while context.is_active() and fake.mode in ("one", "hang"):
+                        time.sleep(0.02)
+                    if not context.is_active():
+                        return
+                    if fake.mode == "slow" and not probe:
+                        time.sleep(fake.slow_s)
+                    yield _token_response(request, final=True)
+
+        return Servicer()
+
+
+def _requested_tokens(request) -> int:
+    import numpy as np
+
+    for index, tensor in enumerate(request.inputs):
+        if tensor.name == "request_output_len":
+            return int(np.frombuffer(request.raw_input_contents[index], "<i4")[0])
+    return 0
+
+
+def _token_response(request, final: bool):
+    import numpy as np
+    from tritonclient.grpc import service_pb2
+
+    response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+    for name, shape in (("output_ids", [1, 1, 1]), ("sequence_length", [1, 1])):
+        response.outputs.add(name=name, datatype="INT32", shape=shape)
+        response.raw_output_contents.append(
+            np.array([5 if name == "output_ids" else 1], "<i4").tobytes()
+        )
+    response.parameters["triton_final_response"].bool_param = final
+    return service_pb2.ModelStreamInferResponse(infer_response=response)
+
+
+@pytest.fixture
+def fake_triton():
+    fakes = []
+
+    def start(mode: str, **kw) -> _FakeTriton:
+        fakes.append(_FakeTriton(mode, **kw))
+        return fakes[-1]
+
+    yield start
+    for fake in fakes:
+        fake.stop()
+
+
+def test_an_engine_that_stops_answering_ends_its_streams_and_turns_health_red(
+    tmp_path, api_factory, fake_triton
+):
+    """Triton answers readiness but the engine answers nothing (a deadlocked stub, a hung GPU step): open
+    streams hung and /health stayed 200. Past the stall timeout with nothing from the engine, the streams
+    end with an error, requests get 504, /health 503 until the engine answers again."""
+    stall_s = 2.0
+    fake = fake_triton("one")  # a token, then silence
+    repo = _repository(tmp_path)
+    api = api_factory(fake.url, repo, limits=ApiLimits(stall_timeout_s=stall_s))
+    assert httpx.get(f"{api.url}/health", timeout=10).status_code == 200
+    events = []
+    started = time.monotonic()
+    with httpx.stream(
+        "POST", f"{api.url}/v1/completions", json=_completion(stream=True), timeout=30
+    ) as response:
+        assert response.status_code == 200
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    elapsed = time.monotonic() - started
+    assert stall_s <= elapsed <= stall_s + 6, elapsed
+    errors = [json.loads(e)["error"] for e in events if e.startswith('{"error"')]
+    assert events[-1] == "[DONE]" and len(errors) == 1, events
+    assert errors[0]["code"] == "engine_timeout" and "stall" in errors[0]["message"]
+    health = httpx.get(f"{api.url}/health", timeout=30)
+    assert health.status_code == 503 and "answered nothing" in health.json()["error"]["message"]
+    fake.mode = "hang"
+    started = time.monotonic()
+    late = httpx.post(f"{api.url}/v1/completions", json=_completion(), timeout=30)
+    assert late.status_code == 504 and late.json()["error"]["code"] == "engine_timeout"
+    assert time.monotonic() - started <= stall_s + 6
+    fake.mode = "answer"  # the engine is back: the health check's one-token request gets an answer
+    deadline = time.monotonic() + 20
+    while httpx.get(f"{api.url}/health", timeout=30).status_code != 200:
+        assert time.monotonic() < deadline, "/health stayed red after the engine answered again"
+        time.sleep(0.2)
+    assert (
+        httpx.post(f"{api.url}/v1/completions", json=_completion(), timeout=30).status_code == 200
+    )
+
+
+def test_a_slow_first_token_is_not_a_stalled_engine(tmp_path, api_factory, fake_triton):
+    """An engine that answers its one-token checks is alive: a request whose first token takes three stall
+    timeouts (a long prompt's prefill) is served, and /health stays green meanwhile."""
+    stall_s = 1.0
+    fake = fake_triton("slow", slow_s=3 * stall_s)
+    api = api_factory(fake.url, _repository(tmp_path), limits=ApiLimits(stall_timeout_s=stall_s))
+    result = {}
+    worker = threading.Thread(
+        target=lambda: result.update(
+            response=httpx.post(f"{api.url}/v1/completions", json=_completion(), timeout=30)
+        ),
+        daemon=True,
+    )
+    worker.start()
+    time.sleep(2 * stall_s)  # let the request wait past the stall timeout
+    assert httpx.get(f"{api.url}/health", timeout=30).status_code == 200
+    worker.join(30)
+    assert result["response"].status_code == 200, result["response"].text

@@ -168,7 +168,7 @@ def test_metrics_expose_the_promised_series(client):
         ({"temperature": 3}, "temperature"),
         ({"top_p": -0.1}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),
-        ({"seed": -1}, "seed"),
+        ({"seed": -(2**63) - 1}, "seed"),  # below int64 (a negative int64 is a valid seed)
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": ""}, None),
         ({"messages": []}, "messages"),
@@ -454,8 +454,9 @@ def test_the_text_models_answers_are_counted_with_the_tokenizer_when_they_end():
         and generation.finish_reason == "length"
     )
     text, generation = asyncio.run(
-        _run(_job(max_tokens=8), _FakeBackend(pieces, engine=False), words)
+        _run(_job(max_tokens=14), _FakeBackend(pieces, engine=False), words)
     )
+    # 13 bytes cannot be 14 tokens: the engine ended early
     assert generation.completion_tokens == 3 and generation.finish_reason == "stop"
 
 
@@ -716,3 +717,263 @@ def test_a_client_cancel_survives_the_watchdog_failing_the_stream(client_cancels
         assert task.cancelled(), task.exception()
     else:
         assert isinstance(task.exception(), EngineFault)
+
+
+# --- review fixes --------------------------------------------------------------------------------
+def test_the_text_models_finish_reason_is_stop_only_when_the_api_can_know():
+    """The text models return no token count: a re-tokenized count under max_tokens does not show that the
+    engine ended early (the engine's own tokens may be more). "stop" needs a stop string or a text too short
+    (in bytes) for max_tokens tokens; else "length"."""
+    import asyncio
+
+    one_token = lambda data: 1  # noqa: E731 - a re-tokenization that counts fewer tokens than the engine made
+    pieces = [Piece(b"abc", None, False), Piece(b"def", None, True)]
+    _, generation = asyncio.run(
+        _run(_job(max_tokens=2), _FakeBackend(pieces, engine=False), one_token)
+    )
+    assert generation.completion_tokens == 1 and generation.finish_reason == "length"
+    _, generation = asyncio.run(
+        _run(_job(max_tokens=7), _FakeBackend(pieces, engine=False), one_token)
+    )
+    assert generation.finish_reason == "stop"  # 6 bytes cannot be 7 tokens: the engine ended early
+    _, generation = asyncio.run(
+        _run(_job(max_tokens=2, stops=("cd",)), _FakeBackend(pieces, engine=False), one_token)
+    )
+    assert generation.finish_reason == "stop"  # a stop string ended it
+
+
+def _bounded_protocol(http: str, app, header_timeout_s: float = 0.2):
+    """A bounded uvicorn protocol on a fake transport (what the loop's transport would record)."""
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from toolkit.api.connection import bounded_protocol
+
+    class Transport:
+        def __init__(self):
+            self.out = bytearray()
+            self.closing = self.paused = False
+
+        def get_extra_info(self, name, default=None):
+            return {"peername": ("127.0.0.1", 5555), "sockname": ("127.0.0.1", 9000)}.get(
+                name, default
+            )
+
+        def write(self, data):
+            self.out += data
+
+        def close(self):
+            self.closing = True
+
+        abort = close
+
+        def is_closing(self):
+            return self.closing
+
+        def pause_reading(self):
+            self.paused = True
+
+        def resume_reading(self):
+            self.paused = False
+
+        def set_protocol(self, protocol):
+            pass
+
+    config = Config(app, http=http)
+    config.load()
+    protocol = bounded_protocol(http, header_timeout_s=header_timeout_s, send_timeout_s=30)(
+        config=config, server_state=ServerState(), app_state={}
+    )
+    transport = Transport()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
+def _slow_app(release):
+    async def app(scope, receive, send):
+        await release.wait()  # a generation in progress
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"x"})
+
+    return app
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_headers_pipelined_during_a_response_are_bounded_in_size_and_time(late):
+    """While a request was answered, httptools took the next request's headers without any bound (50 MiB
+    here, no 431, no 408). Now they count from their first byte: past 64 KiB, or past --header-timeout, the
+    connection is closed (no answer can be written in the middle of another response)."""
+    import asyncio
+
+    from toolkit.api.connection import MAX_HEADER_BYTES
+
+    async def run():
+        release = asyncio.Event()
+        protocol, transport = _bounded_protocol("httptools", _slow_app(release))
+        protocol.data_received(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        await asyncio.sleep(0)
+        protocol.data_received(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n")
+        fed = 0
+        if late:
+            protocol.data_received(b"x-slow: a")
+            deadline = asyncio.get_running_loop().time() + 5
+            while not transport.closing:
+                assert asyncio.get_running_loop().time() < deadline, "no header deadline"
+                await asyncio.sleep(0.02)
+        else:
+            line = b"x-pad: " + b"a" * 16384 + b"\r\n"  # reads of 16 KiB
+            while not transport.closing and fed < 50 * 2**20:
+                protocol.data_received(line)
+                fed += len(line)
+            assert fed <= MAX_HEADER_BYTES + len(line), fed
+        held = sum(len(n) + len(v) for n, v in protocol.headers)
+        release.set()
+        await asyncio.sleep(0.05)
+        return transport, held
+
+    transport, held = asyncio.run(run())
+    assert transport.closing and held <= MAX_HEADER_BYTES + 32768
+    # Nothing is written into the middle of the first response: it is cut off, then the connection closed.
+    assert b"HTTP/1.1 431" not in transport.out and b"HTTP/1.1 408" not in transport.out
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_a_whole_request_pipelined_during_a_response_is_served_after_it(http):
+    """A complete request pipelined behind a slow response is no abuse: reading pauses (h11 at once,
+    httptools once its headers are complete) and it is answered after the first, past the header deadline."""
+    import asyncio
+
+    async def run():
+        release = asyncio.Event()
+        protocol, transport = _bounded_protocol(http, _slow_app(release))
+        protocol.data_received(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        await asyncio.sleep(0)
+        protocol.data_received(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        paused = transport.paused
+        await asyncio.sleep(0.4)  # past the header deadline: the pipelined request is complete
+        release.set()
+        for _ in range(100):
+            if transport.out.count(b"HTTP/1.1 200") == 2:
+                break
+            await asyncio.sleep(0.01)
+        return paused, transport
+
+    paused, transport = asyncio.run(run())
+    assert paused and not transport.closing
+    assert transport.out.count(b"HTTP/1.1 200") == 2, bytes(transport.out)
+
+
+def test_unknown_routes_and_wrong_methods_are_named(client):
+    error = _assert_openai_error(client.post("/v1/embeddings", json={}), 404)
+    assert error["message"] == "Invalid URL (POST /v1/embeddings)"
+    response = client.get("/v1/chat/completions")
+    error = _assert_openai_error(response, 405)
+    assert "GET" in error["message"] and "POST" in error["message"]
+    assert "/v1/chat/completions" in error["message"] and response.headers["allow"] == "POST"
+
+
+def test_a_body_sent_as_another_content_type_is_told_to_send_json(client):
+    body = json.dumps({"model": "Tiny-Test", "prompt": "hello"})
+    error = _assert_openai_error(
+        client.post("/v1/completions", content=body, headers={"content-type": "text/plain"}), 400
+    )
+    assert "Content-Type: application/json" in error["message"]
+    assert "text/plain" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("part", "kind"),
+    [
+        ({"type": "image_url", "image_url": {"url": "http://x/cat.png"}}, "image"),
+        ({"type": "input_audio", "input_audio": {"data": "AA==", "format": "wav"}}, "audio"),
+    ],
+)
+def test_image_and_audio_content_parts_are_refused_by_name(client, part, kind):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is it"}, part]}]
+    error = _assert_openai_error(
+        client.post("/v1/chat/completions", json=_chat(messages=messages)),
+        400,
+        "messages.0.content.1",
+    )
+    assert f"{kind.capitalize()} content is not supported" in error["message"]
+    assert error["code"] == "unsupported_content"
+
+
+def test_a_chat_template_refusal_is_one_sentence_without_a_cli_fix_line(tmp_path):
+    repo = _write_tiny_repo(tmp_path)
+    config = repo / "preprocessing" / "1" / "tokenizer" / "tokenizer_config.json"
+    config.write_text(json.dumps({"eos_token": "<|im_end|>"}))  # no chat template
+    with _client(repo) as client:
+        error = _assert_openai_error(client.post("/v1/chat/completions", json=_chat()), 400)
+    assert "\n" not in error["message"] and "fix:" not in error["message"]
+    assert "no chat template" in error["message"] and "/v1/completions" in error["message"]
+
+
+def test_only_the_repositorys_own_length_messages_are_context_length_errors():
+    from toolkit.api.app import _engine_error
+    from toolkit.api.triton import InferenceFailed
+    from toolkit.repository.sources import common_module
+
+    check = common_module("textcodec").check_request_lengths
+
+    def code_of(message: str) -> tuple[int, str]:
+        error = _engine_error(InferenceFailed(message))
+        return error.status, error.code
+
+    for args, code in [
+        ((0, 4, 8, 8, 16), "invalid_value"),
+        ((9, 4, 8, 8, 16), "context_length_exceeded"),
+        ((4, 9, 8, 8, 16), "context_length_exceeded"),
+    ]:
+        with pytest.raises(ValueError) as refused:
+            check(*args)
+        # as Triton passes it on from an ensemble step
+        assert code_of(f"in ensemble 'ensemble', {refused.value}") == (400, code)
+    for message in (
+        "synthetic engine: parameter token_ids is empty; rebuild the repository with toolkit build",
+        "CPU engine: you hit the limit of 3 retries",
+    ):
+        assert code_of(message) == (502, "engine_error")
+
+
+@pytest.mark.filterwarnings("error")  # numpy's out-of-bound cast: deprecated, an error in numpy 2.x
+def test_a_negative_seed_is_a_signed_64_bit_seed():
+    import numpy as np
+
+    seeds = {
+        name: value
+        for name, value, _ in Sampling(temperature=1, seed=-1).tensors(engine=True)
+        if name == "seed"
+    }
+    assert seeds["seed"].dtype == np.uint64 and int(seeds["seed"][0, 0]) == 2**64 - 1
+    seeds = dict((n, v) for n, v, _ in Sampling(temperature=1, seed=-(2**63)).tensors(engine=False))
+    assert int(seeds["seed"][0, 0]) == 2**63
+
+
+def test_seeds_of_the_int64_range_are_accepted(client):
+    for seed in (-1, -(2**63), 2**64 - 1):
+        # valid: it reaches the (unreachable) Triton
+        assert client.post("/v1/chat/completions", json=_chat(seed=seed)).status_code == 503
+    for seed in (-(2**63) - 1, 2**64):
+        _assert_openai_error(
+            client.post("/v1/chat/completions", json=_chat(seed=seed)), 400, "seed"
+        )
+
+
+def test_python_m_toolkit_api_prints_invalid_limits_as_an_error_not_a_traceback(
+    tiny_repo, monkeypatch, capsys
+):
+    import io
+
+    from toolkit.api.__main__ import main
+
+    settings = {
+        "triton_url": UNREACHABLE,
+        "repo": str(tiny_repo),
+        "limits": {"max_body_bytes": 2**20, "body_read_budget_bytes": 2**10},
+    }
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(settings)))
+    assert main() == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and "\n  fix: " in err and "--body-read-budget-mib" in err
+    assert "Traceback" not in err

@@ -42,6 +42,8 @@ class ApiLimits:
     counts against --max-in-flight only once its whole body has arrived. Only generation requests'
     bodies are read, and all of those being read at once hold at most `read_budget_bytes` (else 503).
     A response write that waits `send_timeout_s` for a client that does not read closes the connection.
+    When nothing at all comes from the engine for `stall_timeout_s` while requests wait (a hung engine
+    behind a Triton that still answers readiness), those requests end and /health turns 503.
     """
 
     header_timeout_s: float = 10.0
@@ -51,8 +53,15 @@ class ApiLimits:
     # Bytes of bodies being read (before admission) across all connections; None: BODY_READ_BUDGET_BODIES bodies.
     body_read_budget_bytes: int | None = None
     send_timeout_s: float = 30.0
+    # Far above the slowest normal wait for a token (docs/api.md, "A hung engine").
+    stall_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
+        if not self.stall_timeout_s > 0:
+            raise ToolkitError(
+                f"the stall timeout must be a positive number of seconds, not {self.stall_timeout_s!r}",
+                hint="pass --stall-timeout above 0, or leave it at its default",
+            )
         if self.read_budget_bytes < self.max_body_bytes:
             raise ToolkitError(
                 f"the body read budget ({self.read_budget_bytes} bytes) is smaller than the largest body "

@@ -33,6 +33,8 @@ def main() -> int:
                 "limits": ApiLimits(**data.get("limits", {})),
             }
         )
+    except ToolkitError as exc:  # settings that parse but cannot serve (ApiLimits' own checks)
+        return _print_error(exc)
     except (ValueError, KeyError, TypeError) as exc:
         print(
             f"Error: python -m toolkit.api needs its settings as JSON on stdin ({exc})",
@@ -42,9 +44,16 @@ def main() -> int:
     try:
         run_api(settings, **run)
     except ToolkitError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 1
+        return _print_error(exc)
     return 0
+
+
+def _print_error(exc: ToolkitError) -> int:
+    """`Error: ...` and `  fix: ...` on stderr, as the CLI prints a ToolkitError; exit code 1."""
+    print(f"Error: {exc.message}", file=sys.stderr)
+    if exc.hint:
+        print(f"  fix: {exc.hint}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,27 +30,49 @@ from toolkit.api.schemas import (
     Model,
     ModelList,
     lone_surrogate,
+    unsupported_content,
     unsupported_fields,
 )
 from toolkit.api.triton import (
     ENGINE_MODEL,
     EngineFault,
+    EngineStalled,
     InferenceFailed,
     Sampling,
     TritonBackend,
     TritonUnavailable,
 )
+from toolkit.errors import ToolkitError
 from toolkit.repository.reader import Repository, open_repository
 from toolkit.settings import ApiLimits
 
 ERRORS = {
-    status: {"model": ErrorResponse} for status in (400, 401, 404, 408, 413, 429, 500, 502, 503)
+    status: {"model": ErrorResponse}
+    for status in (400, 401, 404, 405, 408, 413, 429, 500, 502, 503, 504)
 }
 LONG_PROMPT_CHARS = 32768
 # Long prompts tokenized at once: each takes ~150-700 bytes of memory per character while it is encoded,
 # so the API's memory is bounded by this count, not by how many clients send long prompts together.
 LONG_ENCODES_AT_ONCE = 2
 RETRY_AFTER_S = 1
+# The refusals of the repository's own length check (check_request_lengths in model_repo/common/textcodec.py,
+# run by preprocessing and the BLS), word for word, and their code: should the text models refuse a request
+# the API let through, the client gets the 400 the API would have answered. Only these: any other engine
+# error is the engine's failure (502), whatever words ("limit of", "is empty") it happens to use.
+LENGTH_REFUSALS = (
+    (re.compile(r"text_input is empty: the prompt must hold at least one token"), "invalid_value"),
+    (
+        re.compile(r"prompt is \d+ tokens, over this engine's max_input_len of \d+"),
+        "context_length_exceeded",
+    ),
+    (re.compile(r"max_tokens=-?\d+ must be at least 1"), "invalid_value"),
+    (
+        re.compile(r"max_tokens=\d+ is over this engine's limit of -?\d+ for a \d+-token prompt"),
+        "context_length_exceeded",
+    ),
+)
+# The error event's code when a stream ends early: a dead engine, a hung one, anything else.
+STREAM_ERROR_CODES = {EngineFault: "engine_unavailable", EngineStalled: "engine_timeout"}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -65,7 +88,8 @@ class ApiSettings:
     api_keys: tuple[str, ...] = ()
     max_in_flight: int = 64
     retry_after_s: int = 1
-    limits: ApiLimits = ApiLimits()  # header, body and send timeouts; body size and read budget
+    # Header, body and send timeouts; body size and read budget; the engine's stall timeout.
+    limits: ApiLimits = ApiLimits()
 
 
 class ClientGone(Exception):
@@ -87,6 +111,7 @@ class ApiState:
             tokens=repository.tokens,
             decoupled=repository.decoupled,
             trtllm_version=engine.trtllm_version,
+            stall_timeout_s=settings.limits.stall_timeout_s,
         )
         self.metrics = ApiMetrics()
         self.model_id = settings.served_model_name or repository.served_model_name
@@ -135,15 +160,26 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         state.check_model(body.model)
         _refuse_unsupported(body)
+        found = unsupported_content(body)
+        if found:
+            raise ApiError(400, found[1], param=found[0], code="unsupported_content")
         messages = [
             {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
             for m in body.messages
         ]
         try:
             prompt = await _render_chat(state, messages)
-        except Exception as exc:  # noqa: BLE001 - a template's own error (jinja2 or raise_exception) is the client's 400
+        except ToolkitError as exc:  # no template at all: one sentence, not the CLI's "fix:" line
+            fix = f"; {exc.hint}" if exc.hint else ""
             raise ApiError(
-                400, f"The chat template refused these messages: {exc}", param="messages"
+                400,
+                f"This server cannot render chat messages: {exc.message}{fix}.",
+                param="messages",
+            ) from exc
+        except Exception as exc:  # noqa: BLE001 - a template's own error (jinja2 or raise_exception) is the client's 400
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise ApiError(
+                400, f"The chat template refused these messages: {reason}", param="messages"
             ) from exc
         job = await _plan(
             state, "chat", body, prompt, body.requested_max_tokens(), "messages", _arrival(request)
@@ -381,7 +417,7 @@ async def _sse(
             yield sse.text(text)
         yield sse.end(generation)
     except (TritonUnavailable, InferenceFailed) as exc:
-        code = "engine_unavailable" if isinstance(exc, EngineFault) else "engine_error"
+        code = STREAM_ERROR_CODES.get(type(exc), "engine_error")
         yield sse.error(
             {"error": {"message": str(exc), "type": "server_error", "param": None, "code": code}}
         )
@@ -438,8 +474,11 @@ def _engine_error(exc: InferenceFailed) -> ApiError:
             type="server_error",
             code="engine_unavailable",
         )
-    if "max_input_len" in message or "limit of" in message or "is empty" in message:
-        return ApiError(400, message, code="context_length_exceeded")
+    if isinstance(exc, EngineStalled):
+        return ApiError(504, message, type="server_error", code="engine_timeout")
+    for refusal, code in LENGTH_REFUSALS:
+        if refusal.search(message):
+            return ApiError(400, message, code=code)
     if "Exceeds maximum queue size" in message:  # the engine's queue bound (Triton's own wording)
         return ApiError(
             429,

@@ -4,8 +4,10 @@ uvicorn bounds neither (h11 and httptools alike hand the app whatever arrives, w
 arrives), and FastAPI reads the body only inside the route, after the gate has counted the request
 in flight. Reading it here first means a slow or oversized upload is refused (408, 413) without ever
 holding an in-flight slot, and the app gets the body in one message. The bodies being read at once
-share one ReadBudget: past it a new body is refused (503) before it is read, so what slow uploads
-hold in memory is bounded however many connections send them.
+share one ReadBudget of the bytes that have arrived: a body whose next bytes would pass it is refused
+(503), so what slow uploads hold in memory is bounded however many connections send them. A declared
+Content-Length reserves nothing (only one over --max-body-mib is refused at once, 413): a client that
+announces megabytes and sends none holds no budget that other requests need.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ class ClientLeft(Exception):
 class ReadBudget:
     """Bytes of request bodies being read at once, across all connections: at most `limit` (one per app).
 
-    A body with a Content-Length reserves all of it before a byte is read; a chunked one reserves
-    what has arrived, chunk by chunk. The reservation ends when the body is complete (it then belongs
-    to a request that counts against --max-in-flight, or is dropped with a 429) or refused.
+    Every body reserves what has arrived, chunk by chunk, whether it declared a Content-Length or is
+    chunked: an announced length costs nothing until its bytes come. The reservation ends when the body
+    is complete (it then belongs to a request that counts against --max-in-flight, or is dropped with a
+    429) or refused.
     """
 
     def __init__(self, limit: int, on_change=lambda held: None):
@@ -91,8 +94,6 @@ async def read_body(scope, receive, limits: ApiLimits, budget: ReadBudget) -> by
         return _too_large(f"is {declared} bytes", limits)
     reservation = _Reservation(budget)
     try:
-        if not reservation.cover(declared or 0):
-            return _busy(budget)
         reading = _read_all(receive, limits.max_body_bytes, reservation.cover)
         return await _within(limits.body_timeout_s, reading)
     except _TooLarge:
@@ -154,7 +155,7 @@ async def _within(seconds: float, coroutine):
 def _busy(budget: ReadBudget) -> Refusal:
     return Refusal(
         503,
-        f"The server is reading as many request bodies as it holds at once ({budget.limit} bytes); retry "
+        f"The server holds as many bytes of request bodies being read as it may ({budget.limit} bytes); retry "
         "shortly, or raise the limit with --body-read-budget-mib (toolkit api / toolkit serve).",
         "server_busy",
     )

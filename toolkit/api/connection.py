@@ -7,6 +7,14 @@ httptools takes megabytes of headers. Here the headers of each request must be c
 connection) and within MAX_HEADER_BYTES; else the connection is answered 408 or 431 and closed
 (closed silently when nothing at all was sent, as an idle kept-alive connection is).
 
+A request pipelined while the previous one is answered gets the same bounds from its first byte:
+httptools parses it at once (into memory, without limit) while the previous response streams. Its
+bytes count from the moment the previous request's body is complete, and its deadline runs from its
+first byte (httptools' on_message_begin); past either, the connection is closed without an answer,
+since none can be written into the middle of another response (its stream sees the disconnect and
+cancels the engine request). h11 needs none of this: it stops reading once a request's body is
+complete until its response is done, and the bounds then apply as on any kept-alive connection.
+
 Nor does uvicorn bound a write: once the transport's write buffer passes its high-water mark (64 KiB),
 every `send` of the app awaits the buffer draining, with no deadline, so a client that stops reading
 holds its request (and its --max-in-flight slot, and the engine's work) forever. Here the buffer must
@@ -42,14 +50,20 @@ class _Bounds:
         self._expect_headers()
 
     def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return  # refused: nothing more is parsed
         waiting = self.cycle
+        # Headers only, all of it: we wait for headers, or the request being answered has its whole body
+        # (the next request began inside this data when neither holds: its part is not counted, one read).
+        headers_only = self._header_deadline is not None or _body_complete(waiting)
         super().data_received(data)
         if self._header_deadline is None or self.transport.is_closing():
             return  # not waiting for headers: this was body
         if self.cycle is not waiting:
             self._stop_waiting()  # headers complete (the rest of this data was body)
             return
-        self._header_bytes += len(data)
+        if headers_only:
+            self._header_bytes += len(data)
         if self._header_bytes > MAX_HEADER_BYTES:
             self._refuse(
                 431,
@@ -57,10 +71,22 @@ class _Bounds:
                 "request_header_fields_too_large",
             )
 
+    def on_message_begin(self) -> None:
+        """httptools: the first byte of a request. One pipelined behind a response being written gets its
+        header deadline now, not when that response ends (h11 has no such call: it stops reading)."""
+        super().on_message_begin()
+        if self._header_deadline is None and not self.transport.is_closing():
+            self._expect_headers()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        # A pipelined request already past its headers arms the deadline when its own response ends.
-        if not self.transport.is_closing() and self.cycle.response_complete:
+        # A pipelined request already past its headers arms the deadline when its own response ends; one
+        # whose headers are still coming keeps the deadline and count it has had since its first byte.
+        if (
+            not self.transport.is_closing()
+            and self.cycle.response_complete
+            and self._header_deadline is None
+        ):
             self._expect_headers()
 
     def connection_lost(self, exc) -> None:
@@ -122,6 +148,17 @@ class _Bounds:
 
     def _refuse(self, status: int, message: str, code: str) -> None:
         self._stop_waiting()
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined request's headers, while the previous response is being written: an answer now
+            # would land inside that response. Close; the response's stream sees the disconnect.
+            log.info(
+                "closing the connection of %s: a pipelined request broke a bound (%d %s)",
+                f"{self.client[0]}:{self.client[1]}" if self.client else "a client",
+                status,
+                code,
+            )
+            self.transport.close()
+            return
         body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
         reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
         self.transport.write(
@@ -129,6 +166,11 @@ class _Bounds:
             b"connection: close\r\n\r\n%s" % (status, reason, len(body), body)
         )
         self.transport.close()
+
+
+def _body_complete(cycle) -> bool:
+    """Whether the request being answered has all of its body: bytes after it belong to the next request."""
+    return cycle is not None and not cycle.more_body and not cycle.response_complete
 
 
 def bounded_protocol(

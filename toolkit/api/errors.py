@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
+from toolkit.api.schemas import UNION_MEMBERS
 from toolkit.errors import ToolkitError
 
 log = logging.getLogger("toolkit.api")
@@ -57,6 +58,42 @@ def printable(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
+def _http_message(request: Request, exc: StarletteHTTPException) -> str:
+    """Starlette's bare "Not Found" / "Method Not Allowed", said as OpenAI says them: naming what was asked."""
+    method, path = request.method, request.url.path
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        return f"Invalid URL ({method} {path})"
+    if exc.status_code == 405 and exc.detail == "Method Not Allowed":
+        allowed = (exc.headers or {}).get("Allow", "")
+        use = f"; use {' or '.join(m.strip() for m in allowed.split(','))}" if allowed else ""
+        return f"Method {method} is not allowed on {path}{use}."
+    return str(exc.detail)
+
+
+def _not_json(request: Request, exc: RequestValidationError) -> ApiError | None:
+    """A body sent with another Content-Type is never parsed as JSON (FastAPI validates its raw bytes): say
+    which header to send, not that the body "should be a valid dictionary"."""
+    content_type = request.headers.get("content-type")
+    if content_type is None or _is_json(content_type):
+        return None
+    if not any(tuple(error.get("loc", ())) == ("body",) for error in exc.errors()):
+        return None
+    return ApiError(
+        400,
+        f"The request body must be JSON sent with `Content-Type: application/json`, not "
+        f"`{content_type}`.",
+        code="invalid_value",
+    )
+
+
+def _is_json(content_type: str) -> bool:
+    """As FastAPI decides to parse a body: application/json or application/*+json (parameters aside)."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
+
+
 def _validation_error(exc: RequestValidationError) -> ApiError:
     errors = exc.errors()
     invalid_text = [error for error in errors if error.get("type") in UNICODE_ERRORS]
@@ -86,6 +123,8 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+# Models that are members of a union: pydantic names them in a location ("...content.0.TextPart.text").
+_MODEL_TAGS = frozenset(model.__name__ for model in UNION_MEMBERS)
 # Our own check (schemas.valid_unicode), and pydantic's where a constrained str meets a lone surrogate first.
 UNICODE_ERRORS = ("lone_surrogate", "string_unicode")
 
@@ -113,7 +152,7 @@ def _is_field(part) -> bool:
     """Field names and list indexes; not the union-member tags pydantic puts in a location ("constrained-str")."""
     if isinstance(part, int):
         return True
-    return part.isidentifier() and part.lower() not in _TYPE_TAGS
+    return part.isidentifier() and part.lower() not in _TYPE_TAGS and part not in _MODEL_TAGS
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -125,7 +164,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        error = _validation_error(exc)
+        error = _not_json(request, exc) or _validation_error(exc)
         return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -133,7 +172,7 @@ def install_error_handlers(app: FastAPI) -> None:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return JSONResponse(
-            error_body(str(exc.detail), kind, None, code),
+            error_body(_http_message(request, exc), kind, None, code),
             status_code=exc.status_code,
             headers=exc.headers,
         )

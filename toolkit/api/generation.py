@@ -40,7 +40,8 @@ class Generation:
         self.backend = backend
         self.metrics = metrics
         # The text models (ensemble, BLS) of the pinned release return no token count: their text is
-        # counted with the repository's tokenizer when it ends (bytes -> tokens).
+        # counted with the repository's tokenizer when it ends (bytes -> tokens), an estimate: the engine's
+        # own tokens need not be how the tokenizer splits their text.
         self.count_tokens = None if backend.engine else count_tokens
         self.received: list[bytes] = []
         self.completion_tokens = 0
@@ -95,13 +96,26 @@ class Generation:
 
     def _finish(self, stopped: bool) -> None:
         self.done = True
+        text = b"".join(self.received)  # the text models' answer (nothing is kept for the engine's)
         if self.count_tokens is not None:
-            self.completion_tokens = self.count_tokens(b"".join(self.received))
-        if stopped or self.completion_tokens < self.job.max_tokens:
+            self.completion_tokens = self.count_tokens(text)
+        if stopped or self._ended_early(text):
             self.finish_reason = "stop"
         self.metrics.finished.labels(self.finish_reason).inc()
         self.metrics.prompt_tokens.inc(self.job.prompt_tokens)
         self.metrics.completion_tokens.inc(self.completion_tokens)
+
+    def _ended_early(self, text: bytes) -> bool:
+        """Whether the engine certainly ended before max_tokens (an end token or stop word).
+
+        The engine contract counts the engine's own tokens: fewer than max_tokens is an early end. The text
+        contract gives bytes only, and a re-tokenized count below max_tokens does not show one (the engine's
+        tokens may be more); what does is a text of fewer bytes than max_tokens, since every token but a
+        special one (the text leaves those out) is at least one byte. Anything else may have been cut at
+        max_tokens: "length"."""
+        if self.count_tokens is None:
+            return self.completion_tokens < self.job.max_tokens
+        return len(text) < self.job.max_tokens
 
     def usage(self) -> dict:
         return {

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 UINT64_MAX = 2**64 - 1
+INT64_MIN = -(2**63)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 StopText = Annotated[str, Field(min_length=1)]
 Stop = StopText | Annotated[list[StopText], Field(max_length=4)] | None
@@ -64,9 +65,32 @@ class TextPart(_Request):
     _unicode = field_validator("text")(valid_unicode)
 
 
+class OtherPart(BaseModel):
+    """A content part of another type than text (image_url, input_audio, file, ...): accepted by the schema
+    only so that `unsupported_content` can refuse it by name."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _not_text(cls, value: str) -> str:
+        if (
+            value == "text"
+        ):  # a malformed text part: TextPart's own error says what is wrong with it
+            raise ValueError("a text part is a TextPart")
+        return value
+
+
+UNION_MEMBERS = (TextPart, OtherPart)  # errors leave their names out of a field's path
+
+# What a content part of a type other than text holds, as clients are told when it is refused.
+PART_KINDS = {"image_url": "image", "input_audio": "audio", "file": "file"}
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | OtherPart] | None = None
     name: str | None = None
 
     _unicode = field_validator("content", "name")(valid_unicode)
@@ -76,7 +100,7 @@ class ChatMessage(_Request):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
 
 
 class _Sampling(_Request):
@@ -85,7 +109,9 @@ class _Sampling(_Request):
     model: str
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = Field(None, ge=0, le=UINT64_MAX)
+    # OpenAI's is a signed 64-bit integer; the engine's a UINT64 (a negative seed is sent as its two's
+    # complement, Sampling.tensors). Up to UINT64_MAX too, as the engine contract takes it.
+    seed: int | None = Field(None, ge=INT64_MIN, le=UINT64_MAX)
     stop: Stop = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -200,6 +226,21 @@ def unsupported_fields(request: _Sampling) -> list[tuple[str, str]]:
             )
         )
     return found
+
+
+def unsupported_content(request: ChatCompletionRequest) -> tuple[str, str] | None:
+    """(param, reason) for the first content part that is not text: this server takes text only."""
+    for m, message in enumerate(request.messages):
+        for p, part in enumerate(message.content if isinstance(message.content, list) else ()):
+            if isinstance(part, OtherPart):
+                kind = PART_KINDS.get(part.type)
+                what = f"{kind.capitalize()} content" if kind else "Content"
+                return (
+                    f"messages.{m}.content.{p}",
+                    f"{what} is not supported by this server (a content part of type `{part.type}`): "
+                    "it takes text only; send `text` parts or a string.",
+                )
+    return None
 
 
 # --- responses -----------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Run the API with uvicorn: in the foreground (`toolkit api`) or on a thread (`toolkit serve --openai-port`)."""
+"""Run the API with uvicorn: in the foreground (`toolkit api`, and `python -m toolkit.api`, the process of its own
+that `toolkit serve --openai-port` starts) or on a thread of the calling process (`run_api_in_background`: tests,
+an application that embeds the API)."""
 
 from __future__ import annotations
 
@@ -117,7 +119,7 @@ def run_api_in_background(
             server.should_exit = True
             raise ServerError(
                 f"the OpenAI API did not start on {host}:{port}",
-                hint="is the port taken? pick another --openai-port",
+                hint="is the port taken? pick another port",
             )
         time.sleep(0.02)
     logging.getLogger("toolkit.api").info("OpenAI API on http://%s:%d/v1", host, port)

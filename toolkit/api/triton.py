@@ -24,6 +24,7 @@ from toolkit.errors import ClientError
 from toolkit.model.tokens import TokenFacts
 from toolkit.repository import contract as c
 from toolkit.repository.sources import common_module
+from toolkit.settings import ApiLimits
 
 pack_word_lists = common_module("textcodec").pack_word_lists
 log = logging.getLogger("toolkit.api")
@@ -34,9 +35,16 @@ ENGINE_MODEL = c.ENGINE  # the engine contract: token ids in, token ids out
 # stub died ("Stub process 'tensorrt_llm_0_0' is not healthy."), or the model was unloaded.
 FATAL_ERRORS = ("is not healthy", "Request for unknown model", "has no available versions")
 STALL_S = 5.0  # a stream without a response this long makes the backend check that its engine still answers
-PROBE_TIMEOUT_S = 5.0  # no answer to the check by then: a busy engine, not a dead one
+PROBE_TIMEOUT_S = 5.0  # no answer to the check by then: a busy engine, not (yet) a dead one
 PROBE_INTERVAL_S = 5.0  # at most one check this often, however many streams or health calls ask
 WATCH_INTERVAL_S = 1.0
+# Nothing from the engine, on any request or check, this long while a request waits: the engine does not
+# respond (a hung GPU step, a deadlocked backend stub). Meant to be far above the slowest normal wait for a
+# token: the CPU engine spreads a long prompt's prefill over steps of at most max_num_tokens (256) tokens,
+# which serve the checks too; a GPU engine prefills a long prompt in under a second to tens of seconds. (A
+# busy engine keeps answering its other streams or the one-token checks: a slow request alone is no stall.)
+# `toolkit api/serve --stall-timeout` (toolkit.settings.ApiLimits).
+STALL_TIMEOUT_S = ApiLimits().stall_timeout_s
 
 
 class TritonUnavailable(ClientError):
@@ -51,13 +59,18 @@ class EngineFault(InferenceFailed):
     """The engine can serve nothing (its stub died, its model is gone): every open stream ends with this."""
 
 
+class EngineStalled(InferenceFailed):
+    """The engine answered nothing for the stall timeout while this request waited: it does not respond."""
+
+
 @dataclass(eq=False)
 class _Stream:
     """One open generation, as the watchdog sees it."""
 
     call: object
     last: float  # loop time of its last response (or of its start)
-    failure: str | None = None  # set, and the call cancelled, when the engine is found dead
+    # Set, and the call cancelled, when the engine is found dead (EngineFault) or hung (EngineStalled).
+    failure: InferenceFailed | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +113,8 @@ class Sampling:
                 *out,
                 (top_k, np.array([[1]], np.int32), "INT32"),
             ]  # top_k 1: TensorRT-LLM's greedy
-        seed = secrets.randbits(63) if self.seed is None else self.seed
+        # OpenAI's seed is signed 64-bit; the engine's UINT64 takes a negative one as its two's complement.
+        seed = secrets.randbits(63) if self.seed is None else self.seed % 2**64
         temperature = 1.0 if self.temperature is None else self.temperature
         return [
             *out,
@@ -133,6 +147,12 @@ class TritonBackend:
     get another response. So a fatal error (FATAL_ERRORS) on any request, or a one-token check
     that fails so (sent when a stream has been silent STALL_S), records `fault` and ends every
     open stream with EngineFault; `health()` reports the fault until a request succeeds again.
+
+    Nor is a hung one (Triton ready, the engine silent: a deadlocked stub, a hung GPU step): when
+    nothing at all has come from the engine, on any request or check, for `stall_timeout_s`, each
+    stream that has waited that long ends with EngineStalled and `health()` reports `stalled`
+    until any response comes again. A decoupled engine answers every step, so only a hung one is
+    that silent; a --no-decoupled one answers once, at the end, so it is never judged so.
     """
 
     def __init__(
@@ -144,6 +164,7 @@ class TritonBackend:
         tokens: TokenFacts | None = None,
         decoupled: bool = True,
         trtllm_version: str | None = None,
+        stall_timeout_s: float = STALL_TIMEOUT_S,
     ):
         self.url = url
         self.model_name = model_name
@@ -160,10 +181,19 @@ class TritonBackend:
         self._client: grpcclient.InferenceServerClient | None = None
         self._ids = itertools.count(1)
         self.fault: str | None = None  # why the engine cannot serve, as Triton said it
+        self.stall_timeout_s = stall_timeout_s
+        # Why the engine is taken not to respond; cleared by any response from it.
+        self.stalled: str | None = None
+        self._answered_at = float("-inf")  # loop time of the engine's last response, on any call
         self._streams: set[_Stream] = set()
         self._watchdog: asyncio.Task | None = None
         self._probe: asyncio.Task | None = None
         self._probed_at = float("-inf")
+        # The checks come well within the stall timeout, so that a live engine answers one in time.
+        self._probe_after_s = min(STALL_S, stall_timeout_s / 4)
+        self._probe_every_s = min(PROBE_INTERVAL_S, stall_timeout_s / 4)
+        self._probe_timeout_s = min(PROBE_TIMEOUT_S, stall_timeout_s / 2)
+        self._watch_every_s = min(WATCH_INTERVAL_S, stall_timeout_s / 8)
 
     async def start(self) -> None:
         """Open the channel and start the stream watchdog; call inside the event loop that will use it."""
@@ -195,22 +225,31 @@ class TritonBackend:
                 return f"Triton at {self.url} has no ready model `{self.model_name}`."
         except (InferenceServerException, grpc.RpcError, asyncio.TimeoutError) as exc:
             return f"Triton at {self.url} does not answer ({_first_line(exc)})."
-        if self.fault is not None:
+        if self.fault is not None or self.stalled is not None:
             await self.check_engine()  # has it come back?
         if self.fault is not None:
             return f"The engine of `{self.model_name}` cannot serve: {self.fault}"
+        if self.stalled is not None:
+            return f"The engine of `{self.model_name}` does not respond: {self.stalled}"
         return None
 
     async def check_engine(self) -> None:
         """Send a one-token request (one at a time, at most every PROBE_INTERVAL_S): a fatal error records the
-        fault and ends every open stream, an answer clears the fault, no answer in time (busy) changes nothing."""
+        fault and ends every open stream, an answer clears the fault and the stall, no answer in time (busy)
+        changes nothing."""
+        probe = self._start_probe()
+        if probe is not None:
+            await asyncio.shield(probe)
+
+    def _start_probe(self) -> asyncio.Task | None:
+        """The check running now, or a new one; None when the last one ended too recently."""
         loop = asyncio.get_running_loop()
         if self._probe is None or self._probe.done():
-            if loop.time() - self._probed_at < PROBE_INTERVAL_S:
-                return
+            if loop.time() - self._probed_at < self._probe_every_s:
+                return None
             self._probed_at = loop.time()
             self._probe = asyncio.ensure_future(self._run_probe())
-        await asyncio.shield(self._probe)
+        return self._probe
 
     async def _run_probe(self) -> None:
         ids = (
@@ -220,10 +259,13 @@ class TritonBackend:
         )
         try:
             await asyncio.wait_for(
-                self._consume(self.generate("a", ids, 1, _GREEDY, watched=False)), PROBE_TIMEOUT_S
+                self._consume(self.generate("a", ids, 1, _GREEDY, watched=False)),
+                self._probe_timeout_s,
             )
         except (asyncio.TimeoutError, InferenceFailed, TritonUnavailable):
             pass  # a fatal error has been recorded by generate; anything else says nothing of the engine
+        except Exception:  # noqa: BLE001 - no check may end the watchdog's work; the error goes to the log
+            log.exception("checking the engine of %s failed", self.model_name)
 
     @staticmethod
     async def _consume(pieces: AsyncIterator[Piece]) -> None:
@@ -233,21 +275,54 @@ class TritonBackend:
     async def _watch_streams(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(WATCH_INTERVAL_S)
+            await asyncio.sleep(self._watch_every_s)
             now = loop.time()
-            if not any(now - stream.last > STALL_S for stream in self._streams):
-                continue
             try:
-                await self.check_engine()
-            except Exception:  # noqa: BLE001 - the watchdog outlives any one check; the error goes to the log
-                log.exception("checking the engine of %s failed", self.model_name)
+                self._end_stalled_streams(now)
+                if any(now - stream.last > self._probe_after_s for stream in self._streams):
+                    self._start_probe()  # not awaited: the stall rule keeps its pace while a check waits
+            except Exception:  # noqa: BLE001 - the watchdog outlives any one round; the error goes to the log
+                log.exception("watching the streams of %s failed", self.model_name)
+
+    def _end_stalled_streams(self, now: float) -> None:
+        """When the engine has answered nothing, on any call, for the stall timeout: end every stream that
+        has waited that long (a younger one gets its own full wait) and record the stall."""
+        timeout = self.stall_timeout_s
+        if not self.decoupled or now - self._answered_at < timeout:
+            return
+        silent = [s for s in self._streams if s.failure is None and now - s.last >= timeout]
+        if not silent:
+            return
+        if self.stalled is None:
+            log.warning(
+                "the engine of %s answered nothing for %g s while %d request(s) waited: ending them",
+                self.model_name,
+                timeout,
+                len(silent),
+            )
+        self.stalled = (
+            f"it answered nothing for {timeout:g} s (the stall timeout) while requests waited, not even a "
+            "one-token check: a hung engine step or a deadlocked backend"
+        )
+        for stream in silent:
+            stream.failure = EngineStalled(
+                f"The engine of `{self.model_name}` stalled: it answered nothing for {timeout:g} s while this "
+                "request waited (a hung engine step or a deadlocked backend); retry later."
+            )
+            stream.call.cancel()
+
+    def _answered(self, now: float) -> None:
+        self._answered_at = now
+        if self.stalled is not None:
+            log.info("the engine of %s answers again", self.model_name)
+            self.stalled = None
 
     def _engine_failed(self, message: str) -> None:
         """Record the fault and end every open stream with it."""
         self.fault = message
         for stream in list(self._streams):
             if stream.failure is None:
-                stream.failure = message
+                stream.failure = EngineFault(message)
                 stream.call.cancel()
 
     async def generate(
@@ -278,6 +353,7 @@ class TritonBackend:
         try:
             async for result, error in call:
                 stream.last = loop.time()
+                self._answered(stream.last)
                 if error is not None:
                     raise self._failure(
                         str(error.message() if hasattr(error, "message") else error)
@@ -294,10 +370,10 @@ class TritonBackend:
         except asyncio.CancelledError:
             if stream.failure is None or _cancel_requested():
                 raise  # the client went away (or the app shuts down), even as the watchdog failed the call
-            raise EngineFault(stream.failure) from None  # only the watchdog cancelled the call
+            raise stream.failure from None  # only the watchdog cancelled the call
         except grpc.aio.AioRpcError as exc:
             if stream.failure is not None:
-                raise EngineFault(stream.failure) from exc
+                raise stream.failure from exc
             # Our own cancellations surface as asyncio.CancelledError; a CANCELLED status here came from the server.
             raise TritonUnavailable(
                 f"Triton at {self.url}: {exc.code().name}: {exc.details()}"

@@ -16,8 +16,8 @@ from toolkit.settings import api_keys as read_api_keys
 
 
 def api_limit_options(function):
-    """--header-timeout, --body-timeout, --max-body-mib, --body-read-budget-mib, --send-timeout
-    (toolkit.settings.ApiLimits), for `api` and `serve`."""
+    """--header-timeout, --body-timeout, --max-body-mib, --body-read-budget-mib, --send-timeout,
+    --stall-timeout (toolkit.settings.ApiLimits), for `api` and `serve`."""
     defaults = ApiLimits()
     for option in reversed(
         (
@@ -56,6 +56,13 @@ def api_limit_options(function):
                 help="OpenAI API: seconds a response write may wait for a client that does not read "
                 "(its write buffer full); then the connection is closed and its generation cancelled.",
             ),
+            click.option(
+                "--stall-timeout",
+                type=click.FloatRange(min=0, min_open=True),
+                default=defaults.stall_timeout_s,
+                help="OpenAI API: seconds with nothing at all from the engine while requests wait before "
+                "those requests end (504, or an error event) and /health answers 503: a hung engine.",
+            ),
         )
     ):
         function = option(function)
@@ -68,6 +75,7 @@ def api_limits(
     max_body_mib: float,
     body_read_budget_mib: float | None,
     send_timeout: float,
+    stall_timeout: float,
 ) -> ApiLimits:
     return ApiLimits(
         header_timeout_s=header_timeout,
@@ -77,6 +85,7 @@ def api_limits(
         if body_read_budget_mib is None
         else int(body_read_budget_mib * 2**20),
         send_timeout_s=send_timeout,
+        stall_timeout_s=stall_timeout,
     )
 
 
@@ -161,6 +170,7 @@ def command(
     max_body_mib,
     body_read_budget_mib,
     send_timeout,
+    stall_timeout,
     event_loop,
     http_impl,
     log_level,
@@ -183,7 +193,12 @@ def command(
     keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
     limits = api_limits(
-        header_timeout, body_timeout, max_body_mib, body_read_budget_mib, send_timeout
+        header_timeout,
+        body_timeout,
+        max_body_mib,
+        body_read_budget_mib,
+        send_timeout,
+        stall_timeout,
     )
     settings = ApiSettings(
         triton_url, repo, model_name, served_model_name, keys, max_in_flight, limits=limits

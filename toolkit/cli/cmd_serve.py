@@ -109,6 +109,7 @@ def command(
     max_body_mib,
     body_read_budget_mib,
     send_timeout,
+    stall_timeout,
     expose_triton,
     allow_modified,
     ready_timeout,
@@ -145,7 +146,12 @@ def command(
         api_keys=keys,
         max_in_flight=max_in_flight,
         api_limits=api_limits(
-            header_timeout, body_timeout, max_body_mib, body_read_budget_mib, send_timeout
+            header_timeout,
+            body_timeout,
+            max_body_mib,
+            body_read_budget_mib,
+            send_timeout,
+            stall_timeout,
         ),
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
