@@ -987,6 +987,20 @@ def test_gpu_repository_with_a_missing_engine_is_refused(gpu_repo, tmp_path):
     assert "fix: rebuild it: toolkit build --target h100-sxm" in result.output
 
 
+def test_an_engine_of_a_release_no_known_container_carries_is_refused(
+    gpu_repo, tmp_path, monkeypatch
+):
+    """Such an engine would be sent to a container that cannot load it (the pinned one, before)."""
+    import toolkit.trtllm
+
+    monkeypatch.delitem(toolkit.trtllm.CONTAINERS, toolkit.trtllm.PINNED_TRTLLM_VERSION)
+    result = invoke("deploy", "--repo", gpu_repo, "-o", tmp_path / "d", "--image", IMAGE)
+    assert result.exit_code == 1, result.output
+    assert "no Triton container the toolkit knows carries" in result.output
+    assert "fix: rebuild it with TensorRT-LLM" in result.output
+    assert not (tmp_path / "d").exists()
+
+
 def test_gpu_target_the_cluster_values_do_not_name_is_refused(gpu_repo, tmp_path):
     repo = hub_variant(gpu_repo, tmp_path)
     cluster = write_values(

@@ -58,10 +58,8 @@ def supported(version: str) -> bool:
     return parsed is not None and low <= parsed <= high
 
 
-def container_for(version: str) -> str:
-    """The Triton TRT-LLM container image that carries `version` (the pinned one when the table has no row
-    for that exact version)."""
+def container_for(version: str) -> str | None:
+    """The first Triton TRT-LLM container image that carries `version`; None when the table has no row for
+    that exact version (no other container can load its engines)."""
     tag = CONTAINERS.get(version.strip())
-    return (
-        f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3" if tag else TRITON_TRTLLM_CONTAINER
-    )
+    return f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3" if tag else None

@@ -34,7 +34,7 @@ from toolkit.errors import DeployError, ToolkitError
 from toolkit.repository.engines import TrtllmEngine
 from toolkit.repository.reader import Repository
 from toolkit.serve.launcher import check_repository
-from toolkit.trtllm import container_for
+from toolkit.trtllm import PINNED_TRTLLM_VERSION, TRITON_TRTLLM_CONTAINER, container_for
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 ROUTING_MODES = {"auto": "auto", "inference-pool": "inferencePool", "service": "service"}
@@ -199,6 +199,13 @@ def _checked_engine(repository: Repository, engine: TrtllmEngine) -> EngineInfo:
             f"{engine.engine_dir} holds a TensorRT-LLM {info.trtllm_version} engine with {info.world_size} "
             f"ranks; the manifest of {repository.path} names {engine.trtllm_version} with {engine.world_size}",
             hint=f"rebuild it: {repository.rebuild_command}",
+        )
+    if container_for(info.trtllm_version) is None:
+        raise DeployError(
+            f"the engine of {repository.path} was built by TensorRT-LLM {info.trtllm_version}, which no Triton "
+            "container the toolkit knows carries; an engine loads only in the release that built it",
+            hint=f"rebuild it with TensorRT-LLM {PINNED_TRTLLM_VERSION} ({TRITON_TRTLLM_CONTAINER}): "
+            f"{repository.rebuild_command}",
         )
     return info
 

@@ -52,10 +52,6 @@ UNSUPPORTED = {
     ),
     "beam_search_diversity_rate": (0.0, "beam_search_diversity_rate only applies to beam search"),
     "runtime_top_p_decay": (None, "top-p decay is not supported by the CPU engine"),
-    "runtime_top_p_min": (
-        None,
-        "top-p decay (runtime_top_p_min) is not supported by the CPU engine",
-    ),
     "runtime_top_p_reset_ids": (
         None,
         "top-p decay (runtime_top_p_reset_ids) is not supported by the CPU engine",
