@@ -260,6 +260,60 @@ def test_ports_on_ipv6_hosts_are_checked_on_ipv6(tmp_path):
     assert "--host" in refused.value.hint
 
 
+def test_triton_gets_ipv4_addresses_and_clients_get_bracketed_urls():
+    from toolkit.errors import ServerError
+    from toolkit.serve.net import client_host, triton_address
+
+    assert triton_address("::", "--host") == "0.0.0.0"
+    assert triton_address("::1", "--host") == "127.0.0.1"
+    assert triton_address("10.0.0.5", "--host") == "10.0.0.5"
+    with pytest.raises(
+        ServerError, match="--metrics-host 2001:db8::5: tritonserver listens on IPv4"
+    ):
+        triton_address("2001:db8::5", "--metrics-host")
+    assert client_host("::1") == "[::1]" and client_host("::") == "[::1]"
+    assert client_host("0.0.0.0") == "127.0.0.1" and client_host("10.0.0.5") == "10.0.0.5"
+
+
+@pytest.mark.server
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this machine")
+def test_serve_on_ipv6_loopback_keeps_triton_on_ipv4_and_the_api_on_ipv6(tiny, tmp_path):
+    """tritonserver 2.51 exits at start when given ::1 (its gRPC server cannot parse it)."""
+    import json as jsonlib
+    import os
+    import signal
+    import subprocess
+    import urllib.request
+
+    from toolkit.serve.net import free_port
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("::1 cannot be bound here")
+    repo = tmp_path / "repo"
+    build(tiny, repo)
+    ports = {name: free_port() for name in ("http", "grpc", "metrics", "openai")}
+    argv = [sys.executable, "-m", "toolkit.cli.main", "serve", "--repo", str(repo), "--host", "::1"]
+    argv += [arg for name, port in ports.items() for arg in (f"--{name}-port", str(port))]
+    argv += ["--background", "--json", "--log-file", str(tmp_path / "triton.log")]
+    started = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stderr
+    endpoints = jsonlib.loads(started.stdout)
+    try:
+        assert endpoints["http"] == f"127.0.0.1:{ports['http']}"
+        assert endpoints["openai"] == f"http://[::1]:{ports['openai']}/v1"
+        with urllib.request.urlopen(f"http://[::1]:{ports['openai']}/health", timeout=10) as r:
+            assert r.status == 200
+        url = f"http://127.0.0.1:{ports['http']}/v2/health/ready"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.status == 200
+    finally:
+        for pid in (endpoints["pid"], endpoints["openai_pid"]):
+            os.kill(pid, signal.SIGTERM)
+
+
 def test_serve_errors_on_files_it_cannot_write_or_read_are_clean(tiny, tmp_path):
     build(tiny, tmp_path / "repo")
     keys = tmp_path / "keys"

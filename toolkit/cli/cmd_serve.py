@@ -12,7 +12,7 @@ from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
 from toolkit.serve.launcher import ServerConfig, remove_server_record, write_server_record
 from toolkit.serve.lifecycle import ServeOptions, start_serving
-from toolkit.serve.net import is_loopback
+from toolkit.serve.net import is_loopback, triton_address
 from toolkit.settings import EXIT_TIMEOUT_S
 from toolkit.settings import api_keys as read_api_keys
 
@@ -121,11 +121,13 @@ def command(
     """Serve a model repository with tritonserver (and the OpenAI API with --openai-port)."""
     reject_api_key_value(api_key)
     keys = read_api_keys(api_key_files)
-    triton_host = _triton_host(host, expose_triton, openai_port)
+    triton_host = triton_address(_triton_host(host, expose_triton, openai_port), "--host")
     config = ServerConfig(
         repo=repo.resolve(),
         host=triton_host,
-        metrics_host=metrics_host or host,
+        metrics_host=triton_address(
+            metrics_host or host, "--metrics-host" if metrics_host else "--host"
+        ),
         http_port=http_port,
         grpc_port=grpc_port,
         metrics_port=metrics_port,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from toolkit.errors import ServerError
 from toolkit.serve.launcher import RunningServer, ServerConfig, launch_server, log_tail
-from toolkit.serve.net import check_port_free
+from toolkit.serve.net import check_port_free, client_host
 from toolkit.settings import ApiLimits
 from toolkit.signals import STOP_SIGNALS, Stopped
 from toolkit.subprocs import (
@@ -73,11 +73,7 @@ class ServeSession:
             "log": str(self.server.log_file),
         }
         if self.api is not None:
-            host = (
-                self.options.api_host
-                if self.options.api_host not in ("", "0.0.0.0")
-                else "127.0.0.1"
-            )
+            host = client_host(self.options.api_host)
             found.update(
                 {
                     "openai": f"http://{host}:{self.options.openai_port}/v1",

@@ -78,8 +78,29 @@ def wait_http_ok(
 
 
 def client_host(host: str) -> str:
-    """The address a local client uses for a server bound to `host`."""
-    return "127.0.0.1" if host in ("", "0.0.0.0") else ("[::1]" if host == "::" else host)
+    """The address a local client uses for a server bound to `host`, as it goes into a URL (IPv6 in brackets)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def triton_address(host: str, flag: str) -> str:
+    """The address tritonserver is given for `host`: tritonserver 2.51 listens on IPv4 only (its gRPC
+    server cannot even parse an IPv6 address), so the IPv6 wildcard and loopback become their IPv4
+    equivalents, and any other IPv6 address is refused naming `flag`."""
+    if host == "::":
+        return "0.0.0.0"
+    if host == "::1":
+        return "127.0.0.1"
+    if ":" in host:
+        raise ServerError(
+            f"{flag} {host}: tritonserver listens on IPv4 addresses only",
+            hint="give Triton an IPv4 address (0.0.0.0 for every interface); with --openai-port, --host may "
+            "be an IPv6 address for the OpenAI API alone when --metrics-host is IPv4",
+        )
+    return host
 
 
 def is_loopback(host: str) -> bool:
