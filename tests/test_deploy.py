@@ -1161,6 +1161,11 @@ def test_fingerprint_ignores_where_a_repository_is_but_not_what_it_serves(cpu_re
     elsewhere = {**gpu, "engine": {**gpu["engine"], "engine_dir": "/b"}}
     read = lambda d: type(manifest).from_dict(d, cpu_repo / "manifest.json")  # noqa: E731
     assert fingerprint(read(gpu)) == fingerprint(read(elsewhere))
+    planned = {**gpu, "memory_plan": {"model": "llama-3.1-8b-instruct", "kv_tokens": 1000}}
+    renamed = {**planned, "memory_plan": {"model": "Llama-3.1-8B-Instruct", "kv_tokens": 1000}}
+    assert fingerprint(read(planned)) == fingerprint(read(renamed))  # a display name serves nothing
+    bigger = {**planned, "memory_plan": {"model": "llama-3.1-8b-instruct", "kv_tokens": 2000}}
+    assert fingerprint(read(planned)) != fingerprint(read(bigger))
 
 
 def test_wait_accepts_only_the_deployed_repository(cpu_repo, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,25 @@ def test_cli_plan_of_a_catalog_model_needs_no_network(monkeypatch):
         "qwen2.5-72b-instruct",
     ):
         assert CliRunner().invoke(cli, ["plan", "-m", name, "--dtype", "fp8"]).exit_code == 0, name
+
+
+def test_a_catalog_model_plans_the_same_with_and_without_a_revision(monkeypatch):
+    """toolkit deploy's build Job rebuilds hf:ORG/NAME@REV of a repository built from hf:ORG/NAME: the
+    plans must be equal, or the rebuilt repository's fingerprint differs after hours of building."""
+    import toolkit.model.sources as sources
+    from toolkit.build import BuildRequest, plan_build
+    from toolkit.model.catalog import entry_for_hub_id
+
+    hub_id = "meta-llama/Llama-3.1-8B-Instruct"
+    entry = entry_for_hub_id(hub_id)
+
+    def download_config(repo_id, revision=None):  # the hub at that revision: the catalog's config
+        path = Path(tempfile.mkdtemp()) / "config.json"
+        path.write_text(json.dumps(entry.config))
+        return path
+
+    monkeypatch.setattr(sources, "download_config", download_config)
+    recipe = "llama-3.1-8b-instruct-h100-sxm-fp8"
+    plain = plan_build(BuildRequest(recipe=recipe, model=f"hf:{hub_id}"))
+    pinned = plan_build(BuildRequest(recipe=recipe, model=f"hf:{hub_id}@0123456789abcdef"))
+    assert plain.memory.to_dict() == pinned.memory.to_dict()

@@ -31,7 +31,9 @@ def fingerprint_fields(manifest: Manifest) -> dict:
         "tokens": manifest.tokens.to_dict(),
         "decoupled": manifest.decoupled,
         "engine": {k: v for k, v in manifest.engine.items() if k not in _ENGINE_LOCATION},
-        "memory_plan": manifest.memory_plan,
+        # Without its display name: how the model was written (hf:ORG/NAME or a catalog name, with or
+        # without @REV) decides nothing that is served.
+        "memory_plan": {k: v for k, v in (manifest.memory_plan or {}).items() if k != "model"},
     }
 
 

@@ -60,7 +60,11 @@ def load_model_for_plan(model: str | ModelSpec) -> PlannedModel:
     from toolkit.model.sources import download_config
 
     config = download_config(spec.value, spec.revision)
-    return PlannedModel(spec.display_name, spec, read_model_facts(config), str(config), None)
+    # A catalog model pinned to a revision keeps the catalog's name: the plan must not depend on how the
+    # model was written (toolkit deploy's build Job rebuilds hf:ORG/NAME@REV of a build from hf:ORG/NAME).
+    known = entry_for_hub_id(spec.value) if spec.kind == "hub" else None
+    name = known.name if known is not None else spec.display_name
+    return PlannedModel(name, spec, read_model_facts(config), str(config), None)
 
 
 def _local(spec: ModelSpec) -> PlannedModel:
