@@ -565,14 +565,15 @@ def promql_selectors(query: str) -> list[tuple[str, dict]]:
 
 PROMQL_TOKEN = re.compile(
     r"\s*(?:(?P<number>[0-9]+(?:\.[0-9]+)?)|(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<matchers>\{[^{}]*\})?"
-    r"|(?P<punct>[-+(),]))"
+    r"|(?P<punct>[-+(),*]))"
 )
 
 
 def promql_value(query: str, series: list[tuple[str, dict, float]]) -> float | None:
     """The value KEDA reads from `query` over `series` (metric, labels, value): the PromQL the
     ScaledObject uses (selectors with = matchers, sum, sum by, clamp_min, + and - matching on
-    identical label sets). None when the result is empty (KEDA: no value, its fallback)."""
+    identical label sets, a number times an expression). None when the result is empty (KEDA: no
+    value, its fallback)."""
     tokens = [m for m in PROMQL_TOKEN.finditer(query)]
     assert "".join(m.group(0) for m in tokens).strip() == query.strip(), query
     position = 0
@@ -589,6 +590,9 @@ def promql_value(query: str, series: list[tuple[str, dict, float]]) -> float | N
 
     def term() -> dict:
         token = take()
+        if token.group("number"):
+            take("*")
+            return {k: float(token.group("number")) * v for k, v in term().items()}
         name = token.group("name")
         if name == "clamp_min":
             take("(")
@@ -1621,6 +1625,35 @@ def test_the_triggers_see_requests_queued_beyond_the_batch_slots(gpu_render):
     )  # no series: fallback
 
 
+def test_a_pipeline_parallel_replica_is_not_taken_for_a_queued_one(helm, gpu_render, tmp_path):
+    """With pp stages the engine runs max_batch_size x pp requests (one micro-batch per stage) and
+    reports `scheduled` for the last micro-batch only: a replica running 2 x B requests and queueing
+    none must read 0 queued, and the default target must count every stage's slots."""
+    repo, values, _, _ = gpu_render
+    batch = open_repository(repo).limits.max_batch_size
+    out = tmp_path / "d"
+    deploy(repo, out, "--min-replicas", "2", "--max-replicas", "8")
+    docs = render(helm, out, extra=("--set", "model.pipelineStages=2"))
+    monitor = find(docs, "PodMonitor")
+    target = {
+        "namespace": monitor["metadata"]["namespace"],
+        "job": f"{NAMESPACE}/{monitor['metadata']['name']}",
+        "pod": "a",
+    }
+    series = [("toolkit_api_requests_in_flight", {**target, "container": "api"}, 2 * batch)]
+    labels = {**target, "model": "tensorrt_llm", "version": "1", "container": "triton"}
+    series.append(("nv_trt_llm_request_metrics", {**labels, "request_type": "scheduled"}, batch))
+    triggers = {t["name"]: t["metadata"] for t in find(docs, "ScaledObject")["spec"]["triggers"]}
+    assert promql_value(triggers["waiting-requests"]["query"], series) == 0
+    series[0] = (*series[0][:2], 2 * batch + 7)
+    assert promql_value(triggers["waiting-requests"]["query"], series) == 7
+    from toolkit.deploy import sizing
+
+    repository = open_repository(repo)
+    assert sizing.concurrency_per_replica(repository, 2) == int(2 * batch * sizing.SLOTS_TARGET)
+    assert values["model"]["pipelineStages"] == 1  # this engine: TP 2, PP 1
+
+
 def test_the_init_container_shares_the_cache_with_the_servers(gpu_render):
     """Its file-hash memos (keyed by inode and ctime) must reach toolkit serve, or serve hashes the
     whole repository again inside the startup budget."""
@@ -1726,7 +1759,12 @@ def test_the_build_runs_before_the_replicas_exist(gpu_render, tmp_path):
     assert hooks["helm.sh/hook"] == "pre-install,pre-upgrade"
     # The last try's Job (and its log) stays until the next one replaces it.
     assert hooks["helm.sh/hook-delete-policy"] == "before-hook-creation"
-    assert job["metadata"]["name"] == f"{RELEASE}-build"
+    # One Job per fingerprint: a Job's pod template is immutable, so another build needs another name.
+    assert job["metadata"]["name"] == f"{RELEASE}-build-{values['model']['fingerprint'][:8]}"
+    assert (
+        job["metadata"]["annotations"]["toolkit/repository-location"]
+        == (server_deployment(docs)["metadata"]["annotations"]["toolkit/repository-location"])
+    )
     claim = find(docs, "PersistentVolumeClaim")["metadata"]["annotations"]
     assert (
         claim["helm.sh/hook"] == "pre-install,pre-upgrade"
@@ -1764,16 +1802,24 @@ def test_an_upgrade_that_keeps_the_fingerprint_builds_nothing(helm, cpu_repo, tm
     decision reads `lookup` (empty under helm template); here it is given what the cluster holds."""
     values = deploy(cpu_repo, tmp_path / "d")
 
-    def of(fingerprint: str) -> str:  # an object's metadata, annotated as the chart's objects are
-        return f'"metadata" (dict "annotations" (dict "toolkit/fingerprint" {fingerprint}))'
+    def of(fingerprint: str, location: str = "$where", rerun: str = '""') -> str:
+        """An object's metadata, annotated as the chart's objects are."""
+        return (
+            f'"metadata" (dict "annotations" (dict "toolkit/fingerprint" {fingerprint} '
+            f'"toolkit/repository-location" {location} "toolkit/build-rerun" {rerun}))'
+        )
 
+    other = '"0"'
+    claim = '"claim" (dict "kind" "PersistentVolumeClaim")'
     cases = {
         "fresh": "dict",
-        "deployed": f'dict "deployment" (dict {of("$fp")})',
-        "deployed-other": f'dict "deployment" (dict {of(chr(34) + "0" + chr(34))})',
-        "built": f'dict "job" (dict {of("$fp")} "status" (dict "succeeded" 1))',
-        "build-failed": f'dict "job" (dict {of("$fp")} "status" (dict "failed" 2))',
-        "built-other": f'dict "job" (dict {of(chr(34) + "0" + chr(34))} "status" (dict "succeeded" 1))',
+        "deployed": f'dict {claim} "deployment" (dict {of("$fp")})',
+        "deployed-other": f'dict {claim} "deployment" (dict {of(other)})',
+        "deployed-elsewhere": f'dict {claim} "deployment" (dict {of("$fp", location=other)})',
+        "deployed-claim-gone": f'dict "deployment" (dict {of("$fp")})',  # a new, empty volume
+        "built": f'dict {claim} "job" (dict {of("$fp")} "status" (dict "succeeded" 1))',
+        "build-failed": f'dict {claim} "job" (dict {of("$fp")} "status" (dict "failed" 2))',
+        "built-other": f'dict {claim} "job" (dict {of(other)} "status" (dict "succeeded" 1))',
     }
     lines = "\n".join(
         f'  {name}: {{{{ include "toolkit.buildNeeded" (merge (dict "root" $) ({found})) | quote }}}}'
@@ -1781,6 +1827,7 @@ def test_an_upgrade_that_keeps_the_fingerprint_builds_nothing(helm, cpu_repo, tm
     )
     (tmp_path / "d" / "chart" / "templates" / "build-needed-check.yaml").write_text(
         "{{- $fp := .Values.model.fingerprint }}\n"
+        '{{- $where := include "toolkit.repositoryLocation" . }}\n'
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: build-needed}\ndata:\n" + lines + "\n"
     )
     data = find(render(helm, tmp_path / "d"), "ConfigMap", "build-needed")["data"]
@@ -1788,9 +1835,28 @@ def test_an_upgrade_that_keeps_the_fingerprint_builds_nothing(helm, cpu_repo, tm
         "fresh": "true",
         "deployed": "",
         "deployed-other": "true",
+        "deployed-elsewhere": "true",
+        "deployed-claim-gone": "true",
         "built": "",
         "build-failed": "true",
         "built-other": "true",
+    }
+    # build.rerun: a value the last Job did not run with builds again, the same one does not.
+    (tmp_path / "d" / "chart" / "templates" / "build-needed-check.yaml").write_text(
+        "{{- $fp := .Values.model.fingerprint }}\n"
+        '{{- $where := include "toolkit.repositoryLocation" . }}\n'
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: build-needed}\ndata:\n"
+        f'  again: {{{{ include "toolkit.buildNeeded" (merge (dict "root" $) (dict {claim} '
+        f'"deployment" (dict {of("$fp")}) "job" (dict {of("$fp", rerun=chr(34) + "7" + chr(34))} '
+        '"status" (dict "succeeded" 1)))) | quote }}\n'
+    )
+    rerun = {"extra": ("--set", "build.rerun=7")}
+    assert find(render(helm, tmp_path / "d", **rerun), "ConfigMap", "build-needed")["data"] == {
+        "again": ""
+    }
+    rerun = {"extra": ("--set", "build.rerun=8")}
+    assert find(render(helm, tmp_path / "d", **rerun), "ConfigMap", "build-needed")["data"] == {
+        "again": "true"
     }
 
 

@@ -73,21 +73,35 @@ period, the drain's, applies to deletions only). toolkit serve stops tritonserve
 30
 {{- end -}}
 
+{{/* One Job per fingerprint: a Job's pod template cannot change, so a rebuild of another repository
+(applied without helm's hooks, e.g. helm template | kubectl apply) gets a new name. */}}
 {{- define "toolkit.buildJobName" -}}
-{{- printf "%s-build" (include "toolkit.fullname" .) -}}
+{{- printf "%s-build-%s" (include "toolkit.fullname" .) (trunc 8 .Values.model.fingerprint) -}}
 {{- end -}}
 
-{{/* "true" when this install or upgrade must run the build Job, empty when the cluster shows the
-fingerprint built: the release's Deployment serves it, or the last build Job built it. A hook Job
-needs a free GPU even to find its work done; on a full cluster it would hold up every upgrade.
+{{/* Where the repository is: the claim and the path in it (the fingerprint says what it is, not where). */}}
+{{- define "toolkit.repositoryLocation" -}}
+{{- printf "%s:%s" (include "toolkit.claimName" .) (include "toolkit.repositoryPath" .) -}}
+{{- end -}}
+
+{{/* "true" when this install or upgrade must run the build Job, empty when the cluster shows this
+repository built where the replicas will look for it: the release's Deployment serves it from there,
+or the last build Job of it wrote it there. A hook Job needs a free GPU even to find its work done; on
+a full cluster it would hold up every upgrade. Always built: when the chart's own claim is not in the
+cluster (a new volume is empty), and when build.rerun is a value the last Job did not run with.
 Takes root and what the cluster holds (lookup: an empty map under helm template, which so renders
-the Job): deployment, job. */}}
+the Job): deployment, job, claim. */}}
 {{- define "toolkit.buildNeeded" -}}
 {{- $fingerprint := .root.Values.model.fingerprint -}}
-{{- $served := dig "metadata" "annotations" "toolkit/fingerprint" "" (.deployment | default dict) -}}
-{{- $built := dig "metadata" "annotations" "toolkit/fingerprint" "" (.job | default dict) -}}
-{{- $succeeded := dig "status" "succeeded" 0 (.job | default dict) -}}
-{{- if not (or (eq $served $fingerprint) (and (eq $built $fingerprint) (gt (int $succeeded) 0))) -}}
+{{- $location := include "toolkit.repositoryLocation" .root -}}
+{{- $deployment := .deployment | default dict -}}
+{{- $job := .job | default dict -}}
+{{- $served := and (eq (dig "metadata" "annotations" "toolkit/fingerprint" "" $deployment) $fingerprint) (eq (dig "metadata" "annotations" "toolkit/repository-location" "" $deployment) $location) -}}
+{{- $built := and (eq (dig "metadata" "annotations" "toolkit/fingerprint" "" $job) $fingerprint) (eq (dig "metadata" "annotations" "toolkit/repository-location" "" $job) $location) (gt (int (dig "status" "succeeded" 0 $job)) 0) -}}
+{{- $newClaim := and (not .root.Values.storage.existingClaim) (not .claim) -}}
+{{- $rerun := toString (.root.Values.build.rerun | default "") -}}
+{{- $rerunNew := and $rerun (ne (dig "metadata" "annotations" "toolkit/build-rerun" "" $job) $rerun) -}}
+{{- if or $newClaim $rerunNew (not (or $served $built)) -}}
 true
 {{- end -}}
 {{- end -}}

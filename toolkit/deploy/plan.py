@@ -255,6 +255,7 @@ def _derived_values(
     manifest = repository.manifest
     gpu = info is not None
     world_size = info.world_size if gpu else 1
+    stages = info.pp_size if gpu else 1  # pipeline stages: one micro-batch in flight per stage
     load_bytes = sizing.weight_bytes(repository, engine_files(info) if gpu else None)
     startup_s = sizing.startup_seconds(load_bytes, gpu, sizing.repository_bytes(repository))
     drain_s = sizing.drain_seconds(repository)
@@ -268,6 +269,7 @@ def _derived_values(
             "source": manifest.model.get("source", ""),
             "fingerprint": fingerprint(manifest),
             "worldSize": world_size,
+            "pipelineStages": stages,
             "trtllmVersion": info.trtllm_version if gpu else "",
             "tritonImage": container_for(info.trtllm_version) if gpu else "",
         },
@@ -276,7 +278,7 @@ def _derived_values(
         "triton": {
             "resources": sizing.triton_resources(repository, load_bytes, world_size, shm_bytes)
         },
-        "api": {"maxInFlight": sizing.max_in_flight(repository)},
+        "api": {"maxInFlight": sizing.max_in_flight(repository, stages)},
         "routing": {
             "mode": "auto",
             "epp": {
@@ -289,7 +291,7 @@ def _derived_values(
         "autoscaling": {
             # Scale before requests queue: most of the engine's batch slots, until `toolkit bench`
             # measures the concurrency one replica serves within its latency targets (docs/deploy.md).
-            "concurrencyPerReplica": sizing.concurrency_per_replica(repository),
+            "concurrencyPerReplica": sizing.concurrency_per_replica(repository, stages),
             "waitingPerReplica": WAITING_PER_REPLICA,
             "kvCacheFraction": KV_CACHE_FRACTION,
         },

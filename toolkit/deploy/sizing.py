@@ -175,19 +175,28 @@ def triton_resources(
     return {"requests": {"cpu": str(cpus), "memory": memory}, "limits": {"memory": memory}}
 
 
-def concurrency_per_replica(repository: Repository) -> int:
+def batch_slots(repository: Repository, pipeline_stages: int = 1) -> int:
+    """Requests the engine runs at once: max_batch_size per micro-batch, and a pipeline-parallel engine
+    keeps one micro-batch per stage in flight (TensorRT-LLM's capacity scheduler holds
+    max_batch_size x pp requests)."""
+    return repository.limits.max_batch_size * pipeline_stages
+
+
+def concurrency_per_replica(repository: Repository, pipeline_stages: int = 1) -> int:
     """The autoscaler's default target of requests in flight per replica: SLOTS_TARGET of the engine's
-    max_batch_size. Past max_batch_size a request only queues (TTFT grows by a whole stream for every
-    max_batch_size queued), and the HPA acts only 10 % past its target: at 0.8 it starts adding a
-    replica at about 0.88 x max_batch_size, before a request queues, and the slots left absorb the
-    growth while the new replica loads. Measure your own with toolkit bench."""
-    return max(1, int(repository.limits.max_batch_size * SLOTS_TARGET))
+    batch slots. Past them a request only queues (TTFT grows by a whole stream for every slots' worth
+    queued), and the HPA acts only 10 % past its target: at 0.8 it starts adding a replica at about
+    0.88 x the slots, before a request queues, and the slots left absorb the growth while the new
+    replica loads. Measure your own with toolkit bench."""
+    return max(1, int(batch_slots(repository, pipeline_stages) * SLOTS_TARGET))
 
 
-def max_in_flight(repository: Repository) -> int:
+def max_in_flight(repository: Repository, pipeline_stages: int = 1) -> int:
     """What the API admits at once: the engine's batch slots and its waiting room, nothing Triton would take."""
     limits = repository.limits
-    return limits.max_batch_size + (limits.max_queue_size or limits.max_batch_size)
+    return batch_slots(repository, pipeline_stages) + (
+        limits.max_queue_size or limits.max_batch_size
+    )
 
 
 def checkpoint_bytes(repository: Repository) -> int:

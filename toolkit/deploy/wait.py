@@ -25,7 +25,10 @@ from toolkit.serve.launcher import check_repository
 
 POLL_S = 5.0
 REPORT_EVERY_S = 60.0
-REBUILD_ON_THE_VOLUME = "remove that folder from the volume and let the build Job write it again"
+REBUILD_ON_THE_VOLUME = (
+    "remove that folder from the volume, then run the build Job again: helm upgrade ... "
+    "--set build.rerun=$(date +%s)"
+)
 
 
 def check_repository_for(repo: Path, expected: str) -> Repository | None:
