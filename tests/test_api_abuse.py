@@ -874,15 +874,16 @@ def test_headers_pipelined_during_a_stream_are_bounded(long_engine, api_factory)
 class _FakeTriton:
     """A Triton gRPC endpoint that answers readiness (as Triton's frontend does, whatever its models do) and,
     for generation, per `mode`: "hang" (nothing, ever: a deadlocked stub, a hung GPU step), "one" (one token,
-    then nothing), "answer" (one token and the final flag), "slow" (probes at once, others after `slow_s`)."""
+    then nothing), "answer" (one token and the final flag), "slow" (probes after `probe_s`, others after
+    `slow_s`)."""
 
-    def __init__(self, mode: str = "hang", slow_s: float = 0.0):
+    def __init__(self, mode: str = "hang", slow_s: float = 0.0, probe_s: float = 0.0):
         from concurrent import futures
 
         import grpc
         from tritonclient.grpc import service_pb2_grpc
 
-        self.mode, self.slow_s = mode, slow_s
+        self.mode, self.slow_s, self.probe_s = mode, slow_s, probe_s
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self._servicer(), self.server)
         self.url = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
@@ -912,8 +913,8 @@ class _FakeTriton:
                         time.sleep(0.02)
                     if not context.is_active():
                         return
-                    if fake.mode == "slow" and not probe:
-                        time.sleep(fake.slow_s)
+                    if fake.mode == "slow":
+                        time.sleep(fake.probe_s if probe else fake.slow_s)
                     yield _token_response(request, final=True)
 
         return Servicer()
@@ -993,6 +994,18 @@ def test_an_engine_that_stops_answering_ends_its_streams_and_turns_health_red(
     assert (
         httpx.post(f"{api.url}/v1/completions", json=_completion(), timeout=30).status_code == 200
     )
+
+
+def test_slow_engine_steps_are_not_a_stalled_engine(tmp_path, api_factory, fake_triton):
+    """An engine whose steps take seconds (a big model on the CPU engine) answers a one-token check only
+    when the step in progress ends: the check must be given that long, not cut after a few seconds and
+    the engine then taken for hung."""
+    stall_s = 4.0
+    fake = fake_triton("slow", slow_s=2 * stall_s, probe_s=0.6 * stall_s)
+    api = api_factory(fake.url, _repository(tmp_path), limits=ApiLimits(stall_timeout_s=stall_s))
+    response = httpx.post(f"{api.url}/v1/completions", json=_completion(), timeout=30)
+    assert response.status_code == 200, response.text
+    assert httpx.get(f"{api.url}/health", timeout=30).status_code == 200
 
 
 def test_a_slow_first_token_is_not_a_stalled_engine(tmp_path, api_factory, fake_triton):

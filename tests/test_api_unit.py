@@ -721,25 +721,29 @@ def test_a_client_cancel_survives_the_watchdog_failing_the_stream(client_cancels
 
 # --- review fixes --------------------------------------------------------------------------------
 def test_the_text_models_finish_reason_is_stop_only_when_the_api_can_know():
-    """The text models return no token count: a re-tokenized count under max_tokens does not show that the
-    engine ended early (the engine's own tokens may be more). "stop" needs a stop string or a text too short
-    (in bytes) for max_tokens tokens; else "length"."""
+    """The text models return no token count. "stop": a stop string, a text too short (in bytes) for
+    max_tokens tokens, or a re-tokenized count clearly (10 %) under max_tokens; "length" when the count
+    is near or at max_tokens (the engine's own tokens may be a few more than the re-tokenization's)."""
     import asyncio
 
-    one_token = lambda data: 1  # noqa: E731 - a re-tokenization that counts fewer tokens than the engine made
-    pieces = [Piece(b"abc", None, False), Piece(b"def", None, True)]
-    _, generation = asyncio.run(
-        _run(_job(max_tokens=2), _FakeBackend(pieces, engine=False), one_token)
-    )
-    assert generation.completion_tokens == 1 and generation.finish_reason == "length"
-    _, generation = asyncio.run(
-        _run(_job(max_tokens=7), _FakeBackend(pieces, engine=False), one_token)
-    )
-    assert generation.finish_reason == "stop"  # 6 bytes cannot be 7 tokens: the engine ended early
-    _, generation = asyncio.run(
-        _run(_job(max_tokens=2, stops=("cd",)), _FakeBackend(pieces, engine=False), one_token)
-    )
-    assert generation.finish_reason == "stop"  # a stop string ended it
+    pieces = [Piece(b"abcdefghij", None, False), Piece(b"klmnopqrst", None, True)]  # 20 bytes
+
+    def finish(max_tokens: int, counted: int, stops=()) -> str:
+        _, generation = asyncio.run(
+            _run(
+                _job(max_tokens=max_tokens, stops=stops),
+                _FakeBackend(pieces, engine=False),
+                lambda data: counted,
+            )
+        )
+        assert generation.completion_tokens == counted
+        return generation.finish_reason
+
+    assert finish(max_tokens=2, counted=2) == "length"  # at max_tokens
+    assert finish(max_tokens=20, counted=19) == "length"  # within the margin: maybe cut
+    assert finish(max_tokens=20, counted=10) == "stop"  # far under: the engine ended
+    assert finish(max_tokens=21, counted=21) == "stop"  # 20 bytes cannot be 21 tokens
+    assert finish(max_tokens=2, counted=2, stops=("cd",)) == "stop"  # a stop string ended it
 
 
 def _bounded_protocol(http: str, app, header_timeout_s: float = 0.2):

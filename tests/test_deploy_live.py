@@ -53,7 +53,7 @@ from toolkit.repository.engines import SyntheticEngine
 from toolkit.repository.limits import RepositoryLimits
 from toolkit.repository.writer import plan_repository, write_repository
 from toolkit.serve.net import free_port
-from toolkit.subprocs import group_alive, stop_process
+from toolkit.subprocs import session_alive, stop_process
 
 from repos import launch_on_free_ports
 from tiny import make_tiny_checkpoint
@@ -534,9 +534,9 @@ def test_pod_stop_sequence_finishes_streams_and_refuses_new_ones(local_pod, live
     assert "Finished server process" in pod.log("api"), pod.log("api")
     # No tritonserver, stub, API or log-tail process is left behind (tail notices within 1 s).
     deadline = time.monotonic() + 5
-    while any(group_alive(p.pid) for p in pod.processes.values()) and time.monotonic() < deadline:
+    while any(session_alive(p.pid) for p in pod.processes.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(group_alive(p.pid) for p in pod.processes.values())
+    assert not any(session_alive(p.pid) for p in pod.processes.values())
 
 
 def stream_tokens_per_s(url: str, model: str, headers: dict) -> float:

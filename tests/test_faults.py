@@ -375,8 +375,10 @@ def test_the_exit_code_says_the_drain_timeout_cut_streams_or_not(serving, bigram
     assert api_stream.first.wait(60)
     serve.process.send_signal(signal.SIGTERM)
     code = serve.wait(HANG_BOUND_S)
-    assert code in (0, 1), serve.output()
-    assert ("while stopping" in serve.output()) == (code == 1), serve.output()
+    # tritonserver itself exits 1 when its exit timeout cuts requests: the stop the operator asked
+    # for, said as such, not an error.
+    assert code == 0 and "Error:" not in serve.output(), serve.output()
+    assert "the drain timeout (1 s, --drain-timeout) ended requests" in serve.output()
 
 
 def test_a_crash_while_draining_is_reported_not_called_a_clean_stop(serving, bigram_repo):
@@ -542,3 +544,44 @@ def test_a_non_loopback_host_without_the_api_is_refused(bigram_repo):
     result = CliRunner().invoke(cli, ["serve", "--repo", str(bigram_repo), "--host", "0.0.0.0"])
     assert result.exit_code == 1
     assert "--openai-port" in result.output and "--expose-triton" in result.output
+
+
+def test_the_openai_api_process_stops_on_sighup(bigram_repo, tmp_path):
+    """A closed terminal: `toolkit api` (and serve's API process) drains and exits, as on SIGTERM."""
+    from toolkit.api.app import ApiSettings
+    from toolkit.serve.api_process import launch_api
+    from toolkit.serve.launcher import ServerConfig, launch_server
+
+    server = launch_server(
+        ServerConfig(
+            repo=bigram_repo,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            log_file=tmp_path / "triton.log",
+        )
+    )
+    try:
+        api, _log = launch_api(
+            ApiSettings(server.grpc_url, bigram_repo), host="127.0.0.1", port=free_port()
+        )
+        api.send_signal(signal.SIGHUP)
+        assert api.wait(HANG_BOUND_S) == 0
+    finally:
+        server.stop(10)
+
+
+def test_signals_ignored_on_start_stay_ignored():
+    """nohup ignores SIGHUP so that a build or a server outlives the terminal: never undo that."""
+    from toolkit.signals import deferred_interrupts, stop_signals_raise
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_signals_raise():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+            with deferred_interrupts():
+                assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -51,29 +51,43 @@ def test_world_size_1_needs_no_mpirun():
         mpirun_command(1, lambda rank: ["tritonserver"])
 
 
-def test_stubs_under_mpirun_are_watched(tmp_path):
-    """Under mpirun the Python-backend stubs are grandchildren of the process-group leader (mpirun ->
-    tritonserver rank -> stub); serve must still find them, or a dead stub goes unnoticed."""
+def test_stubs_under_mpirun_are_watched_and_stopped(tmp_path):
+    """Under mpirun the Python-backend stubs are grandchildren of the session's leader (mpirun ->
+    tritonserver rank -> stub), and OpenMPI puts each rank in a process group of its own (setpgid):
+    serve must still find the stubs, or a dead one goes unnoticed, and stopping mpirun must end them."""
     import os
     import subprocess
+    import sys
     import time
 
     from toolkit.serve.lifecycle import STUB, python_stubs
-    from toolkit.subprocs import stop_process
+    from toolkit.subprocs import process_alive, stop_process
 
     model_py = tmp_path / "preprocessing" / "1" / "model.py"
     model_py.parent.mkdir(parents=True)
     model_py.write_text("sleep 60\n")
     stub = tmp_path / STUB
     os.symlink("/bin/sh", stub)  # a process named like the stub, whose first argument is model.py
-    leader = subprocess.Popen(  # "mpirun" -> "rank" -> stub, all in the leader's new group
-        ["/bin/sh", "-c", f"/bin/sh -c '{stub} {model_py}; :' ; :"], start_new_session=True
+    rank = (  # a rank in a process group of its own, as OpenMPI launches them
+        "import os, subprocess, sys; os.setpgid(0, 0); subprocess.run(sys.argv[1:])"
+    )
+    leader = subprocess.Popen(  # "mpirun": the session leader, as start_process starts servers
+        [sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])"]
+        + [sys.executable, "-c", rank, str(stub), str(model_py)],
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 10
         while not (found := python_stubs(leader.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert list(found.values()) == ["preprocessing"]
-        assert found.keys().isdisjoint({leader.pid})
+        (stub_pid,) = found
+        assert (
+            os.getpgid(stub_pid) != leader.pid
+        )  # outside mpirun's group: only the session holds it
     finally:
         stop_process(leader, 5)
+    deadline = time.monotonic() + 10
+    while process_alive(stub_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not process_alive(stub_pid), "a rank's stub outlived mpirun's stop"

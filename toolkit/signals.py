@@ -7,6 +7,7 @@
 - `deferred_interrupts` holds them during a short step that must finish (a swap into place).
 - `toolkit serve` replaces them while it serves: the first drains, a second stops at once
   (serve/lifecycle.py).
+A signal the process inherited as ignored (`nohup` ignores SIGHUP) stays ignored everywhere: `replace`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,22 @@ def _raise_stopped(signum, _frame) -> None:
     raise Stopped(signum)
 
 
+def replace(signals, handler) -> dict:
+    """Install `handler` for each of `signals` that is not ignored (SIG_IGN: e.g. SIGHUP under nohup,
+    which must keep a build or a server running after the terminal closes); returns the previous
+    handlers of those replaced, for `restore`."""
+    previous = {}
+    for sig in signals:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def restore(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
 @contextlib.contextmanager
 def stop_signals_raise() -> Iterator[None]:
     """SIGTERM and SIGHUP raise Stopped in the main thread while the block runs (SIGINT keeps
@@ -43,12 +60,11 @@ def stop_signals_raise() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = replace((signal.SIGTERM, signal.SIGHUP), _raise_stopped)
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore(previous)
 
 
 @contextlib.contextmanager
@@ -65,13 +81,8 @@ def deferred_interrupts() -> Iterator[list[int]]:
     if threading.current_thread() is not threading.main_thread():
         yield arrived
         return
-    held = STOP_SIGNALS
-    previous = {
-        signum: signal.signal(signum, lambda signum, _frame: arrived.append(signum))
-        for signum in held
-    }
+    previous = replace(STOP_SIGNALS, lambda signum, _frame: arrived.append(signum))
     try:
         yield arrived
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        restore(previous)

@@ -1,12 +1,15 @@
-"""Starting and stopping what we started: every tool and server runs in its own session (process group).
+"""Starting and stopping what we started: every tool and server runs in its own session.
 
 A child gets the parent-death signal (it is killed when the toolkit process dies, even by SIGKILL),
-and stopping it ends its whole group: the processes it started too (Python-backend stubs, MPI ranks),
-also when the leader has already exited.
+and stopping it ends its whole session: the processes it started too (Python-backend stubs, MPI
+ranks), also when the leader has already exited. The session, not the process group: mpirun puts
+each rank in a process group of its own (setpgid), but every process stays in the session unless it
+calls setsid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -45,54 +48,49 @@ def _die_with_parent() -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
-        pass  # not Linux: the process group is still stopped on every exit we see
+        pass  # not Linux: the session is still stopped on every exit we see
 
 
 def stop_process(process: subprocess.Popen, timeout_s: float = 20.0) -> int | None:
-    """terminate -> wait -> kill, for the whole process group the child leads (start_new_session=True).
+    """terminate -> wait -> kill, for the whole session the child leads (start_new_session=True).
 
-    The group is ended even when the leader is gone already: a tritonserver killed by a signal leaves
-    its stubs behind in its group, and they must not outlive us.
+    The session is ended even when the leader is gone already: a tritonserver killed by a signal leaves
+    its stubs behind in it, and they must not outlive us.
     """
     if process.poll() is None:
-        signal_group(process.pid, signal.SIGTERM)
+        signal_session(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            signal_group(process.pid, signal.SIGKILL)
+            signal_session(process.pid, signal.SIGKILL)
             process.wait(10)
-    end_group(process.pid, grace_s=min(timeout_s, 5.0))
+    end_session(process.pid, grace_s=min(timeout_s, 5.0))
     return process.returncode
 
 
-def end_group(pgid: int, grace_s: float = 5.0) -> None:
-    """SIGTERM what is left of a process group, then SIGKILL what is still there after `grace_s`."""
-    if not group_alive(pgid):
+def end_session(sid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM what is left of a session, then SIGKILL what is still there after `grace_s`."""
+    if not session_alive(sid):
         return
-    signal_group(pgid, signal.SIGTERM)
+    signal_session(sid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while group_alive(pgid) and time.monotonic() < deadline:
+    while session_alive(sid) and time.monotonic() < deadline:
         time.sleep(_GROUP_GONE_POLL_S)
-    signal_group(pgid, signal.SIGKILL)
+    signal_session(sid, signal.SIGKILL)
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of the group still runs (zombies of our own children excepted)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return any(_state(pid) not in ("Z", None) for pid in group_members(pgid))
+def session_alive(sid: int) -> bool:
+    """Whether any process of the session still runs (zombies of our own children excepted)."""
+    return any(_state(pid) not in ("Z", None) for pid in session_members(sid))
 
 
-def group_members(pgid: int) -> list[int]:
+def session_members(sid: int) -> list[int]:
+    """Every process of the session `sid` (a child started with start_new_session: its pid), from /proc."""
     members = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = _stat_fields(int(entry))
-            if fields and int(fields[2]) == pgid:
+            if fields and int(fields[3]) == sid:
                 members.append(int(entry))
     return members
 
@@ -115,15 +113,17 @@ def command_line(pid: int) -> list[str]:
         return []
 
 
-def signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def signal_session(sid: int, sig: int) -> None:
+    """`sig` to every process of the session: its leader's group at once, then any other group in it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(sid, sig)
+    for pid in session_members(sid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def _stat_fields(pid: int) -> list[str] | None:
-    """state, ppid, pgrp, ... of /proc/PID/stat (the fields after the command name)."""
+    """state, ppid, pgrp, session, ... of /proc/PID/stat (the fields after the command name)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

@@ -13,6 +13,9 @@ from toolkit.api.metrics import ApiMetrics
 from toolkit.api.stops import StopScanner
 from toolkit.api.triton import Sampling, TritonBackend
 
+# The text models (ensemble, BLS): a re-tokenized count under this share of max_tokens is an early end.
+RETOKENIZED_MARGIN = 0.9
+
 
 @dataclass(frozen=True)
 class Job:
@@ -106,16 +109,19 @@ class Generation:
         self.metrics.completion_tokens.inc(self.completion_tokens)
 
     def _ended_early(self, text: bytes) -> bool:
-        """Whether the engine certainly ended before max_tokens (an end token or stop word).
+        """Whether the engine ended before max_tokens (an end token or stop word).
 
         The engine contract counts the engine's own tokens: fewer than max_tokens is an early end. The text
-        contract gives bytes only, and a re-tokenized count below max_tokens does not show one (the engine's
-        tokens may be more); what does is a text of fewer bytes than max_tokens, since every token but a
-        special one (the text leaves those out) is at least one byte. Anything else may have been cut at
-        max_tokens: "length"."""
+        contract gives bytes only. A text of fewer bytes than max_tokens proves an early end (every token
+        but a special one, which the text leaves out, is at least one byte). Otherwise the re-tokenized
+        count is an estimate of the engine's (a sampled answer may split differently, by a few percent):
+        clearly under max_tokens (RETOKENIZED_MARGIN) is taken as an early end, near or over it as a cut."""
         if self.count_tokens is None:
             return self.completion_tokens < self.job.max_tokens
-        return len(text) < self.job.max_tokens
+        return (
+            len(text) < self.job.max_tokens
+            or self.completion_tokens < RETOKENIZED_MARGIN * self.job.max_tokens
+        )
 
     def usage(self) -> dict:
         return {

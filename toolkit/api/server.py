@@ -5,7 +5,6 @@ an application that embeds the API)."""
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from toolkit.api.app import ApiSettings, create_app
 from toolkit.api.connection import bounded_protocol
 from toolkit.errors import ServerError
 from toolkit.settings import EXIT_TIMEOUT_S
+from toolkit.signals import STOP_SIGNALS, replace, restore
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9000
@@ -64,18 +64,16 @@ def run_api(
     # uvicorn re-raises the signal it drained on once it is done, which would end a clean drain as
     # "killed by SIGTERM" (exit 143 in a pod). Handlers of ours receive that re-raise instead; before
     # uvicorn installs its own, they ask it to exit.
-    stop_signals = (signal.SIGINT, signal.SIGTERM)
+    # SIGHUP too (a closed terminal): uvicorn's own handlers take SIGINT and SIGTERM only.
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {
-            sig: signal.signal(sig, lambda _signum, _frame: setattr(server, "should_exit", True))
-            for sig in stop_signals
-        }
+        previous = replace(
+            STOP_SIGNALS, lambda _signum, _frame: setattr(server, "should_exit", True)
+        )
     try:
         server.run()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore(previous)
     if not server.started:
         raise ServerError(
             f"the API could not start on {host}:{port}",

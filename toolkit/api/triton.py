@@ -8,6 +8,7 @@ gRPC call, Triton marks the request cancelled, and the engine stops generating f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import secrets
@@ -192,7 +193,11 @@ class TritonBackend:
         # The checks come well within the stall timeout, so that a live engine answers one in time.
         self._probe_after_s = min(STALL_S, stall_timeout_s / 4)
         self._probe_every_s = min(PROBE_INTERVAL_S, stall_timeout_s / 4)
-        self._probe_timeout_s = min(PROBE_TIMEOUT_S, stall_timeout_s / 2)
+        # A check waits behind the step in progress and answers when the next one ends: with slow steps
+        # (a big model on the CPU engine: seconds each) that takes long, and an unanswered check is no
+        # evidence of a hang. So a check stays out as long as the stall timeout; a caller that must not
+        # wait that long (/health) waits PROBE_TIMEOUT_S for it.
+        self._probe_timeout_s = stall_timeout_s
         self._watch_every_s = min(WATCH_INTERVAL_S, stall_timeout_s / 8)
 
     async def start(self) -> None:
@@ -236,10 +241,11 @@ class TritonBackend:
     async def check_engine(self) -> None:
         """Send a one-token request (one at a time, at most every PROBE_INTERVAL_S): a fatal error records the
         fault and ends every open stream, an answer clears the fault and the stall, no answer in time (busy)
-        changes nothing."""
+        changes nothing. Waits for the check at most PROBE_TIMEOUT_S (it goes on in the background)."""
         probe = self._start_probe()
         if probe is not None:
-            await asyncio.shield(probe)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(probe), PROBE_TIMEOUT_S)
 
     def _start_probe(self) -> asyncio.Task | None:
         """The check running now, or a new one; None when the last one ended too recently."""

@@ -19,6 +19,7 @@ from toolkit.repository.sources import sources_digest
 from toolkit.serve.binary import TritonBinary, find_tritonserver
 from toolkit.serve.net import check_port_free, client_host, http_ok
 from toolkit.settings import EXIT_TIMEOUT_S, cache_dir, child_environment
+from toolkit.signals import deferred_interrupts
 from toolkit.subprocs import process_alive, start_process, stop_process, tail_lines
 
 
@@ -211,7 +212,8 @@ def launch_server(
     try:
         wait_until_ready(server, on_wait)
     except BaseException:
-        server.stop(10)
+        with deferred_interrupts():  # a second Ctrl-C must not abandon this stop
+            server.stop(10)
         raise
     return server
 

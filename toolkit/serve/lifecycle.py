@@ -4,13 +4,13 @@
     session.run_until_stopped(on_event) -> None          blocks; SIGINT/SIGTERM/SIGHUP drain and stop
                                                           (a second one stops at once: Stopped);
                                                           ServerError when a part dies on its own
-    session.kill() -> None                                SIGKILL every process group, at once
+    session.kill() -> None                                SIGKILL every process we started, at once
 
 A dead part is never left behind a healthy-looking front: when tritonserver exits, the API exits,
 or a model's Python-backend stub dies (the engine, pre/postprocessing, BLS), everything is stopped
 (open streams end with an error as their connections close) and ServerError names what died, also
 when it dies while a stop signal is being handled. No process of ours outlives the session: each
-child's whole process group is ended on every exit; a stop signal during start-up ends what started
+child's whole session (toolkit.subprocs) is ended on every exit; a stop signal during start-up ends what started
 (SIGTERM and SIGHUP raise there, toolkit/signals.py).
 """
 
@@ -28,12 +28,12 @@ from toolkit.errors import ServerError
 from toolkit.serve.launcher import RunningServer, ServerConfig, launch_server, log_tail
 from toolkit.serve.net import check_port_free, client_host
 from toolkit.settings import ApiLimits
-from toolkit.signals import STOP_SIGNALS, Stopped
+from toolkit.signals import STOP_SIGNALS, Stopped, deferred_interrupts, replace, restore
 from toolkit.subprocs import (
     command_line,
-    group_members,
     process_alive,
-    signal_group,
+    session_members,
+    signal_session,
     stop_process,
     tail_lines,
 )
@@ -85,7 +85,7 @@ class ServeSession:
 
     def run_until_stopped(self, on_event: Callable[[str], None] = lambda _: None) -> None:
         """Block until a stop signal (then drain and stop: returns) or until a part dies (ServerError)."""
-        previous = {sig: signal.signal(sig, self._request_stop) for sig in STOP_SIGNALS}
+        previous = replace(STOP_SIGNALS, self._request_stop)
         try:
             while self.stop_requested is None:
                 failure = self.check()
@@ -105,12 +105,17 @@ class ServeSession:
             server_code, api_code = self.stop()
             if self.forced is not None:
                 raise Stopped(self.forced)
+            if server_code == 1 and _drain_cut(self.server.log_file):
+                on_event(
+                    f"[yellow]the drain timeout ({self.server.config.exit_timeout_s:g} s, --drain-timeout) "
+                    "ended requests that were still running[/]"
+                )
+                server_code = 0  # what the operator asked for, not a crash
             failure = _stopped_badly(server_code, api_code)
             if failure:
                 raise ServerError(failure, hint=f"read the server log: {self.server.log_file}")
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            restore(previous)
 
     def check(self) -> str | None:
         """What has died on its own, or None while everything runs."""
@@ -150,10 +155,10 @@ class ServeSession:
         return codes["server"], codes["api"]
 
     def kill(self) -> None:
-        """SIGKILL every process group of the session now (a second stop signal, or a failed start)."""
+        """SIGKILL every process of tritonserver's and the API's sessions now (a second stop signal)."""
         for process in (self.server.process, self.api):
             if process is not None:
-                signal_group(process.pid, signal.SIGKILL)
+                signal_session(process.pid, signal.SIGKILL)
 
     def stop_after_fault(self) -> None:
         """Stop at once: requests on a dead part never finish, so draining would only hold clients for
@@ -187,7 +192,8 @@ def start_serving(
     try:
         return _start_api(ServeSession(options, server, stubs=python_stubs(server.pid)), detached)
     except BaseException:  # a failed API, or a stop signal: nothing that started may stay
-        server.stop(10)
+        with deferred_interrupts():  # a second signal must not abandon this stop
+            server.stop(10)
         raise
 
 
@@ -216,6 +222,11 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
     return session
 
 
+def _drain_cut(log_file: Path) -> bool:
+    """Whether tritonserver's exit code 1 is its drain timeout running out (it then cancels what runs)."""
+    return any("Exit timeout expired" in line for line in tail_lines(log_file, 40))
+
+
 def _stopped_badly(server_code: int | None, api_code: int | None) -> str | None:
     """Why a requested stop did not end cleanly: tritonserver or the API exiting with an error (a crash
     while draining), not 0 after the drain or our own SIGTERM/SIGKILL past the drain timeout."""
@@ -228,11 +239,12 @@ def _stopped_badly(server_code: int | None, api_code: int | None) -> str | None:
 
 
 def python_stubs(server_pid: int) -> dict[int, str]:
-    """The Python-backend stub processes in a tritonserver's process group, by model (their first argument
-    is the model's model.py path: <repo>/<model>/<version>/model.py). The group, not the children: under
-    mpirun (tensor parallel) the stubs are grandchildren of the group's leader."""
+    """The Python-backend stub processes in a tritonserver's session, by model (their first argument is the
+    model's model.py path: <repo>/<model>/<version>/model.py). The session, not the children nor the
+    process group: under mpirun (tensor parallel) the stubs are grandchildren of the leader, in the
+    process group mpirun made for their rank."""
     stubs = {}
-    for pid in group_members(server_pid):
+    for pid in session_members(server_pid):
         argv = command_line(pid)
         if argv and Path(argv[0]).name == STUB and len(argv) > 1:
             stubs[pid] = Path(argv[1]).parent.parent.name
