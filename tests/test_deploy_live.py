@@ -429,7 +429,11 @@ def test_pod_serves_on_the_ports_its_probes_and_services_name(local_pod, live):
     listening = listening_addresses()
     assert listening[ports["tritonHttp"]] == listening[ports["tritonGrpc"]] == {"127.0.0.1"}
     assert listening[ports["metrics"]] <= {"0.0.0.0", "::"}
-    assert "Started HTTPService" in pod.log("triton")  # tritonserver's log reaches stdout
+    # tritonserver's log reaches stdout (through `tail -F -s 1`, which polls the file each second).
+    deadline = time.monotonic() + 15
+    while "Started HTTPService" not in pod.log("triton") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "Started HTTPService" in pod.log("triton")
     template = server_deployment(docs)["spec"]["template"]
     service = find(docs, "Service", "llm")["spec"]["ports"][0]
     api_port = pod.port(container(template["spec"], "api"), service["targetPort"])

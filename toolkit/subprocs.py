@@ -58,7 +58,10 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 20.0) -> int | No
     its stubs behind in it, and they must not outlive us.
     """
     if process.poll() is None:
-        signal_session(process.pid, signal.SIGTERM)
+        # SIGTERM once, to the leader's group (tritonserver and its stubs; mpirun, which forwards it to
+        # its ranks): a process that gets it twice may take the second as "stop at once".
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -114,10 +117,14 @@ def command_line(pid: int) -> list[str]:
 
 
 def signal_session(sid: int, sig: int) -> None:
-    """`sig` to every process of the session: its leader's group at once, then any other group in it."""
+    """`sig` to every process of the session, once each: its leader's group at once, then the
+    processes of any other group in it (mpirun's ranks)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(sid, sig)
     for pid in session_members(sid):
+        fields = _stat_fields(pid)
+        if fields is None or int(fields[2]) == sid:
+            continue  # gone, or in the leader's group: signalled above
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
