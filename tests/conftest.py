@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
+
+# The tests send SIGINT and SIGHUP to what they start, and the toolkit keeps a signal it inherited as
+# ignored ignored (nohup's SIGHUP; SIGINT of a shell's background job). A runner that starts the suite
+# so (`nohup ... &` in a script) would pass that on to every process: restore the defaults here, which
+# the processes the tests start inherit.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.fixture(autouse=True)
