@@ -36,7 +36,9 @@ ENGINE_MODEL = c.ENGINE  # the engine contract: token ids in, token ids out
 # stub died ("Stub process 'tensorrt_llm_0_0' is not healthy."), or the model was unloaded.
 FATAL_ERRORS = ("is not healthy", "Request for unknown model", "has no available versions")
 STALL_S = 5.0  # a stream without a response this long makes the backend check that its engine still answers
-PROBE_TIMEOUT_S = 5.0  # no answer to the check by then: a busy engine, not (yet) a dead one
+PROBE_TIMEOUT_S = (
+    5.0  # how long /health waits for a check (which itself may run to the stall timeout)
+)
 PROBE_INTERVAL_S = 5.0  # at most one check this often, however many streams or health calls ask
 WATCH_INTERVAL_S = 1.0
 # Nothing from the engine, on any request or check, this long while a request waits: the engine does not
@@ -193,11 +195,6 @@ class TritonBackend:
         # The checks come well within the stall timeout, so that a live engine answers one in time.
         self._probe_after_s = min(STALL_S, stall_timeout_s / 4)
         self._probe_every_s = min(PROBE_INTERVAL_S, stall_timeout_s / 4)
-        # A check waits behind the step in progress and answers when the next one ends: with slow steps
-        # (a big model on the CPU engine: seconds each) that takes long, and an unanswered check is no
-        # evidence of a hang. So a check stays out as long as the stall timeout; a caller that must not
-        # wait that long (/health) waits PROBE_TIMEOUT_S for it.
-        self._probe_timeout_s = stall_timeout_s
         self._watch_every_s = min(WATCH_INTERVAL_S, stall_timeout_s / 8)
 
     async def start(self) -> None:
@@ -266,7 +263,11 @@ class TritonBackend:
         try:
             await asyncio.wait_for(
                 self._consume(self.generate("a", ids, 1, _GREEDY, watched=False)),
-                self._probe_timeout_s,
+                # A check waits behind the step in progress and answers when the next one ends: with
+                # slow steps (a big model on the CPU engine: seconds each) that takes long, and an
+                # unanswered check is no evidence of a hang. So it stays out as long as the stall
+                # timeout; a caller that must not wait that long (/health) waits PROBE_TIMEOUT_S.
+                self.stall_timeout_s,
             )
         except (asyncio.TimeoutError, InferenceFailed, TritonUnavailable):
             pass  # a fatal error has been recorded by generate; anything else says nothing of the engine

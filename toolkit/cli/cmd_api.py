@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -14,11 +15,31 @@ from toolkit.serve.net import is_loopback
 from toolkit.settings import BODY_READ_BUDGET_BODIES, EXIT_TIMEOUT_S, ApiLimits
 from toolkit.settings import api_keys as read_api_keys
 
+# The options api_limit_options adds, in api_limits' order.
+LIMIT_OPTIONS = (
+    "header_timeout",
+    "body_timeout",
+    "max_body_mib",
+    "body_read_budget_mib",
+    "send_timeout",
+    "stall_timeout",
+)
+
 
 def api_limit_options(function):
     """--header-timeout, --body-timeout, --max-body-mib, --body-read-budget-mib, --send-timeout,
-    --stall-timeout (toolkit.settings.ApiLimits), for `api` and `serve`."""
+    --stall-timeout (toolkit.settings.ApiLimits), for `api` and `serve`: the command gets them as one
+    argument, `limits` (an ApiLimits; its checks run when the command is invoked)."""
+
+    command = function
+
+    @functools.wraps(command)
+    def with_limits(*args, **kwargs):
+        kwargs["limits"] = api_limits(*(kwargs.pop(name) for name in LIMIT_OPTIONS))
+        return command(*args, **kwargs)
+
     defaults = ApiLimits()
+    function = with_limits
     for option in reversed(
         (
             click.option(
@@ -165,12 +186,7 @@ def command(
     model_name,
     served_model_name,
     max_in_flight,
-    header_timeout,
-    body_timeout,
-    max_body_mib,
-    body_read_budget_mib,
-    send_timeout,
-    stall_timeout,
+    limits,
     event_loop,
     http_impl,
     log_level,
@@ -192,14 +208,6 @@ def command(
             )
     keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
-    limits = api_limits(
-        header_timeout,
-        body_timeout,
-        max_body_mib,
-        body_read_budget_mib,
-        send_timeout,
-        stall_timeout,
-    )
     settings = ApiSettings(
         triton_url, repo, model_name, served_model_name, keys, max_in_flight, limits=limits
     )
@@ -219,6 +227,7 @@ def command(
                 "max_body_bytes": limits.max_body_bytes,
                 "body_read_budget_bytes": limits.read_budget_bytes,
                 "send_timeout_s": limits.send_timeout_s,
+                "stall_timeout_s": limits.stall_timeout_s,
                 "loop": event_loop,
                 "http": http_impl,
                 "drain_timeout_s": drain_timeout,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.cmd_api import api_limit_options, api_limits
+from toolkit.cli.cmd_api import api_limit_options
 from toolkit.cli.options import api_key_options, reject_api_key_value
 from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
@@ -104,12 +104,7 @@ def command(
     api_key_files,
     api_key,
     max_in_flight,
-    header_timeout,
-    body_timeout,
-    max_body_mib,
-    body_read_budget_mib,
-    send_timeout,
-    stall_timeout,
+    limits,
     expose_triton,
     allow_modified,
     ready_timeout,
@@ -147,14 +142,7 @@ def command(
         api_host=host,
         api_keys=keys,
         max_in_flight=max_in_flight,
-        api_limits=api_limits(
-            header_timeout,
-            body_timeout,
-            max_body_mib,
-            body_read_budget_mib,
-            send_timeout,
-            stall_timeout,
-        ),
+        api_limits=limits,
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
         session = start_serving(
