@@ -45,19 +45,19 @@ TEXT = "The quick brown fox jumps over the lazy dog. "
 
 def write_repository(folder: Path, max_input_len: int) -> Path:
     """A synthetic repository of the embedded default: its tokenizer and template, no weights needed."""
+    from toolkit.build import plan_local_repository
+    from toolkit.build_settings import BuildSettings
     from toolkit.model.sources import resolve_model
-    from toolkit.repository.engines import SyntheticEngine
-    from toolkit.repository.limits import RepositoryLimits
-    from toolkit.repository.writer import plan_repository, write_repository
+    from toolkit.repository.writer import write_repository
 
     model = resolve_model("smollm2-135m-instruct", progress=False)
-    limits = RepositoryLimits().overridden(
+    settings = BuildSettings(
         max_input_len=max_input_len,
         max_output_len=256,
         max_seq_len=max_input_len + 256,
         kv_cache_tokens=max_input_len + 256,
     )
-    return write_repository(plan_repository(model, SyntheticEngine(), folder, limits)).path
+    return write_repository(plan_local_repository(model, folder, "synthetic", settings)).path
 
 
 class ApiProcess:

@@ -97,20 +97,17 @@ def main() -> int:
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
+    from toolkit.build import plan_local_repository
+    from toolkit.build_settings import BuildSettings
     from toolkit.model.sources import resolve_model
-    from toolkit.repository.engines import CpuEngine
-    from toolkit.repository.limits import RepositoryLimits
-    from toolkit.repository.writer import plan_repository, write_repository
+    from toolkit.repository.writer import write_repository
     from toolkit.serve.launcher import ServerConfig, launch_server
     from toolkit.serve.net import free_port
 
     model = resolve_model("smollm2-135m-instruct", progress=False)
     workdir = Path(tempfile.mkdtemp(prefix="cpu-engine-bench-"))
-    write_repository(
-        plan_repository(
-            model, CpuEngine(), workdir / "repo", RepositoryLimits(kv_cache_tokens=32768)
-        )
-    )
+    settings = BuildSettings(kv_cache_tokens=32768)
+    write_repository(plan_local_repository(model, workdir / "repo", "cpu", settings))
     server = launch_server(
         ServerConfig(
             repo=workdir / "repo",

@@ -44,21 +44,24 @@ class ServedRepo:
 def served_repo(tmp_path_factory):
     """Build the embedded default's CPU repository once and serve it for the whole session."""
     from toolkit.model.sources import resolve_model
-    from toolkit.repository.engines import CpuEngine
-    from toolkit.repository.limits import RepositoryLimits
-    from toolkit.repository.writer import plan_repository, write_repository
     from toolkit.serve.launcher import ServerConfig, launch_server
+
+    from repos import python_repository
 
     home = Path(os.environ.get("TOOLKIT_TEST_HOME") or tmp_path_factory.mktemp("served-home"))
     previous = os.environ.get("TOOLKIT_HOME")
     os.environ["TOOLKIT_HOME"] = str(home)
     try:
         model = resolve_model("smollm2-135m-instruct", progress=False)
-        limits = RepositoryLimits(
-            max_input_len=512, max_output_len=256, max_seq_len=1024, kv_cache_tokens=16384
-        )
         repo = tmp_path_factory.mktemp("served") / "repo"
-        write_repository(plan_repository(model, CpuEngine(num_threads=0), repo, limits))
+        python_repository(
+            model,
+            repo,
+            max_input_len=512,
+            max_output_len=256,
+            max_seq_len=1024,
+            kv_cache_tokens=16384,
+        )
         config = ServerConfig(
             repo=repo,
             http_port=free_port(),

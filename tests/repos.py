@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from toolkit.build import plan_local_repository
+from toolkit.build_settings import BuildSettings
 from toolkit.model.sources import ResolvedModel
-from toolkit.repository.engines import CpuEngine, SyntheticEngine
-from toolkit.repository.limits import RepositoryLimits
-from toolkit.repository.writer import plan_repository, write_repository
+from toolkit.repository.writer import write_repository
 from toolkit.serve.launcher import RunningServer, ServerConfig, launch_server
 from toolkit.serve.net import free_port
 
@@ -40,14 +40,20 @@ def config_only_checkpoint(
     return folder
 
 
+def python_repository(model: ResolvedModel, output: Path, target: str = "cpu", **settings) -> Path:
+    """A repository of a checkpoint on disk for a Python target, written by the toolkit's own writer."""
+    return write_repository(
+        plan_local_repository(model, output, target, BuildSettings(**settings))
+    ).path
+
+
 def write_test_repository(
     checkpoint: Path,
     output: Path,
     *,
     source: str | None = None,
     synthetic: bool = False,
-    decoupled: bool = True,
-    **limits,
+    **settings,
 ) -> Path:
     """A repository of `checkpoint` (cpu engine, or the synthetic one) with small limits."""
     defaults = {
@@ -57,23 +63,18 @@ def write_test_repository(
         "kv_cache_tokens": 1024,
         "max_batch_size": 8,
     }
-    engine = SyntheticEngine() if synthetic else CpuEngine()
     model = ResolvedModel(checkpoint, source or f"local:{checkpoint}", None)
-    plan = plan_repository(
-        model,
-        engine,
-        output,
-        RepositoryLimits().overridden(**{**defaults, **limits}),
-        decoupled=decoupled,
-    )
-    return write_repository(plan).path
+    target = "synthetic" if synthetic else "cpu"
+    return python_repository(model, output, target, **{**defaults, **settings})
 
 
 def gpu_engine_plan(model: str, target: str | None = "h100-sxm", **options):
     """The engine build that `toolkit build` plans for these flags (through the library's one build entry)."""
     from toolkit.build import BuildRequest, plan_build
 
-    return plan_build(BuildRequest(model=str(model), target=target, **options)).engine_build
+    return plan_build(
+        BuildRequest.make(model=str(model), target=target, **options)
+    ).planned.engine_build
 
 
 def launch_on_free_ports(

@@ -25,13 +25,10 @@ import pytest
 
 from toolkit.api import ApiSettings, run_api_in_background
 from toolkit.model.sources import ResolvedModel
-from toolkit.repository.engines import SyntheticEngine
-from toolkit.repository.limits import RepositoryLimits
-from toolkit.repository.writer import plan_repository, write_repository
 from toolkit.serve.net import free_port
 from toolkit.settings import ApiLimits
 
-from repos import config_only_checkpoint, launch_on_free_ports
+from repos import config_only_checkpoint, launch_on_free_ports, python_repository
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(180)]
 
@@ -89,13 +86,7 @@ def _repository(root: Path, *, step_time_ms: float = 20.0, **limits) -> Path:
     }
     sizes["kv_cache_tokens"] = max(4096, sizes["max_seq_len"])
     model = ResolvedModel(_checkpoint(root / "checkpoint"), f"hf:test/{MODEL}", None)
-    plan = plan_repository(
-        model,
-        SyntheticEngine(step_time_ms=step_time_ms),
-        root / "repo",
-        RepositoryLimits().overridden(**sizes),
-    )
-    return write_repository(plan).path
+    return python_repository(model, root / "repo", "synthetic", step_time_ms=step_time_ms, **sizes)
 
 
 def _serve(repo: Path, log_dir: Path):

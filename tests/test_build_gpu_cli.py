@@ -18,11 +18,11 @@ from toolkit.serve.binary import find_tritonserver
 from toolkit.serve.launcher import (
     ServerConfig,
     check_repository,
-    engine_preflight,
     launch_server,
     server_command,
 )
 from toolkit.serve.net import free_port
+from toolkit.targets import target_for
 
 from fakes import fake_checkpoint, install_fake_trtllm
 from tiny import make_tiny_checkpoint
@@ -108,9 +108,16 @@ def test_build_refuses_an_engine_dir_holding_other_files(monkeypatch, tmp_path, 
     ]
 
 
-def test_cpu_only_flags_are_named_when_used_with_a_gpu_flag_on_cpu():
+def test_gpu_flags_are_named_when_used_on_cpu():
     result = invoke("build", "--target", "cpu", "--dtype", "fp8")
-    assert result.exit_code != 0 and "--dtype only applies to GPU targets" in result.output
+    assert result.exit_code == 1
+    assert "--dtype fp8: the cpu target runs fp32" in result.output and "fix:" in result.output
+    result = invoke("build", "--target", "cpu", "--tp", "2", "--target-input-len", "64")
+    assert result.exit_code == 1
+    assert (
+        "--tp, --target-input-len do not apply to --target cpu (only to gpu targets)"
+        in result.output
+    )
 
 
 @pytest.fixture
@@ -165,12 +172,12 @@ def test_build_packages_the_engine_and_serve_preflights_it(
     assert engine.max_batch_size == data["plan"]["max_batch_size"]
     for name in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls"):
         assert parse_pbtxt((repo / name / "config.pbtxt").read_text()).name == name
-    info = engine_preflight(repository)
-    assert info.world_size == tp
+    world_size = target_for(repository).preflight(repository)
+    assert world_size == tp
     config = ServerConfig(
         repo=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()
     )
-    argv = server_command(find_tritonserver(), config, info.world_size)
+    argv = server_command(find_tritonserver(), config, world_size)
     if tp == 2:
         assert argv[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and argv.count(":") == 1
         rank1 = argv[argv.index(":") + 1 :]

@@ -35,14 +35,14 @@ from toolkit.deploy.fingerprint import fingerprint
 from toolkit.deploy.probe import TIMEOUT_S as PROBE_TIMEOUT_S
 from toolkit.deploy.wait import check_repository_for, wait_for_repository
 from toolkit.errors import DeployError, RepositoryError
+from toolkit.model.facts import facts_from_config
 from toolkit.model.sources import ResolvedModel
-from toolkit.plan.gpus import GPU_PROFILES
-from toolkit.repository.engines import CpuEngine
-from toolkit.repository.limits import RepositoryLimits
+from toolkit.plan.gpus import GPU_PROFILES, get_gpu
+from toolkit.plan.memory import plan_memory
 from toolkit.repository.reader import open_repository
-from toolkit.repository.writer import plan_repository, write_repository
 
 from fakes import fake_checkpoint, install_fake_trtllm
+from repos import python_repository
 from tiny import make_tiny_checkpoint
 
 DATA = Path(__file__).parent / "data"
@@ -184,12 +184,14 @@ def cpu_repo(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("cpu")
     checkpoint = make_tiny_checkpoint(tmp / "checkpoint")
     model = ResolvedModel(checkpoint, "hf:acme/tiny-llama", HUB_REVISION)
-    limits = RepositoryLimits(
-        max_input_len=128, max_output_len=64, max_seq_len=256, kv_cache_tokens=1024
+    return python_repository(
+        model,
+        tmp / "volume" / "repo",
+        max_input_len=128,
+        max_output_len=64,
+        max_seq_len=256,
+        kv_cache_tokens=1024,
     )
-    return write_repository(
-        plan_repository(model, CpuEngine(), tmp / "volume" / "repo", limits)
-    ).path
 
 
 @pytest.fixture(scope="module")
@@ -742,7 +744,7 @@ def test_h100_fp8_deployment_renders_and_every_object_validates(gpu_render):
     # Built on the Triton container that carries TensorRT-LLM 0.20.0, the release of the engines.
     assert triton["image"] == f"{IMAGE}:0.1.0-25.06-trtllm-python-py3"
     assert {"name": "OMPI_MCA_btl_vader_single_copy_mechanism", "value": "none"} in triton["env"]
-    assert triton["resources"]["limits"]["nvidia.com/gpu"] == 2 == manifest.engine["world_size"]
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == 2 == manifest.engine.world_size
     term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
@@ -975,7 +977,7 @@ def test_cpu_repository_with_gpu_settings_is_refused(cpu_repo, tmp_path):
 
 def test_gpu_repository_with_a_missing_engine_is_refused(gpu_repo, tmp_path):
     repo = hub_variant(gpu_repo, tmp_path)
-    engine = Path(open_repository(repo).manifest.engine["engine_dir"])
+    engine = Path(open_repository(repo).manifest.engine.parameters["engine_dir"])
     moved = tmp_path / "rank1.engine"
     shutil.move(engine / "rank1.engine", moved)
     try:
@@ -1161,14 +1163,19 @@ def test_fingerprint_ignores_where_a_repository_is_but_not_what_it_serves(cpu_re
     changed = type(manifest).from_dict(data, cpu_repo / "manifest.json")
     assert fingerprint(changed) != fingerprint(manifest)
     gpu = json.loads(json.dumps(manifest.to_dict()))
-    gpu["engine"] = {"kind": "tensorrtllm", "engine_dir": "/a", "world_size": 2}
-    elsewhere = {**gpu, "engine": {**gpu["engine"], "engine_dir": "/b"}}
+    gpu["engine"] = {"kind": "tensorrtllm", "world_size": 2, "parameters": {"engine_dir": "/a"}}
+    elsewhere = {**gpu, "engine": {**gpu["engine"], "parameters": {"engine_dir": "/b"}}}
     read = lambda d: type(manifest).from_dict(d, cpu_repo / "manifest.json")  # noqa: E731
     assert fingerprint(read(gpu)) == fingerprint(read(elsewhere))
-    planned = {**gpu, "memory_plan": {"model": "llama-3.1-8b-instruct", "kv_tokens": 1000}}
-    renamed = {**planned, "memory_plan": {"model": "Llama-3.1-8B-Instruct", "kv_tokens": 1000}}
+    plan = plan_memory(
+        facts_from_config(json.loads(LLAMA_8B.read_text())),
+        get_gpu("h100-sxm"),
+        model="llama-3.1-8b-instruct",
+    ).to_dict()
+    planned = {**gpu, "memory_plan": plan}
+    renamed = {**planned, "memory_plan": {**plan, "model": "Llama-3.1-8B-Instruct"}}
     assert fingerprint(read(planned)) == fingerprint(read(renamed))  # a display name serves nothing
-    bigger = {**planned, "memory_plan": {"model": "llama-3.1-8b-instruct", "kv_tokens": 2000}}
+    bigger = {**planned, "memory_plan": {**plan, "kv_cache_tokens": plan["kv_cache_tokens"] + 64}}
     assert fingerprint(read(planned)) != fingerprint(read(bigger))
 
 
@@ -1252,22 +1259,23 @@ def test_rule_metrics_are_the_tensorrt_llm_backends_own_names(gpu_render):
         assert set(exporter) <= set(record["labels_on_every_metric"]), where
 
 
-def test_build_job_takes_a_shipped_recipe_for_settings_no_flag_sets():
-    from toolkit.deploy.reproduce import _recipe_arguments
-    from toolkit.engine.recipe import load_recipe
+def test_the_build_job_sets_every_build_setting_the_manifest_records(gpu_render):
+    """Each setting the build resolved (recipe-only ones included: scheduler policy, KV reuse, free
+    memory share) reaches the build Job as its own flag, so the Job plans the same engine."""
+    from toolkit.cli.options import pop_settings
 
-    shipped = load_recipe("llama-3.1-8b-instruct-h100-sxm-fp8").to_dict()
-    assert (
-        shipped["kv_cache_free_gpu_mem_fraction"] is not None
-    )  # a setting no toolkit build flag has
-    assert _recipe_arguments({"recipe": shipped}) == [
-        "--recipe",
-        "llama-3.1-8b-instruct-h100-sxm-fp8",
-    ]
-    command_line = {**shipped, "name": "command-line", "kv_cache_free_gpu_mem_fraction": None}
-    assert _recipe_arguments({"recipe": command_line}) == []
-    with pytest.raises(DeployError, match="calib_size=64"):
-        _recipe_arguments({"recipe": {**shipped, "name": "mine", "calib_size": 64}})
+    repo, _, docs, _ = gpu_render
+    params = dict(build_command.make_context("build", list(build_container(docs)["args"])).params)
+    given = pop_settings(params).given()
+    recorded = open_repository(repo).manifest.settings.given()
+    recorded.pop("engine_dir")  # the Job passes its own --engine-dir on the volume
+    given.pop("engine_dir", None)
+    assert given == recorded
+    assert {
+        "batch_scheduler_policy",
+        "kv_cache_free_gpu_mem_fraction",
+        "enable_kv_cache_reuse",
+    } <= set(given)
 
 
 def test_cluster_values_hold_unless_a_flag_is_given(cpu_repo, tmp_path):
@@ -1341,7 +1349,7 @@ def test_install_notes_render(helm, cpu_repo, tmp_path, apis):
 def test_load_and_drain_times_come_from_the_engine_files_and_the_plan(gpu_render):
     repo, values, _, _ = gpu_render
     repository = open_repository(repo)
-    engine = Path(repository.manifest.engine["engine_dir"])
+    engine = Path(repository.manifest.engine.parameters["engine_dir"])
     loaded = sum(
         (engine / f"rank{r}.engine").stat().st_size for r in range(2)
     )  # bytes a replica reads

@@ -49,13 +49,10 @@ from test_deploy import (
 from toolkit.api.app import ApiSettings
 from toolkit.api.server import run_api_in_background
 from toolkit.model.sources import ResolvedModel
-from toolkit.repository.engines import SyntheticEngine
-from toolkit.repository.limits import RepositoryLimits
-from toolkit.repository.writer import plan_repository, write_repository
 from toolkit.serve.net import free_port
 from toolkit.subprocs import session_alive, stop_process
 
-from repos import launch_on_free_ports
+from repos import launch_on_free_ports, python_repository
 from tiny import make_tiny_checkpoint
 
 pytestmark = pytest.mark.server
@@ -313,16 +310,18 @@ def two_slot_engine(tmp_path_factory):
     (with autoscaling) for the folder that holds it."""
     root = tmp_path_factory.mktemp("two-slots")
     checkpoint = make_tiny_checkpoint(root / "checkpoint")
-    limits = RepositoryLimits().overridden(
+    model = ResolvedModel(checkpoint, f"local:{checkpoint}", None)
+    repo = python_repository(
+        model,
+        root / "volume" / "repo",
+        "synthetic",
+        step_time_ms=STEP_MS,
         max_input_len=128,
         max_output_len=64,
         max_seq_len=256,
         kv_cache_tokens=1024,
         max_batch_size=SLOTS,
     )
-    model = ResolvedModel(checkpoint, f"local:{checkpoint}", None)
-    engine = SyntheticEngine(step_time_ms=STEP_MS)
-    repo = write_repository(plan_repository(model, engine, root / "volume" / "repo", limits)).path
     server = launch_on_free_ports(repo, root / "server.log", 120)
     try:
         deploy(repo, root / "d", "--no-build", "--mount-path", repo.parent, "--max-replicas", "3")

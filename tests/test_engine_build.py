@@ -17,8 +17,8 @@ from toolkit.engine import check_engine_compatible, execute_engine_build, read_e
 from toolkit.errors import EngineBuildError
 from toolkit.repository import contract as c
 from toolkit.repository.configs import parse_pbtxt, to_pbtxt
-from toolkit.repository.engines import TrtllmEngine
 from toolkit.repository.limits import RepositoryLimits
+from toolkit.targets import TrtllmEngine
 
 from fakes import fake_checkpoint, install_fake_trtllm
 from repos import gpu_engine_plan
@@ -44,7 +44,7 @@ def calls(path: Path) -> int:
 
 def test_dry_run_prints_plan_and_commands_and_runs_nothing(tmp_path):
     data = plan_build(
-        BuildRequest(model=str(LLAMA_8B), target="h100-sxm", dtype="fp8", kv_dtype="fp8")
+        BuildRequest.make(model=str(LLAMA_8B), target="h100-sxm", dtype="fp8", kv_dtype="fp8")
     ).to_dict()
     json.dumps(data)  # JSON-ready
     assert data["trtllm_version_pinned"] == "0.20.0"
@@ -56,7 +56,7 @@ def test_dry_run_prints_plan_and_commands_and_runs_nothing(tmp_path):
 
 def test_dry_run_from_a_recipe_with_a_model_override():
     data = plan_build(
-        BuildRequest(model=str(LLAMA_8B), recipe="llama-3.1-8b-instruct-h100-sxm-bf16")
+        BuildRequest.make(model=str(LLAMA_8B), recipe="llama-3.1-8b-instruct-h100-sxm-bf16")
     ).to_dict()
     assert data["target"] == "h100-sxm" and data["plan"]["dtype"] == "bf16"
     assert round(data["plan"]["decode_step_ms_lower_bound"], 1) == 4.8
@@ -234,19 +234,26 @@ def test_tp2_writes_one_engine_per_rank_and_serve_sees_world_size_2(fakes, check
 
 
 def test_tensorrt_llm_model_config_parses_and_matches_the_plan(fakes, checkpoint):
-    from toolkit.model.facts import read_model_facts
-    from toolkit.model.tokens import TokenFacts
 
     plan = gpu_engine_plan(str(checkpoint), "h100-sxm", dtype="fp8", kv_dtype="fp8")
     engine = Path(execute_engine_build(plan).engine_dir)
+    from toolkit.build_settings import BuildSettings
+    from toolkit.model.sources import ResolvedModel
+    from toolkit.repository.writer import plan_repository
+    from toolkit.targets import get_target
+
     spec = TrtllmEngine.from_engine("h100-sxm", read_engine_info(engine))
-    tokens = TokenFacts(end_id=2, pad_id=2, stop_ids=(), bos_id=None, add_special_tokens=True)
-    config = spec.config(
+    settings = BuildSettings(decoupled=True)
+    repo_plan = plan_repository(
+        ResolvedModel(checkpoint, f"local:{checkpoint}", None),
+        spec,
+        checkpoint.parent / "repo",
         RepositoryLimits.from_memory_plan(plan.memory),
-        tokens,
-        read_model_facts(checkpoint),
-        decoupled=True,
+        target="h100-sxm",
+        settings=settings,
+        capabilities=get_target("h100-sxm").capabilities(settings),
     )
+    config = spec.config(repo_plan)
     parsed = parse_pbtxt(to_pbtxt(config))
     params = {k: v.string_value for k, v in parsed.parameters.items()}
     assert parsed.name == c.ENGINE and parsed.backend == "tensorrtllm"

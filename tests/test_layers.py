@@ -107,3 +107,97 @@ def test_one_module_names_manifest_json():
             ):
                 naming.add(path.relative_to(TOOLKIT).as_posix())
     assert naming == {"repository/reader.py"}
+
+
+# --- the target seam: what differs by target lives in toolkit/targets/ ----------------------------
+def _target_words() -> set[str]:
+    from toolkit.targets import TARGET_NAMES
+
+    return {*TARGET_NAMES, "gpu", "tensorrtllm"}
+
+
+_TARGET_CLASSES = {
+    "CpuEngine",
+    "SyntheticEngine",
+    "TrtllmEngine",
+    "PythonEngine",
+    "CpuTarget",
+    "SyntheticTarget",
+    "GpuTarget",
+    "PythonTarget",
+}
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+    }
+
+
+def _strings_in(node: ast.AST) -> set[str]:
+    return {
+        n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+
+
+def _target_branches(tree: ast.AST, words: set[str]) -> list[str]:
+    """Comparisons with a target's name (==, !=, in), isinstance checks on a target's classes, and
+    match cases on a target's name."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(
+            isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops
+        ):
+            hit = (
+                _strings_in(node.left) | set().union(*map(_strings_in, node.comparators))
+            ) & words
+            if hit:
+                found.append(f"line {node.lineno}: compares with {sorted(hit)}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+            and len(node.args) == 2
+            and _names_in(node.args[1]) & _TARGET_CLASSES
+        ):
+            found.append(
+                f"line {node.lineno}: isinstance on {sorted(_names_in(node.args[1]) & _TARGET_CLASSES)}"
+            )
+        elif isinstance(node, ast.match_case) and _strings_in(node.pattern) & words:
+            found.append(
+                f"line {node.pattern.lineno}: matches {sorted(_strings_in(node.pattern) & words)}"
+            )
+    return found
+
+
+def test_no_module_outside_the_targets_package_branches_on_a_target():
+    words = _target_words()
+    branches = {
+        path.relative_to(TOOLKIT).as_posix(): found
+        for path, tree in _sources().items()
+        if _unit(path) != "targets" and (found := _target_branches(tree, words))
+    }
+    assert branches == {}
+
+
+def test_a_branch_on_a_target_would_be_found():
+    code = ast.parse(
+        "if repo.target == 'cpu': pass\n"
+        "x = isinstance(engine, TrtllmEngine)\n"
+        "y = kind in ('synthetic', 'other')\n"
+        "match target:\n    case 'h100-sxm': pass\n"
+    )
+    assert len(_target_branches(code, _target_words())) == 4
+
+
+def test_the_python_engines_branch_on_no_target_either():
+    """The repository's Python models are told what to refuse (their `refusals` parameter); they
+    never ask which target they were built for."""
+    words = _target_words()
+    model_repo = TOOLKIT.parent / "model_repo"
+    branches = {
+        path.relative_to(model_repo).as_posix(): found
+        for path in sorted(model_repo.rglob("*.py"))
+        if (found := _target_branches(ast.parse(path.read_text()), words))
+    }
+    assert branches == {}

@@ -274,6 +274,6 @@ def test_a_catalog_model_plans_the_same_with_and_without_a_revision(monkeypatch)
 
     monkeypatch.setattr(sources, "download_config", download_config)
     recipe = "llama-3.1-8b-instruct-h100-sxm-fp8"
-    plain = plan_build(BuildRequest(recipe=recipe, model=f"hf:{hub_id}"))
-    pinned = plan_build(BuildRequest(recipe=recipe, model=f"hf:{hub_id}@0123456789abcdef"))
-    assert plain.memory.to_dict() == pinned.memory.to_dict()
+    plain = plan_build(BuildRequest.make(recipe=recipe, model=f"hf:{hub_id}"))
+    pinned = plan_build(BuildRequest.make(recipe=recipe, model=f"hf:{hub_id}@0123456789abcdef"))
+    assert plain.planned.memory.to_dict() == pinned.planned.memory.to_dict()

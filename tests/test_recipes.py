@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from toolkit.engine.recipe import list_recipes, load_recipe
 from toolkit.errors import RecipeError
+from toolkit.recipes import list_recipes, load_recipe
 
 
 def test_the_checked_in_recipes_load():
@@ -20,14 +20,15 @@ def test_the_checked_in_recipes_load():
     for name in names:
         load_recipe(name)
     fp8 = load_recipe("llama-3.1-8b-instruct-h100-sxm-fp8")
-    assert (fp8.target, fp8.dtype, fp8.kv_dtype, fp8.tp, fp8.max_seq_len) == (
+    settings = fp8.settings
+    assert (fp8.target, settings.dtype, settings.kv_dtype, settings.tp, settings.max_seq_len) == (
         "h100-sxm",
         "fp8",
         "fp8",
         1,
         8192,
     )
-    assert fp8.max_batch_size is None  # left to the planner
+    assert settings.max_batch_size is None  # left to the planner
     assert load_recipe("smollm2-135m-instruct-cpu").target == "cpu"
 
 
@@ -76,7 +77,7 @@ def test_unknown_recipe_name_lists_the_known_ones():
 def test_what_a_recipe_comment_says_the_planner_picks_is_what_it_picks(monkeypatch):
     """A recipe without tp that names the TP the planner takes in its comment must name the right one."""
     from toolkit.build import BuildRequest, plan_build
-    from toolkit.engine.recipe import recipes_dir
+    from toolkit.recipes import recipes_dir
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     checked = 0
@@ -85,7 +86,7 @@ def test_what_a_recipe_comment_says_the_planner_picks_is_what_it_picks(monkeypat
         header = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
         said = re.search(r"smallest tensor-parallel size that fits \((\d+) here", header)
         if said:
-            plan = plan_build(BuildRequest(recipe=name)).memory
+            plan = plan_build(BuildRequest.make(recipe=name)).planned.memory
             assert plan.tp_size == int(said.group(1)), (
                 f"{name}: the comment says TP {said.group(1)}"
             )

@@ -153,7 +153,11 @@ def test_bad_limits_name_the_flag(tiny, tmp_path):
     result = CliRunner().invoke(
         cli, ["build", "--model", str(tiny), "--output", str(tmp_path / "r"), "--tp", "2"]
     )
-    assert result.exit_code != 0 and "--tp only applies to GPU targets" in result.output
+    assert result.exit_code == 1
+    assert "--tp does not apply to --target cpu (only to gpu targets)" in result.output
+    assert (
+        "fix: drop --tp, or build for a target it applies to (--target h100-sxm)" in result.output
+    )
 
 
 def test_serve_refuses_missing_foreign_and_stale_repositories(tiny, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 from toolkit.client.tensors import engine_inputs
 from toolkit.repository import contract as c
 from toolkit.repository.reader import open_repository
+from toolkit.targets import engine_of
 
 from repos import launch_on_free_ports, write_test_repository
 from tiny import make_tiny_checkpoint
@@ -25,7 +26,7 @@ def served(tmp_path_factory):
         make_tiny_checkpoint(root / "checkpoint"), root / "repo", synthetic=True
     )
     server = launch_on_free_ports(repo, root / "server.log", 120)
-    yield server.grpc_url, tuple(open_repository(repo).engine.token_ids)
+    yield server.grpc_url, tuple(engine_of(open_repository(repo)).token_ids)
     server.stop()
 
 

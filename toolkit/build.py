@@ -3,126 +3,72 @@
     plan_build(request) -> BuildPlan             what would be built; nothing is written (--dry-run)
     build_repository(request, progress) -> BuildResult
 
-GPU targets: plan memory -> download the checkpoint -> compile the engine (toolkit.engine) ->
-package it (toolkit.repository). cpu and synthetic: the Python engines, packaged the same way.
-A recipe (build/*.yaml) names its model and target; flags given here beat the recipe's values.
+The target (toolkit.targets) plans and builds its engine: GPU targets plan memory, download the
+checkpoint and compile the engine (toolkit.engine); cpu and synthetic use the Python engines. Then
+the repository is packaged the same way for all (toolkit.repository). A recipe (build/*.yaml) names
+its model and target; settings given here beat the recipe's values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from toolkit.engine.build import EngineBuildResult, execute_engine_build
-from toolkit.engine.build_plan import EngineBuildPlan, plan_engine_build
-from toolkit.engine.info import read_engine_info
-from toolkit.engine.recipe import (
-    PYTHON_TARGETS,
-    TARGETS,
-    BuildRecipe,
-    command_line_recipe,
-    load_recipe,
-)
-from toolkit.errors import RecipeError
+from toolkit.build_settings import SETTINGS, BuildSettings, Setting
 from toolkit.model.sources import ResolvedModel, resolve_model
 from toolkit.model.spec import EMBEDDED_DEFAULT, ModelSpec, parse_model_spec
-from toolkit.plan.gpus import get_gpu
-from toolkit.plan.memory import MemoryPlan, plan_memory
-from toolkit.plan.source import load_model_for_plan
-from toolkit.repository.engines import CpuEngine, EngineSpec, SyntheticEngine, TrtllmEngine
-from toolkit.repository.limits import RepositoryLimits
+from toolkit.recipes import BuildRecipe, command_line_recipe, load_recipe
 from toolkit.repository.writer import (
+    RepositoryPlan,
     RepositoryResult,
     check_output_folder,
     plan_repository,
     write_repository,
 )
+from toolkit.targets import DEFAULT_TARGET, Target, TargetPlan, get_target
 
 Progress = Callable[[str], None]
-_GPU_ONLY = ("dtype", "kv_dtype", "tp", "pp", "engine_dir", "target_input_len", "target_output_len")
-_LIMIT_FIELDS = (
-    "max_batch_size",
-    "max_input_len",
-    "max_output_len",
-    "max_seq_len",
-    "max_num_tokens",
-    "max_queue_size",
-    "kv_cache_tokens",
-)
 
 
 @dataclass(frozen=True)
 class BuildRequest:
-    """What `toolkit build` was asked; None means: from the recipe, else the planner's or the target's default."""
+    """What `toolkit build` was asked; a setting left None comes from the recipe, else the planner's or
+    the target's default."""
 
     output: Path = Path("model_repository")
     model: str | None = None
     target: str | None = None
     recipe: str | None = None
-    dtype: str | None = None
-    kv_dtype: str | None = None
-    tp: int | None = None
-    pp: int | None = None
-    max_batch_size: int | None = None
-    max_input_len: int | None = None
-    max_output_len: int | None = None
-    max_seq_len: int | None = None
-    max_num_tokens: int | None = None
-    max_queue_size: int | None = None
-    target_input_len: int | None = None
-    target_output_len: int | None = None
-    kv_cache_tokens: int | None = None
-    num_threads: int | None = None
-    step_time_ms: float | None = None
-    engine_dir: Path | None = None
-    decoupled: bool = True
+    settings: BuildSettings = field(default_factory=BuildSettings)
     allow_pickle: bool = False
-    discard_changes: bool = (
-        False  # rebuild over a repository whose files were changed since its build
-    )
+    # Rebuild over a repository whose files were changed since its build.
+    discard_changes: bool = False
+
+    @classmethod
+    def make(cls, **values: Any) -> BuildRequest:
+        """A request from keyword arguments, the build settings among them (`tp=2`, `decoupled=False`)."""
+        settings = {k: values.pop(k) for k in list(values) if k in SETTINGS}
+        return cls(settings=BuildSettings(**settings), **values)
 
 
 @dataclass(frozen=True)
 class BuildPlan:
     request: BuildRequest
-    recipe: BuildRecipe  # the recipe with the request's flags applied
+    recipe: BuildRecipe  # the recipe with the request's settings applied
     model: ModelSpec
-    limits: RepositoryLimits
-    engine: EngineSpec | None  # cpu / synthetic; a GPU engine is known once compiled
-    memory: MemoryPlan | None = None  # GPU targets
-    engine_build: EngineBuildPlan | None = None  # GPU targets
+    target: Target
+    planned: TargetPlan
 
-    @property
-    def target(self) -> str:
-        return self.recipe.target
-
-    def to_dict(self) -> dict:
-        data = {
+    def to_dict(self) -> dict[str, Any]:
+        return {
             "output": str(Path(self.request.output).resolve()),
-            "target": self.target,
+            "target": self.target.name,
             "model": self.model.source,
             "recipe": self.recipe.name,
-            "limits": self.limits.to_dict(),
-            "decoupled": self.request.decoupled,
+            **self.planned.to_dict(),
         }
-        if self.engine is not None:
-            data["engine"] = self.engine.describe()
-        if self.engine_build is not None:
-            build = self.engine_build
-            data.update(
-                {
-                    "plan": self.memory.to_dict(),
-                    "engine_dir": build.engine_dir,
-                    "steps": list(build.step_names),
-                    "commands": [list(argv) for argv in build.commands],
-                    "runtime": build.runtime.to_dict(),
-                    "checkpoint_dir": build.checkpoint_dir,
-                    "trtllm_version_pinned": build.trtllm_version_pinned,
-                    "container": build.container,
-                }
-            )
-        return data
 
 
 @dataclass(frozen=True)
@@ -130,12 +76,9 @@ class BuildResult:
     plan: BuildPlan
     model: ResolvedModel
     repository: RepositoryResult
-    engine_plan: EngineBuildPlan | None = (
-        None  # as run: its commands read the downloaded checkpoint
-    )
-    engine: EngineBuildResult | None = None
+    built: Any = None  # what the target's engine build ran (GPU: its plan as run and its result)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         data = self.plan.to_dict()
         data.update(
             {
@@ -146,24 +89,24 @@ class BuildResult:
                 "build_key": self.repository.key,
             }
         )
-        if self.engine_plan is not None:
+        if self.built is not None:
+            engine_plan, result = self.built
             data.update(
                 {
-                    "commands": [list(argv) for argv in self.engine_plan.commands],
-                    "checkpoint_dir": self.engine_plan.checkpoint_dir,
-                    "engine_build": self.engine.to_dict(),
+                    "commands": [list(argv) for argv in engine_plan.commands],
+                    "checkpoint_dir": engine_plan.checkpoint_dir,
+                    "engine_build": result.to_dict(),
                 }
             )
         return data
 
 
 def plan_build(request: BuildRequest) -> BuildPlan:
-    """Merge the recipe and the flags, check them, and plan what would be built (no download, no write)."""
+    """Merge the recipe and the settings, check them, and plan what would be built (no download, no write)."""
     recipe = _merged_recipe(request)
+    target = get_target(recipe.target)
     model = parse_model_spec(recipe.model or EMBEDDED_DEFAULT)
-    if recipe.target in PYTHON_TARGETS:
-        return _plan_python(request, recipe, model)
-    return _plan_gpu(request, recipe, model)
+    return BuildPlan(request, recipe, model, target, target.plan(recipe.settings, model))
 
 
 def build_repository(
@@ -177,110 +120,63 @@ def build_repository(
     check_output_folder(request.output, discard_changes=request.discard_changes)
     progress(f"model {plan.model.source}")
     model = resolve_model(plan.model, allow_pickle=request.allow_pickle, progress=bars)
-    engine, engine_plan, engine_result = plan.engine, None, None
-    if plan.engine_build is not None:
-        engine_plan = plan.engine_build.with_checkpoint(model.path)
-        engine_result = execute_engine_build(engine_plan, progress=progress)
-        engine = TrtllmEngine.from_engine(
-            plan.target, read_engine_info(Path(engine_result.engine_dir))
-        )
-    memory = plan.memory.to_dict() if plan.memory is not None else None
-    repo_plan = plan_repository(
-        model, engine, request.output, plan.limits, memory_plan=memory, decoupled=request.decoupled
-    )
+    repo_plan, built = _package(plan.target, plan.planned, model, request.output, progress)
     repository = write_repository(
         repo_plan,
         progress=lambda step: progress(f"writing {step}"),
         discard_changes=request.discard_changes,
     )
-    return BuildResult(plan, model, repository, engine_plan, engine_result)
+    return BuildResult(plan, model, repository, built)
 
 
-# --- planning ---------------------------------------------------------------------------------
+def plan_local_repository(
+    model: ResolvedModel,
+    output: Path,
+    target: str = DEFAULT_TARGET,
+    settings: BuildSettings | None = None,
+    progress: Progress = lambda _: None,
+) -> RepositoryPlan:
+    """What `build_repository` would write for a checkpoint already on disk (`model`), with these
+    settings and no recipe: for benchmarks and tests that make their own checkpoints."""
+    chosen = get_target(target)
+    settings = settings or BuildSettings()
+    chosen.check_settings(settings, lambda row: row.flag)
+    planned = chosen.plan(settings, parse_model_spec(str(model.path)))
+    return _package(chosen, planned, model, output, progress)[0]
+
+
+def _package(
+    target: Target, planned: TargetPlan, model: ResolvedModel, output: Path, progress: Progress
+) -> tuple[RepositoryPlan, Any]:
+    """Build the target's engine for `model` and plan the repository around it."""
+    engine, built = target.build_engine(planned, model, progress)
+    repo_plan = plan_repository(
+        model,
+        engine,
+        output,
+        planned.limits,
+        target=target.name,
+        settings=planned.settings,
+        capabilities=planned.capabilities,
+        memory_plan=planned.memory,
+    )
+    return repo_plan, built
+
+
 def _merged_recipe(request: BuildRequest) -> BuildRecipe:
+    """The recipe (or the command line's), the request's settings over it, checked for its target."""
     if request.recipe is not None:
         recipe = load_recipe(request.recipe)
     else:
-        recipe = command_line_recipe(request.model, request.target or "cpu")
-    if request.target is not None and request.target not in TARGETS:
-        raise RecipeError(
-            f"unknown --target {request.target!r}", hint=f"use one of: {', '.join(TARGETS)}"
-        )
-    overrides = {
-        f.name: getattr(request, f.name) for f in fields(BuildRecipe) if hasattr(request, f.name)
-    }
-    overrides = {k: v for k, v in overrides.items() if v is not None and k not in ("name", "path")}
-    merged = replace(recipe, **overrides)
-    if merged.target in PYTHON_TARGETS:
-        given = [
-            f"--{name.replace('_', '-')}"
-            for name in _GPU_ONLY
-            if getattr(request, name) is not None
-        ]
-        if given:
-            raise RecipeError(
-                f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} to GPU targets, not --target "
-                f"{merged.target}",
-                hint="drop it, or build for a GPU target (--target h100-sxm)",
-            )
+        recipe = command_line_recipe(request.model, request.target or DEFAULT_TARGET)
+    target = get_target(request.target or recipe.target)
+    merged = recipe.overridden(request.model, target.name, request.settings)
+    target.check_settings(merged.settings, lambda row: _named(row, recipe, request.settings))
     return merged
 
 
-def _plan_python(request: BuildRequest, recipe: BuildRecipe, model: ModelSpec) -> BuildPlan:
-    limits = RepositoryLimits().overridden(
-        **{name: getattr(recipe, name) for name in _LIMIT_FIELDS}
-    )
-    if recipe.target == "cpu":
-        engine: EngineSpec = CpuEngine(num_threads=recipe.num_threads or 0)
-    else:
-        engine = SyntheticEngine(step_time_ms=recipe.step_time_ms or 0.0)
-    return BuildPlan(request, recipe, model, limits, engine)
-
-
-def _plan_gpu(request: BuildRequest, recipe: BuildRecipe, model: ModelSpec) -> BuildPlan:
-    planned = load_model_for_plan(model)
-    gpu = get_gpu(recipe.target)
-    memory = plan_memory(
-        planned.facts,
-        gpu,
-        model=planned.name,
-        dtype=recipe.dtype or "bf16",
-        kv_dtype=recipe.kv_dtype or "bf16",
-        tp=recipe.tp,
-        pp=recipe.pp,
-        max_seq_len=recipe.max_seq_len,
-        max_input_len=recipe.max_input_len,
-        max_batch_size=recipe.max_batch_size,
-        max_num_tokens=recipe.max_num_tokens,
-        target_input_len=recipe.target_input_len,
-        target_output_len=recipe.target_output_len,
-    )
-    engine_build = plan_engine_build(
-        planned.name,
-        model.source,
-        planned.checkpoint_dir,
-        memory,
-        recipe,
-        gpu_sm=gpu.sm,
-        output_dir=request.engine_dir,
-        display_dir=_display_checkpoint(model),
-    )
-    limits = RepositoryLimits.from_memory_plan(
-        memory, max_output_len=recipe.max_output_len, max_queue_size=recipe.max_queue_size
-    )
-    return BuildPlan(request, recipe, model, limits, None, memory, engine_build)
-
-
-def _display_checkpoint(model: ModelSpec) -> str:
-    """Where a hub checkpoint will be once downloaded (dry runs show the commands with this folder)."""
-    if model.kind == "local":
-        return model.value
-    from huggingface_hub import constants
-
-    repo_id = model.value
-    if model.kind == "catalog":
-        from toolkit.model.catalog import catalog_entry
-
-        repo_id = catalog_entry(model.value).hub_id
-    folder = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
-    return str(folder / (model.revision or "<commit of main, resolved at build time>"))
+def _named(row: Setting, recipe: BuildRecipe, given: BuildSettings) -> str:
+    """How the user gave a setting: its flag, or the recipe key in the recipe's file."""
+    if getattr(given, row.name) is None and recipe.path and row.recipe_key:
+        return f"{row.recipe_key} in {recipe.path}"
+    return row.flag

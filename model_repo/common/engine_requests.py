@@ -11,12 +11,45 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import numpy as np
 
+from textcodec import Refused, unpack_word_list
+
+EMPTY = "empty"  # toolkit.repository.contract.EMPTY: no words, no non-zero values
+
 NO_REQUEST_ID = "Trying to stop a request but request ID is not provided"
+
+
+class Refusals:
+    """The inputs this repository's engine does not honour, from its `refusals` parameter (written by
+    toolkit build from the repository's capabilities): input -> (what means off: a value, EMPTY, or
+    None for any value sent; the refusal naming the target and what would enable it)."""
+
+    def __init__(self, parameter: str):
+        self.table = {
+            name: (off, message) for name, (off, message) in json.loads(parameter).items()
+        }
+
+    def check(self, pb_utils, request) -> None:
+        for name, (off, message) in self.table.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is None:
+                continue
+            array = tensor.as_numpy()
+            values = array.reshape(-1)
+            if off == EMPTY:
+                asked = (
+                    bool(unpack_word_list(array)) if name.endswith("_words_list") else values.any()
+                )
+            else:
+                asked = values.size > 0 and (off is None or values[0].item() != off)
+            if asked:
+                shown = values[0].item() if values.size == 1 else f"[{values.size} values]"
+                raise Refused(f"{name}={shown}: {message}", "unsupported_parameter")
 
 
 def is_stop_request(pb_utils, request) -> bool:

@@ -129,22 +129,33 @@ def unpack_word_list(array: np.ndarray) -> list[list[int]]:
     return [w for w in words if w]
 
 
+class Refused(ValueError):
+    """A request a model refuses (the client's error, not the model's). Its message starts with a mark,
+    `[refused:CODE] `, that the OpenAI API answers as a 400 with that error code (toolkit.api.errors),
+    whatever the words after it."""
+
+    def __init__(self, message: str, code: str = "invalid_value"):
+        super().__init__(f"[refused:{code}] {message}")
+
+
 def check_request_lengths(
     prompt_len: int, max_tokens: int, max_input_len: int, max_output_len: int, max_seq_len: int
 ) -> None:
     """Refuse a request the engine cannot run, naming the limit and what to ask for instead."""
     if prompt_len == 0:
-        raise ValueError("text_input is empty: the prompt must hold at least one token")
+        raise Refused("text_input is empty: the prompt must hold at least one token")
     if prompt_len > max_input_len:
-        raise ValueError(
+        raise Refused(
             f"prompt is {prompt_len} tokens, over this engine's max_input_len of {max_input_len}; "
-            "shorten the prompt or rebuild with a larger --max-input-len"
+            "shorten the prompt or rebuild with a larger --max-input-len",
+            "context_length_exceeded",
         )
     if max_tokens <= 0:
-        raise ValueError(f"max_tokens={max_tokens} must be at least 1")
+        raise Refused(f"max_tokens={max_tokens} must be at least 1")
     limit = min(max_output_len, max_seq_len - prompt_len)
     if max_tokens > limit:
-        raise ValueError(
+        raise Refused(
             f"max_tokens={max_tokens} is over this engine's limit of {limit} for a {prompt_len}-token prompt "
-            f"(max_output_len {max_output_len}, max_seq_len {max_seq_len}); ask for at most {limit}"
+            f"(max_output_len {max_output_len}, max_seq_len {max_seq_len}); ask for at most {limit}",
+            "context_length_exceeded",
         )

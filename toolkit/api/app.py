@@ -30,6 +30,7 @@ from toolkit.api.schemas import (
     Model,
     ModelList,
     lone_surrogate,
+    requested_features,
     unsupported_content,
     unsupported_fields,
 )
@@ -55,22 +56,10 @@ LONG_PROMPT_CHARS = 32768
 # so the API's memory is bounded by this count, not by how many clients send long prompts together.
 LONG_ENCODES_AT_ONCE = 2
 RETRY_AFTER_S = 1
-# The refusals of the repository's own length check (check_request_lengths in model_repo/common/textcodec.py,
-# run by preprocessing and the BLS), word for word, and their code: should the text models refuse a request
-# the API let through, the client gets the 400 the API would have answered. Only these: any other engine
-# error is the engine's failure (502), whatever words ("limit of", "is empty") it happens to use.
-LENGTH_REFUSALS = (
-    (re.compile(r"text_input is empty: the prompt must hold at least one token"), "invalid_value"),
-    (
-        re.compile(r"prompt is \d+ tokens, over this engine's max_input_len of \d+"),
-        "context_length_exceeded",
-    ),
-    (re.compile(r"max_tokens=-?\d+ must be at least 1"), "invalid_value"),
-    (
-        re.compile(r"max_tokens=\d+ is over this engine's limit of -?\d+ for a \d+-token prompt"),
-        "context_length_exceeded",
-    ),
-)
+# A refusal of the repository's own models (model_repo/common/textcodec.py Refused): a mark, then the
+# reason. The client gets a 400 with the mark's code, whatever the reason's words; any other engine error
+# is the engine's failure (502).
+REFUSAL = re.compile(r"\[refused:([a-z_]+)\] ")
 # The error event's code when a stream ends early: a dead engine, a hung one, anything else.
 STREAM_ERROR_CODES = {EngineFault: "engine_unavailable", EngineStalled: "engine_timeout"}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -103,15 +92,17 @@ class ApiState:
         self.limits = repository.limits
         self.codec = PromptCodec(repository)
         decoder = self.codec if settings.model_name == ENGINE_MODEL else None
-        engine = repository.engine
+        self.capabilities = repository.capabilities
+        self.vocab_size = repository.manifest.model.facts.vocab_size
         self.backend = TritonBackend(
             settings.triton_url,
             settings.model_name,
             decoder=decoder,
             tokens=repository.tokens,
             decoupled=repository.decoupled,
-            trtllm_version=engine.trtllm_version,
+            trtllm_version=repository.trtllm_version,
             stall_timeout_s=settings.limits.stall_timeout_s,
+            vocab_size=self.vocab_size,
         )
         self.metrics = ApiMetrics()
         self.model_id = settings.served_model_name or repository.served_model_name
@@ -159,7 +150,7 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         state.check_model(body.model)
-        _refuse_unsupported(body)
+        _refuse_unsupported(state, body)
         found = unsupported_content(body)
         if found:
             raise ApiError(400, found[1], param=found[0], code="unsupported_content")
@@ -189,7 +180,7 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
     @app.post("/v1/completions", response_model=Completion, responses=ERRORS)
     async def completions(body: CompletionRequest, request: Request):
         state.check_model(body.model)
-        _refuse_unsupported(body)
+        _refuse_unsupported(state, body)
         job = await _plan(
             state,
             "completion",
@@ -228,11 +219,42 @@ def _model(state: ApiState) -> Model:
     return Model(id=state.model_id, created=state.created, owned_by="toolkit")
 
 
-def _refuse_unsupported(body) -> None:
+def _refuse_unsupported(state: ApiState, body) -> None:
+    """Refuse what this server never honours, then what this repository does not (its capabilities)."""
     found = unsupported_fields(body)
     if found:
         name, reason = found[0]
         raise ApiError(400, reason, param=name, code="unsupported_parameter")
+    capabilities = state.capabilities
+    for param, feature in requested_features(body):
+        if not capabilities.supports(feature):
+            raise ApiError(
+                400, capabilities.refusal(feature) + ".", param=param, code="unsupported_parameter"
+            )
+    if body.logit_bias and not state.backend.engine:
+        raise ApiError(
+            400,
+            f"logit_bias takes token ids, and `{state.settings.model_name}` takes text: serve the API on "
+            "the tensorrt_llm model (--model-name tensorrt_llm) for it.",
+            param="logit_bias",
+            code="unsupported_parameter",
+        )
+
+
+def _logit_bias(state: ApiState, body) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias ({"token id": bias}) as (id, bias) pairs, each id checked against the vocabulary."""
+    pairs = []
+    for key, bias in (body.logit_bias or {}).items():
+        token = int(key) if key.strip().isdigit() else -1
+        if not 0 <= token < state.vocab_size:
+            raise ApiError(
+                400,
+                f"logit_bias key {key[:20]!r} is not a token id of this model (0 to {state.vocab_size - 1}).",
+                param="logit_bias",
+                code="invalid_value",
+            )
+        pairs.append((token, float(bias)))
+    return tuple(pairs)
 
 
 def _arrival(request: Request) -> float:
@@ -339,7 +361,13 @@ async def _plan(
             code="invalid_value",
         )
     sampling = Sampling(
-        temperature=body.temperature, top_p=body.top_p, seed=body.seed, min_tokens=body.min_tokens
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        min_tokens=body.min_tokens,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=_logit_bias(state, body),
     )
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
@@ -476,9 +504,9 @@ def _engine_error(exc: InferenceFailed) -> ApiError:
         )
     if isinstance(exc, EngineStalled):
         return ApiError(504, message, type="server_error", code="engine_timeout")
-    for refusal, code in LENGTH_REFUSALS:
-        if refusal.search(message):
-            return ApiError(400, message, code=code)
+    refused = REFUSAL.search(message)
+    if refused:
+        return ApiError(400, REFUSAL.sub("", message, count=1), code=refused.group(1))
     if "Exceeds maximum queue size" in message:  # the engine's queue bound (Triton's own wording)
         return ApiError(
             429,

@@ -1,8 +1,10 @@
 """Request and response bodies, following the OpenAI API reference (chat completions, completions, models).
 
 Requests forbid unknown fields: OpenAI answers an unrecognized argument with a 400, and so do we.
-Fields of the reference that this server cannot honour (n > 1, logprobs, tools, ...) are declared
-so that `unsupported_fields` can refuse them by name instead of dropping them silently.
+Fields whose support depends on the repository (n, logprobs, penalties, logit_bias, ...) are typed
+here and checked against its capabilities (`requested_features`); fields of the reference this
+server cannot honour at all are declared so that `unsupported_fields` refuses them by name instead
+of dropping them silently.
 """
 
 from __future__ import annotations
@@ -10,12 +12,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 from pydantic_core import PydanticCustomError
 
 UINT64_MAX = 2**64 - 1
 INT64_MIN = -(2**63)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_N = 128  # OpenAI's bound on n
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs (and vLLM's on completions' logprobs)
+StrictInt = Annotated[int, Strict()]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+Bias = Annotated[float, Field(ge=-100, le=100)]
 StopText = Annotated[str, Field(min_length=1)]
 Stop = StopText | Annotated[list[StopText], Field(max_length=4)] | None
 
@@ -119,12 +126,11 @@ class _Sampling(_Request):
     # Extension (vLLM and TensorRT-LLM spell it so): generate at least this many tokens before the end token may stop
     # the generation; min_tokens = max_tokens gives a fixed output length (benchmarks). At most max_tokens.
     min_tokens: int | None = Field(None, ge=0)
-    # Declared so that a value we cannot honour is refused by name (see unsupported_fields).
-    n: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    logit_bias: Any = None
-    logprobs: Any = None
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    # Token id (as a string, as in JSON object keys) -> a bias added to its logit before sampling.
+    logit_bias: dict[str, Bias] | None = None
 
     _unicode = field_validator("model", "stop", "user")(valid_unicode)
 
@@ -138,7 +144,8 @@ class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    top_logprobs: Any = None
+    logprobs: Annotated[bool, Strict()] | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
@@ -165,6 +172,8 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: str | Annotated[list[str], Field(min_length=1)]
     max_tokens: int | None = Field(COMPLETION_DEFAULT_MAX_TOKENS, ge=1)
+    # How many alternatives per token to return with their log probs (0: the sampled token's only).
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: Any = None
     best_of: Any = None
     suffix: Any = None
@@ -182,14 +191,8 @@ def _other_than(*allowed):
 
 
 def unsupported_fields(request: _Sampling) -> list[tuple[str, str]]:
-    """(field, reason) for every field set to a value this server cannot honour."""
+    """(field, reason) for every field set to a value this server cannot honour on any repository."""
     checks = {
-        "n": _other_than(1),
-        "presence_penalty": _other_than(0, 0.0),
-        "frequency_penalty": _other_than(0, 0.0),
-        "logit_bias": _other_than({}),
-        "logprobs": _other_than(False),  # completions' integer logprobs=0 still asks for logprobs
-        "top_logprobs": _other_than(),
         "tools": _other_than([]),
         "tool_choice": _other_than("none"),
         "parallel_tool_calls": _other_than(),
@@ -212,7 +215,10 @@ def unsupported_fields(request: _Sampling) -> list[tuple[str, str]]:
     for name, refused in checks.items():
         if name in type(request).model_fields and refused(getattr(request, name)):
             found.append(
-                (name, f"`{name}` = {getattr(request, name)!r} is not supported by this server")
+                (
+                    name,
+                    f"`{name}` = {_short(getattr(request, name))} is not supported by this server",
+                )
             )
     if (
         isinstance(request, CompletionRequest)
@@ -226,6 +232,34 @@ def unsupported_fields(request: _Sampling) -> list[tuple[str, str]]:
             )
         )
     return found
+
+
+def requested_features(request: _Sampling) -> list[tuple[str, str]]:
+    """(field, capability feature) for what the request asks of the repository (toolkit.capabilities)."""
+    found = []
+    if request.n is not None and request.n > 1:
+        found.append(("n", "n"))
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(request, name):
+            found.append((name, "penalties"))
+    if request.logit_bias:
+        found.append(("logit_bias", "logit_bias"))
+    if isinstance(request, ChatCompletionRequest):
+        if request.logprobs:
+            found.append(("logprobs", "logprobs"))
+        if request.top_logprobs:
+            found.append(("top_logprobs", "top_logprobs"))
+    elif isinstance(request, CompletionRequest) and request.logprobs is not None:
+        found.append(("logprobs", "logprobs"))
+        if request.logprobs > 0:
+            found.append(("logprobs", "top_logprobs"))
+    return found
+
+
+def _short(value, limit: int = 80) -> str:
+    """A value as an error names it: its repr, cut to `limit` characters (never the whole of a huge one)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def unsupported_content(request: ChatCompletionRequest) -> tuple[str, str] | None:

@@ -84,6 +84,10 @@ class Sampling:
     top_p: float | None = None
     seed: int | None = None
     min_tokens: int | None = None  # extension: no end token before this many generated tokens
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    # (token id, bias) pairs added to the logits (the engine contract's embedding_bias)
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -102,7 +106,14 @@ class Sampling:
         """
         names = names or {}
         top_k, top_p = ("runtime_top_k", "runtime_top_p") if engine else ("top_k", "top_p")
-        out = []
+        out = [
+            (name, np.array([[value]], np.float32), "FP32")
+            for name, value in (
+                ("presence_penalty", self.presence_penalty),
+                ("frequency_penalty", self.frequency_penalty),
+            )
+            if value
+        ]
         if self.min_tokens:
             out.append(
                 (
@@ -168,8 +179,10 @@ class TritonBackend:
         decoupled: bool = True,
         trtllm_version: str | None = None,
         stall_timeout_s: float = STALL_TIMEOUT_S,
+        vocab_size: int = 0,
     ):
         self.url = url
+        self.vocab_size = vocab_size  # logits per step (embedding_bias is one bias per logit)
         self.model_name = model_name
         self.engine = model_name == ENGINE_MODEL
         if self.engine and (decoder is None or tokens is None):
@@ -408,6 +421,8 @@ class TritonBackend:
             ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
             *sampling.tensors(engine=True, names=self.names),
         ]
+        if sampling.logit_bias:
+            tensors.append(("embedding_bias", self._embedding_bias(sampling.logit_bias), "FP32"))
         if (
             self.tokens.stop_ids and not sampling.min_tokens
         ):  # the model's other end tokens, as preprocessing adds them
@@ -415,6 +430,13 @@ class TritonBackend:
                 ("stop_words_list", pack_word_lists([[[i] for i in self.tokens.stop_ids]]), "INT32")
             )
         return self._request(tensors, ["output_ids", "sequence_length"])
+
+    def _embedding_bias(self, biases: tuple[tuple[int, float], ...]) -> np.ndarray:
+        """[1, vocab] FP32: each biased token's bias, 0 elsewhere (added to the logits before sampling)."""
+        bias = np.zeros((1, self.vocab_size), np.float32)
+        for token, value in biases:
+            bias[0, token] = value
+        return bias
 
     def _text_request(self, prompt: str, max_tokens: int, sampling: Sampling) -> dict:
         tensors = [

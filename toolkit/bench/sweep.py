@@ -175,10 +175,10 @@ def plan_sweep(
 ) -> SweepPlan:
     """The sweep: prompts are made with the served repository's tokenizer, encoded the way its preprocessing encodes."""
     repository = open_repository(repo) if repo is not None else None
-    if repository is not None and not repository.decoupled:
+    if repository is not None and not repository.capabilities.streaming:
         raise BenchError(
-            f"{repo} was built with --no-decoupled: its models answer each request with one response, "
-            "so time to first token and inter-token latency cannot be measured",
+            f"{repo}: {repository.capabilities.refusal('streaming')}: its models answer each request with "
+            "one response, so time to first token and inter-token latency cannot be measured",
             hint="bench a repository built without --no-decoupled (the default); request latency of this "
             "one: perf_analyzer -m ensemble -i grpc",
         )

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import click
 
+from toolkit.cli.options import json_option, pop_settings, setting_options
 from toolkit.cli.render import emit_json, emit_table, note, plan_rows
 from toolkit.model.catalog import catalog_names
-from toolkit.plan.gpus import GPU_PROFILES, get_gpu
-from toolkit.plan.memory import (
-    DEFAULT_TARGET_INPUT_LEN,
-    DEFAULT_TARGET_OUTPUT_LEN,
-    KV_DTYPES,
-    WEIGHT_DTYPES,
-    plan_memory,
-)
+from toolkit.plan.gpus import GPU_PROFILES
 from toolkit.plan.source import load_model_for_plan
+from toolkit.targets import gpu_target
+
+# The build settings that shape a memory plan (the rest only change the engine's build or serving).
+PLAN_SETTINGS = (
+    "dtype",
+    "kv_dtype",
+    "tp",
+    "pp",
+    "max_seq_len",
+    "max_input_len",
+    "max_batch_size",
+    "max_num_tokens",
+    "target_input_len",
+    "target_output_len",
+)
 
 
 @click.command("plan")
@@ -28,78 +37,15 @@ from toolkit.plan.source import load_model_for_plan
 @click.option(
     "-g", "--gpu", type=click.Choice(list(GPU_PROFILES)), default="h100-sxm", help="GPU profile."
 )
-@click.option("--dtype", type=click.Choice(WEIGHT_DTYPES), default="bf16", help="Weight precision.")
-@click.option(
-    "--kv-dtype", type=click.Choice(KV_DTYPES), default="bf16", help="KV cache precision."
-)
-@click.option(
-    "--tp",
-    type=click.IntRange(1, 8),
-    default=None,
-    help="Tensor-parallel GPUs [default: the smallest that fits].",
-)
-@click.option("--pp", type=click.IntRange(1, 64), default=1, help="Pipeline-parallel stages.")
-@click.option(
-    "--max-seq-len",
-    type=click.IntRange(2),
-    default=None,
-    help="Prompt + output tokens per sequence [default: min(model limit, 8192)].",
-)
-@click.option(
-    "--target-input-len",
-    type=click.IntRange(1),
-    default=DEFAULT_TARGET_INPUT_LEN,
-    help="Typical prompt tokens the batch limits are sized for (trtllm-bench's --target_input_len).",
-)
-@click.option(
-    "--target-output-len",
-    type=click.IntRange(1),
-    default=DEFAULT_TARGET_OUTPUT_LEN,
-    help="Typical output tokens the batch limits are sized for (trtllm-bench's --target_output_len).",
-)
-@click.option(
-    "--max-batch-size",
-    type=click.IntRange(1),
-    default=None,
-    help="Requests per engine step [default: as trtllm-bench sizes it for the target lengths].",
-)
-@click.option(
-    "--max-num-tokens",
-    type=click.IntRange(1),
-    default=None,
-    help="Tokens per engine step [default: as trtllm-bench sizes it for the target lengths].",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def command(
-    model,
-    gpu,
-    dtype,
-    kv_dtype,
-    tp,
-    pp,
-    max_seq_len,
-    target_input_len,
-    target_output_len,
-    max_batch_size,
-    max_num_tokens,
-    as_json,
-) -> None:
+@setting_options(*PLAN_SETTINGS)
+@json_option
+def command(model, gpu, as_json, **rest) -> None:
     """Plan memory (weights, KV cache, batch) and the speed-of-light bounds for MODEL on GPU."""
+    settings = pop_settings(rest)
+    target = gpu_target(gpu)
+    target.check_settings(settings, lambda row: row.flag)
     source = load_model_for_plan(model)
-    plan = plan_memory(
-        source.facts,
-        get_gpu(gpu),
-        model=source.name,
-        dtype=dtype,
-        kv_dtype=kv_dtype,
-        tp=tp,
-        pp=pp,
-        max_seq_len=max_seq_len,
-        max_batch_size=max_batch_size,
-        max_num_tokens=max_num_tokens,
-        target_input_len=target_input_len,
-        target_output_len=target_output_len,
-    )
+    plan = target.plan_memory(settings, source)
     if as_json:
         emit_json({**plan.to_dict(), "config_from": source.config_from})
         return

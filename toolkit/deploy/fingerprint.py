@@ -4,7 +4,8 @@ A manifest's build key hashes where the engine folder is (an absolute path), so 
 rebuilt on the cluster's volume has another key than the one built and tested on a workstation.
 The fingerprint leaves out only where things are and when they were made; it keeps everything
 that decides what clients get: toolkit and model-source versions, target, checkpoint bytes,
-limits, tokens, the engine's kind, release, ranks and runtime, and the memory plan.
+limits, tokens, the engine's kind, release, ranks and runtime, the build settings, the
+capabilities and the memory plan.
 """
 
 from __future__ import annotations
@@ -24,17 +25,30 @@ def fingerprint_fields(manifest: Manifest) -> dict:
         "toolkit_version": manifest.toolkit_version,
         "sources_digest": manifest.sources_digest,
         "target": manifest.target,
-        "model_source": manifest.model.get("source"),
-        "model_revision": manifest.model.get("revision"),
+        "model_source": manifest.model.source,
+        "model_revision": manifest.model.revision,
         "checkpoint_files": manifest.checkpoint_files,
         "limits": manifest.limits.to_dict(),
         "tokens": manifest.tokens.to_dict(),
         "decoupled": manifest.decoupled,
-        "engine": {k: v for k, v in manifest.engine.items() if k not in _ENGINE_LOCATION},
+        "engine": {
+            **manifest.engine.to_dict(),
+            "parameters": _without_location(manifest.engine.parameters),
+        },
+        "settings": _without_location(manifest.settings.to_dict()),
+        "capabilities": manifest.capabilities.to_dict(),
         # Without its display name: how the model was written (hf:ORG/NAME or a catalog name, with or
         # without @REV) decides nothing that is served.
-        "memory_plan": {k: v for k, v in (manifest.memory_plan or {}).items() if k != "model"},
+        "memory_plan": {
+            k: v
+            for k, v in (manifest.memory_plan.to_dict() if manifest.memory_plan else {}).items()
+            if k != "model"
+        },
     }
+
+
+def _without_location(values: dict) -> dict:
+    return {k: v for k, v in values.items() if k not in _ENGINE_LOCATION}
 
 
 def fingerprint(manifest: Manifest) -> str:
@@ -44,8 +58,8 @@ def fingerprint(manifest: Manifest) -> str:
 
 def describe(manifest: Manifest) -> str:
     """One line that tells two repositories apart for a person: target, model, revision, toolkit."""
-    revision = manifest.model.get("revision")
-    model = manifest.model.get("source", "?") + (f"@{revision}" if revision else "")
+    revision = manifest.model.revision
+    model = manifest.model.source + (f"@{revision}" if revision else "")
     return (
         f"{manifest.target} repository of {model}, built by toolkit {manifest.toolkit_version} "
         f"(fingerprint {fingerprint(manifest)})"

@@ -28,12 +28,12 @@ from toolkit.deploy.values import (
     lookup,
     merge,
 )
-from toolkit.engine.info import EngineInfo, read_engine_info
+from toolkit.engine.info import EngineInfo
 from toolkit.engine.layout import rank_engine_files
 from toolkit.errors import DeployError, ToolkitError
-from toolkit.repository.engines import TrtllmEngine
 from toolkit.repository.reader import Repository
 from toolkit.serve.launcher import check_repository
+from toolkit.targets import target_for
 from toolkit.trtllm import PINNED_TRTLLM_VERSION, TRITON_TRTLLM_CONTAINER, container_for
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -147,9 +147,8 @@ class DeploymentPlan:
 def plan_deployment(request: DeployRequest) -> DeploymentPlan:
     _check_request(request)
     repository = _checked_repository(request.repo)
-    engine = repository.engine
-    gpu = isinstance(engine, TrtllmEngine)
-    info = _checked_engine(repository, engine) if gpu else None
+    info = _checked_engine(repository)
+    gpu = info is not None
     files: list[tuple[str, dict]] = []
     for path in request.values_files:
         data = load_values_file(path)
@@ -185,19 +184,24 @@ def _checked_repository(path: Path) -> Repository:
     return check_repository(Path(path).resolve(), same_toolkit=True, modified_fix=None)
 
 
-def _checked_engine(repository: Repository, engine: TrtllmEngine) -> EngineInfo:
-    """The engine's facts; DeployError when its files are missing or not the ones the manifest names."""
+def _checked_engine(repository: Repository) -> EngineInfo | None:
+    """A compiled engine's facts (None for the Python engines); DeployError when its files are missing or
+    not the ones the manifest names."""
+    target = target_for(repository)
     try:
-        info = read_engine_info(Path(engine.engine_dir))
+        info = target.compiled_engine(repository)
     except ToolkitError as exc:
         raise DeployError(
             f"the {repository.target} engine of {repository.path} is missing or incomplete: {exc.message}",
             hint=f"rebuild it: {repository.rebuild_command}",
         ) from exc
-    if info.world_size != engine.world_size or info.trtllm_version != engine.trtllm_version:
+    if info is None:
+        return None
+    section = repository.manifest.engine
+    if info.world_size != section.world_size or info.trtllm_version != section.trtllm_version:
         raise DeployError(
-            f"{engine.engine_dir} holds a TensorRT-LLM {info.trtllm_version} engine with {info.world_size} "
-            f"ranks; the manifest of {repository.path} names {engine.trtllm_version} with {engine.world_size}",
+            f"{info.engine_dir} holds a TensorRT-LLM {info.trtllm_version} engine with {info.world_size} "
+            f"ranks; the manifest of {repository.path} names {section.trtllm_version} with {section.world_size}",
             hint=f"rebuild it: {repository.rebuild_command}",
         )
     if container_for(info.trtllm_version) is None:
@@ -257,7 +261,7 @@ def _derived_values(
     world_size = info.world_size if gpu else 1
     stages = info.pp_size if gpu else 1  # pipeline stages: one micro-batch in flight per stage
     load_bytes = sizing.weight_bytes(repository, engine_files(info) if gpu else None)
-    startup_s = sizing.startup_seconds(load_bytes, gpu, sizing.repository_bytes(repository))
+    startup_s = sizing.startup_seconds(repository, load_bytes, sizing.repository_bytes(repository))
     drain_s = sizing.drain_seconds(repository)
     limits = repository.limits
     values = {
@@ -266,7 +270,7 @@ def _derived_values(
         "model": {
             "name": repository.served_model_name,
             "target": manifest.target,
-            "source": manifest.model.get("source", ""),
+            "source": manifest.model.source,
             "fingerprint": fingerprint(manifest),
             "worldSize": world_size,
             "pipelineStages": stages,
@@ -304,7 +308,7 @@ def _derived_values(
     if request.build:
         values["build"] = {
             "enabled": True,
-            "args": build_arguments(repository, info.record if gpu else None),
+            "args": build_arguments(repository),
             "resources": sizing.build_resources(repository, world_size, shm_bytes),
         }
     else:
@@ -573,11 +577,7 @@ def _notes(
     notes = []
     if not values["api"]["auth"].get("enabled", True):
         notes.append("no API keys (--no-auth): anyone who reaches the API can generate")
-    if repository.memory_plan is None and repository.target == "cpu":
-        notes.append(
-            f"drain timeout {values['drain']['timeoutSeconds']}s assumes at least {sizing.CPU_TOKENS_PER_S:.0f} "
-            "tokens/s per stream; measure with toolkit bench and pass --drain-timeout"
-        )
+    notes += target_for(repository).deploy_notes(repository, values["drain"]["timeoutSeconds"])
     scaling = values["autoscaling"]
     if scaling.get("enabled"):
         set_in = [path for path, data in files if lookup(data, "replicas") is not None]

@@ -10,18 +10,13 @@ import math
 import re
 from pathlib import Path
 
-from toolkit.repository import contract as c
-from toolkit.repository.engines import CpuEngine, SyntheticEngine, TrtllmEngine
 from toolkit.repository.reader import Repository
+from toolkit.targets import target_for
 
 GIB = 2**30
 # A replica reads its weights from a network volume (NFS, CephFS, EFS, Filestore) at 200 MB/s or
 # better; slower storage needs --startup-timeout.
 LOAD_BYTES_PER_S = 200e6
-# Before and after the weights: container start, MPI ranks, CUDA contexts, the Python models,
-# the KV pool allocation and CUDA graph capture (GPU); torch import and model build (CPU).
-GPU_START_S = 180
-CPU_START_S = 60
 # toolkit serve checks every file of the repository against its manifest's sha256 before it starts
 # Triton (the init container hashes them first and leaves memos in the pod's cache; a miss hashes
 # again): at 1 GB/s or better from the page cache or the volume.
@@ -29,22 +24,12 @@ HASH_BYTES_PER_S = 1e9
 # Before a replica's first probe: scheduling, pulling the image (NVIDIA's Triton TRT-LLM container
 # is about 20 GB: 400 s at 50 MB/s) and starting it. Only the Deployment's progress deadline counts it.
 IMAGE_PULL_S = 600
-# Measured decode steps run slower than the planner's roofline bound (a lower bound) under load.
-ROOFLINE_MARGIN = 2.0
-# The slowest CPU stream the drain is sized for, in tokens/s (measure yours with toolkit bench).
-CPU_TOKENS_PER_S = 10.0
 DRAIN_MIN_S, DRAIN_MAX_S = 30, 900
 # The autoscaler holds a replica's requests in flight at this fraction of its batch slots.
 SLOTS_TARGET = 0.8
 # Beyond preStop + drain: toolkit serve's own 5 s past Triton's exit timeout, and slack.
 GRACE_MARGIN_S = 15
-HOST_OVERHEAD_BYTES = 2 * GIB  # Python, tokenizers, the API's and Triton's own memory
-GPU_HOST_OVERHEAD_BYTES = 8 * GIB  # plus CUDA, MPI and TensorRT-LLM's host buffers
-FP32_BYTES = 4
-# The build Job holds the checkpoint in host memory (transformers' load, ModelOpt's quantization
-# and calibration) and the TensorRT-LLM checkpoint converted from it: two copies at once. Checkpoints
-# on the hub are bf16, 2 bytes per parameter (the memory plan counts the parameters).
-BUILD_CHECKPOINT_COPIES = 2
+# Checkpoints on the hub are bf16, 2 bytes per parameter (the memory plan counts the parameters).
 CHECKPOINT_BYTES_PER_PARAMETER = 2
 # helm waits for the build hook this much past the Job's own deadline, so a build that runs out of
 # time is reported with the Job's reason (DeadlineExceeded), not as helm's timeout.
@@ -60,23 +45,19 @@ QUANTITY_UNITS = {
 
 def weight_bytes(repository: Repository, engine_files: list[Path] | None = None) -> int:
     """Bytes a replica loads: every rank's engine file (GPU), or the checkpoint in the repository (CPU)."""
-    if engine_files is not None:
-        return sum(path.stat().st_size for path in engine_files)
-    prefix = f"{c.ENGINE}/1/weights/"
-    return sum(
-        size for name, (size, _, _) in repository.manifest.files.items() if name.startswith(prefix)
-    )
+    return target_for(repository).load_bytes(repository, engine_files)
 
 
 def repository_bytes(repository: Repository) -> int:
     """Bytes of every file the manifest records: what a replica hashes before it serves."""
-    return sum(size for size, _, _ in repository.manifest.files.values())
+    return sum(record.size for record in repository.manifest.files.values())
 
 
-def startup_seconds(load_bytes: int, gpu: bool, hash_bytes: int = 0) -> int:
-    """How long a replica may take to become ready (check its files, load its weights), rounded up to 10 s."""
+def startup_seconds(repository: Repository, load_bytes: int, hash_bytes: int = 0) -> int:
+    """How long a replica may take to become ready (start, check its files, load its weights),
+    rounded up to 10 s."""
     seconds = (
-        (GPU_START_S if gpu else CPU_START_S)
+        target_for(repository).start_seconds
         + hash_bytes / HASH_BYTES_PER_S
         + load_bytes / LOAD_BYTES_PER_S
     )
@@ -117,13 +98,7 @@ def quantity_bytes(value) -> int | None:
 def longest_stream_seconds(repository: Repository) -> float:
     """The longest generation a replica may be running when it is told to stop (max_output_len tokens)."""
     tokens = repository.limits.max_output_len
-    plan = repository.memory_plan
-    if plan is not None:
-        return tokens * plan.decode_step_ms_at_max_batch / 1000 * ROOFLINE_MARGIN
-    engine = repository.engine
-    if isinstance(engine, SyntheticEngine):
-        return tokens * engine.step_time_ms / 1000 * ROOFLINE_MARGIN
-    return tokens / CPU_TOKENS_PER_S
+    return tokens / target_for(repository).slowest_stream_tokens_per_s(repository)
 
 
 def queue_wait_seconds(repository: Repository) -> float:
@@ -151,28 +126,14 @@ def grace_seconds(drain_s: int, prestop_s: int) -> int:
     return prestop_s + drain_s + GRACE_MARGIN_S
 
 
-def kv_pool_bytes(repository: Repository) -> int:
-    """Host bytes of the CPU engine's KV pool: keys and values, fp32, every layer, every token."""
-    facts = repository.manifest.model["facts"]
-    per_token = 2 * facts["num_layers"] * facts["num_kv_heads"] * facts["head_dim"] * FP32_BYTES
-    return per_token * repository.limits.kv_cache_tokens
-
-
 def triton_resources(
     repository: Repository, load_bytes: int, world_size: int, shm_bytes: int
 ) -> dict:
     """Requests (and a memory limit equal to them) for the triton container; GPUs are the chart's.
     `shm_bytes`: the /dev/shm memory emptyDir (triton.shmSize), whose pages count against the limit."""
-    engine = repository.engine
-    if isinstance(engine, CpuEngine):
-        memory = HOST_OVERHEAD_BYTES + 2 * load_bytes + kv_pool_bytes(repository)
-        cpus = engine.num_threads or 4
-    elif isinstance(engine, SyntheticEngine):
-        memory, cpus = HOST_OVERHEAD_BYTES, 2
-    else:
-        memory, cpus = GPU_HOST_OVERHEAD_BYTES + load_bytes, 2 + 2 * world_size
-    memory = f"{math.ceil((memory + shm_bytes) / GIB)}Gi"
-    return {"requests": {"cpu": str(cpus), "memory": memory}, "limits": {"memory": memory}}
+    needs = target_for(repository).resources(repository, load_bytes, world_size)
+    memory = f"{math.ceil((needs.memory_bytes + shm_bytes) / GIB)}Gi"
+    return {"requests": {"cpu": str(needs.cpus), "memory": memory}, "limits": {"memory": memory}}
 
 
 def batch_slots(repository: Repository, pipeline_stages: int = 1) -> int:
@@ -213,11 +174,9 @@ def build_resources(repository: Repository, world_size: int, shm_bytes: int) -> 
     (`shm_bytes`, triton.shmSize) included. No memory limit: a conversion that needs more than
     planned may use what the node has free instead of dying after hours of work; the request keeps
     the scheduler off nodes that lack it."""
-    gpu = isinstance(repository.engine, TrtllmEngine)
-    overhead = GPU_HOST_OVERHEAD_BYTES if gpu else HOST_OVERHEAD_BYTES
-    memory = overhead + BUILD_CHECKPOINT_COPIES * checkpoint_bytes(repository) + shm_bytes
-    cpus = 4 + 2 * world_size if gpu else 2
-    return {"requests": {"cpu": str(cpus), "memory": f"{math.ceil(memory / GIB)}Gi"}}
+    needs = target_for(repository).build_resources(checkpoint_bytes(repository), world_size)
+    memory = needs.memory_bytes + shm_bytes
+    return {"requests": {"cpu": str(needs.cpus), "memory": f"{math.ceil(memory / GIB)}Gi"}}
 
 
 def clamp(value: float, low: int, high: int) -> int:

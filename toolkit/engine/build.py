@@ -125,7 +125,7 @@ def _install(plan: EngineBuildPlan, key: str, version: str, sm: str) -> None:
         "target": plan.target,
         "model": plan.model,
         "model_source": plan.model_source,
-        "recipe": plan.recipe.to_dict(),
+        "settings": plan.settings.to_dict(),
         "memory": plan.memory.to_dict(),
         "runtime": plan.runtime.to_dict(),
         "commands": [list(argv) for argv in plan.commands],

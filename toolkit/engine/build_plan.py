@@ -1,4 +1,5 @@
-"""plan_engine_build: a memory plan and a recipe -> the exact commands and the serving settings, nothing run."""
+"""plan_engine_build: a memory plan and the build settings -> the exact commands and the serving settings,
+nothing run."""
 
 from __future__ import annotations
 
@@ -8,18 +9,25 @@ import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from toolkit.build_settings import BuildSettings
 from toolkit.engine.commands import (
     StepSettings,
     checkpoint_argv,
     needs_quantizer,
     trtllm_build_argv,
 )
-from toolkit.engine.recipe import BuildRecipe
 from toolkit.engine.trtllm_flags import check_argv
 from toolkit.errors import EngineBuildError
 from toolkit.plan.memory import MemoryPlan
 from toolkit.settings import toolkit_home, trtllm_tools
 from toolkit.trtllm import PINNED_TRTLLM_VERSION, TRITON_TRTLLM_CONTAINER
+
+# What a setting left unset becomes (toolkit.build_settings shows these in its help).
+DEFAULT_CALIB_SIZE = 512
+DEFAULT_AWQ_BLOCK_SIZE = 128
+DEFAULT_BATCH_SCHEDULER_POLICY = "max_utilization"
+# Settings that do not shape the engine's bytes: left out of its cache key.
+_NOT_ENGINE_INPUTS = ("engine_dir", "decoupled")
 
 
 @dataclass(frozen=True)
@@ -45,13 +53,14 @@ class EngineBuildPlan:
     )  # None until a hub model's weights are downloaded (the build does that first)
     target: str
     gpu_sm: str
-    recipe: BuildRecipe
+    settings: BuildSettings  # as given (the recipe's and the flags')
     memory: MemoryPlan
     engine_dir: str
     work_dir: str
     commands: tuple[tuple[str, ...], ...]
     step_names: tuple[str, ...]
     runtime: EngineRuntime
+    steps: StepSettings
     trtllm_version_pinned: str = PINNED_TRTLLM_VERSION
     container: str = TRITON_TRTLLM_CONTAINER
 
@@ -60,23 +69,26 @@ class EngineBuildPlan:
         return self.memory.world_size
 
     def build_inputs(self) -> dict:
-        """The recipe values and the plan numbers that shape the engine: part of the cache key."""
+        """The settings and the plan numbers that shape the engine: part of the cache key."""
         return {
-            "recipe": self.recipe.build_inputs(),
+            "settings": engine_inputs(self.settings),
             "memory": self.memory.to_dict(),
             "commands_shape": self.step_names,
         }
 
     def with_checkpoint(self, checkpoint_dir: Path) -> EngineBuildPlan:
         """The same plan, its commands reading this (downloaded) checkpoint folder."""
-        commands = _commands(self.memory, self.recipe, Path(checkpoint_dir), Path(self.work_dir))
-        return replace(self, checkpoint_dir=str(checkpoint_dir), commands=commands)
+        steps = replace(self.steps, model_dir=Path(checkpoint_dir))
+        return replace(
+            self,
+            checkpoint_dir=str(checkpoint_dir),
+            steps=steps,
+            commands=_commands(self.memory, steps),
+        )
 
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["commands"] = [list(argv) for argv in self.commands]
-        data["step_names"] = list(self.step_names)
-        return data
+
+def engine_inputs(settings: BuildSettings) -> dict:
+    return {k: v for k, v in settings.to_dict().items() if k not in _NOT_ENGINE_INPUTS}
 
 
 def plan_engine_build(
@@ -84,7 +96,7 @@ def plan_engine_build(
     model_source: str,
     checkpoint_dir: Path | None,
     memory: MemoryPlan,
-    recipe: BuildRecipe,
+    settings: BuildSettings,
     *,
     gpu_sm: str,
     output_dir: str | Path | None = None,
@@ -94,25 +106,32 @@ def plan_engine_build(
 
     `display_dir` stands in for a checkpoint that is not downloaded yet (dry runs of hub models).
     """
+    runtime = EngineRuntime(
+        kv_cache_tokens=memory.kv_cache_tokens,
+        kv_cache_free_gpu_mem_fraction=settings.kv_cache_free_gpu_mem_fraction
+        or memory.kv_cache_free_gpu_mem_fraction,
+        enable_kv_cache_reuse=_on(settings.enable_kv_cache_reuse),
+        enable_chunked_context=_on(settings.enable_chunked_context),
+        batch_scheduler_policy=settings.batch_scheduler_policy or DEFAULT_BATCH_SCHEDULER_POLICY,
+    )
     check_precisions(memory)
-    check_context_fits(memory, recipe)
+    check_context_fits(memory, runtime)
     step_names = ("quantize" if needs_quantizer(memory) else "convert", "trtllm-build")
     engine_dir = (
         Path(output_dir).expanduser().resolve()
         if output_dir
         else default_engine_dir(
-            model, memory, _engine_key(model_source, recipe, memory, step_names, gpu_sm)
+            model, memory, _engine_key(model_source, settings, memory, step_names, gpu_sm)
         )
     )
     work_dir = engine_dir.parent / f".{engine_dir.name}.work"
-    model_dir = Path(checkpoint_dir if checkpoint_dir is not None else display_dir)
-    runtime = EngineRuntime(
-        kv_cache_tokens=memory.kv_cache_tokens,
-        kv_cache_free_gpu_mem_fraction=recipe.kv_cache_free_gpu_mem_fraction
-        or memory.kv_cache_free_gpu_mem_fraction,
-        enable_kv_cache_reuse=recipe.enable_kv_cache_reuse,
-        enable_chunked_context=recipe.enable_chunked_context,
-        batch_scheduler_policy=recipe.batch_scheduler_policy,
+    steps = StepSettings(
+        model_dir=Path(checkpoint_dir if checkpoint_dir is not None else display_dir),
+        checkpoint_dir=work_dir / "checkpoint",
+        engine_dir=work_dir / "engine",
+        timing_cache=work_dir / "timing.cache",
+        calib_size=settings.calib_size or DEFAULT_CALIB_SIZE,
+        awq_block_size=settings.awq_block_size or DEFAULT_AWQ_BLOCK_SIZE,
     )
     return EngineBuildPlan(
         model=model,
@@ -120,14 +139,19 @@ def plan_engine_build(
         checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
         target=memory.gpu,
         gpu_sm=gpu_sm,
-        recipe=recipe,
+        settings=settings,
         memory=memory,
         engine_dir=str(engine_dir),
         work_dir=str(work_dir),
-        commands=_commands(memory, recipe, model_dir, work_dir),
+        commands=_commands(memory, steps),
         step_names=step_names,
         runtime=runtime,
+        steps=steps,
     )
+
+
+def _on(value: bool | None) -> bool:
+    return True if value is None else value
 
 
 def check_precisions(memory: MemoryPlan) -> None:
@@ -151,33 +175,23 @@ def check_precisions(memory: MemoryPlan) -> None:
         )
 
 
-def check_context_fits(memory: MemoryPlan, recipe: BuildRecipe) -> None:
+def check_context_fits(memory: MemoryPlan, runtime: EngineRuntime) -> None:
     """Without chunked context a prompt is one step: max_num_tokens must hold max_input_len tokens.
 
     The executor bounds a context by max_num_tokens when context FMHA is on and chunking is off
     (trtGptModelInflightBatching.cpp: maxContextLength); longer prompts would be refused at serve time.
     """
-    if not recipe.enable_chunked_context and memory.max_num_tokens < memory.max_input_len:
+    if not runtime.enable_chunked_context and memory.max_num_tokens < memory.max_input_len:
         raise EngineBuildError(
-            f"kv_cache.enable_chunked_context is false, and max_num_tokens {memory.max_num_tokens} is less than "
-            f"max_input_len {memory.max_input_len}: prompts longer than {memory.max_num_tokens} tokens could "
-            "not be served",
-            hint=f"set kv_cache.enable_chunked_context: true in the recipe, or pass --max-num-tokens "
-            f"{memory.max_input_len} (or --max-input-len {memory.max_num_tokens})",
+            f"chunked context is off (--no-chunked-context, kv_cache.enable_chunked_context: false), and "
+            f"max_num_tokens {memory.max_num_tokens} is less than max_input_len {memory.max_input_len}: prompts "
+            f"longer than {memory.max_num_tokens} tokens could not be served",
+            hint=f"drop --no-chunked-context (kv_cache.enable_chunked_context: true in a recipe), or pass "
+            f"--max-num-tokens {memory.max_input_len} (or --max-input-len {memory.max_num_tokens})",
         )
 
 
-def _commands(
-    memory: MemoryPlan, recipe: BuildRecipe, model_dir: Path, work_dir: Path
-) -> tuple[tuple[str, ...], ...]:
-    settings = StepSettings(
-        model_dir=model_dir,
-        checkpoint_dir=work_dir / "checkpoint",
-        engine_dir=work_dir / "engine",
-        timing_cache=work_dir / "timing.cache",
-        calib_size=recipe.calib_size,
-        awq_block_size=recipe.awq_block_size,
-    )
+def _commands(memory: MemoryPlan, settings: StepSettings) -> tuple[tuple[str, ...], ...]:
     tools = trtllm_tools()
     commands = (
         checkpoint_argv(memory, settings, tools),
@@ -190,7 +204,7 @@ def _commands(
 
 def _engine_key(
     model_source: str,
-    recipe: BuildRecipe,
+    settings: BuildSettings,
     memory: MemoryPlan,
     step_names: tuple[str, ...],
     gpu_sm: str,
@@ -198,7 +212,7 @@ def _engine_key(
     """Everything of the build cache key that is known before the checkpoint is downloaded."""
     return {
         "model_source": model_source,
-        "recipe": recipe.build_inputs(),
+        "settings": engine_inputs(settings),
         "memory": memory.to_dict(),
         "commands_shape": list(step_names),
         "trtllm": PINNED_TRTLLM_VERSION,

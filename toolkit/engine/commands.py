@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.engine.trtllm_flags import CONVERT_SCRIPTS, QUANTIZE_SCRIPT
-from toolkit.errors import EngineBuildError
-from toolkit.model.facts import SUPPORTED_ARCHITECTURES
+from toolkit.engine.trtllm_flags import QUANTIZE_SCRIPT
+from toolkit.model.architectures import family_named
 from toolkit.plan.memory import MemoryPlan
+from toolkit.plan.precisions import WEIGHT_PRECISIONS
 from toolkit.settings import TrtllmTools
 
-_QFORMAT = {"fp8": "fp8", "int4-awq": "int4_awq", "bf16": "full_prec"}
-_GEMM_PLUGIN = {"bf16": "auto", "int4-awq": "auto", "fp8": "disable"}
+# quantize.py's --qformat when only the KV cache is quantized (bf16 weights, fp8 KV cache).
+FULL_PRECISION_QFORMAT = "full_prec"
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class StepSettings:
 
 
 def needs_quantizer(plan: MemoryPlan) -> bool:
-    """ModelOpt's quantize path for fp8 / int4-awq weights or an fp8 KV cache; plain conversion for bf16."""
-    return plan.dtype != "bf16" or plan.kv_dtype != "bf16"
+    """ModelOpt's quantize path for quantized weights or KV cache; the family's converter otherwise."""
+    return WEIGHT_PRECISIONS[plan.dtype].qformat is not None or plan.kv_dtype != "bf16"
 
 
 def checkpoint_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
@@ -47,15 +47,9 @@ def checkpoint_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools
 
 
 def convert_script(plan: MemoryPlan) -> str:
-    """The converter of the model's family (toolkit.model.facts.SUPPORTED_ARCHITECTURES): Llama and Mistral
-    go through the Llama one, Qwen2 through the Qwen one (the Llama converter would drop its q/k/v biases)."""
-    family = SUPPORTED_ARCHITECTURES.get(plan.architecture)
-    if family not in CONVERT_SCRIPTS:
-        raise EngineBuildError(
-            f"no TensorRT-LLM checkpoint converter for architecture {plan.architecture or '(unknown)'!r}",
-            hint=f"use a checkpoint of one of: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
-        )
-    return CONVERT_SCRIPTS[family]
+    """The converter of the model's family (toolkit.model.architectures): Llama and Mistral go through the
+    Llama one, Qwen2 through the Qwen one (the Llama converter would drop its q/k/v biases)."""
+    return family_named(plan.architecture).converter
 
 
 def convert_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
@@ -88,7 +82,7 @@ def quantize_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) 
         "--dtype",
         "bfloat16",
         "--qformat",
-        _QFORMAT[plan.dtype],
+        WEIGHT_PRECISIONS[plan.dtype].qformat or FULL_PRECISION_QFORMAT,
         "--calib_size",
         str(settings.calib_size),
         "--tp_size",
@@ -133,7 +127,7 @@ def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmToo
         "--gpt_attention_plugin",
         "auto",
         "--gemm_plugin",
-        _GEMM_PLUGIN[plan.dtype],
+        WEIGHT_PRECISIONS[plan.dtype].gemm_plugin,
         "--multiple_profiles",
         "enable",
         "--workers",
@@ -143,11 +137,8 @@ def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmToo
         "--output_timing_cache",
         str(settings.timing_cache),
     ]
-    if plan.dtype in ("bf16", "fp8"):
-        argv += [
-            "--use_fused_mlp",
-            "enable",
-        ]  # trtllm-build turns it off itself for weight-only int4
+    if WEIGHT_PRECISIONS[plan.dtype].fused_mlp:
+        argv += ["--use_fused_mlp", "enable"]
     if plan.dtype == "fp8" and plan.kv_dtype == "fp8":
         argv += ["--use_fp8_context_fmha", "enable"]  # FP8 attention in the context phase on Hopper
     return argv

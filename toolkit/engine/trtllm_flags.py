@@ -15,11 +15,8 @@ from toolkit.errors import EngineBuildError
 from toolkit.trtllm import PINNED_TRTLLM_VERSION
 
 # Paths of the example scripts inside a TensorRT-LLM checkout of the pinned tag (moved under
-# examples/models/core/ in 0.19; 0.17 and 0.18 had examples/llama/convert_checkpoint.py). One converter
-# per model family: the Llama one knows nothing of Qwen2's q/k/v biases and would drop them.
-LLAMA_CONVERT_SCRIPT = "models/core/llama/convert_checkpoint.py"
-QWEN_CONVERT_SCRIPT = "models/core/qwen/convert_checkpoint.py"
-CONVERT_SCRIPTS = {"llama": LLAMA_CONVERT_SCRIPT, "qwen": QWEN_CONVERT_SCRIPT}
+# examples/models/core/ in 0.19; 0.17 and 0.18 had examples/llama/convert_checkpoint.py). The
+# converters are named by the model families (toolkit.model.architectures).
 QUANTIZE_SCRIPT = "quantization/quantize.py"
 
 

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from toolkit.errors import UnsupportedModelError
-
-# Decoder-only architectures that both the CPU engine (transformers' continuous batching)
-# and TensorRT-LLM's checkpoint converters handle, with the converter's model folder name.
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen",
-}
+from toolkit.model.architectures import ModelFamily, family_for, family_named
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -38,24 +31,26 @@ class ModelFacts:
     eos_token_ids: tuple[int, ...]
 
     @property
+    def family(self) -> ModelFamily:
+        return family_named(self.architecture)
+
+    @property
     def parameter_count(self) -> int:
-        """Parameters of a Llama-style decoder: embeddings, attention, gated MLP, RMS norms, LM head."""
-        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        q = self.num_attention_heads * self.head_dim
-        attention = h * q + 2 * h * kv + q * h
-        if self.attention_bias:
-            attention += q + 2 * kv
-        mlp = 3 * h * self.intermediate_size
-        per_layer = attention + mlp + 2 * h
-        embeddings = self.vocab_size * h
-        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return embeddings + self.num_layers * per_layer + h + lm_head
+        return self.family.parameter_count(self)
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["eos_token_ids"] = list(self.eos_token_ids)
         data["parameter_count"] = self.parameter_count
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelFacts:
+        """The facts a manifest recorded (to_dict's derived `parameter_count` is left out)."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["eos_token_ids"] = tuple(values.get("eos_token_ids", ()))
+        return cls(**values)
 
 
 def read_model_facts(checkpoint: Path) -> ModelFacts:
@@ -76,14 +71,15 @@ def read_model_facts(checkpoint: Path) -> ModelFacts:
 
 
 def facts_from_config(config: dict, source: str = "config.json") -> ModelFacts:
-    architecture = _architecture(config, source)
+    family = family_for(config.get("architectures") or [config.get("model_type") or ""], source)
+    architecture = next(a for a in config.get("architectures") or () if a in family.architectures)
     heads = _required(config, "num_attention_heads", source)
     hidden = _required(config, "hidden_size", source)
     eos = config.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     return ModelFacts(
         architecture=architecture,
-        model_type=config.get("model_type", SUPPORTED_ARCHITECTURES[architecture]),
+        model_type=config.get("model_type", family.name),
         num_layers=_required(config, "num_hidden_layers", source),
         hidden_size=hidden,
         intermediate_size=_required(config, "intermediate_size", source),
@@ -94,20 +90,9 @@ def facts_from_config(config: dict, source: str = "config.json") -> ModelFacts:
         max_position_embeddings=config.get("max_position_embeddings", 4096),
         dtype=_dtype(config),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=bool(config.get("attention_bias", architecture == "Qwen2ForCausalLM")),
+        attention_bias=bool(config.get("attention_bias", family.default_attention_bias)),
         bos_token_id=config.get("bos_token_id"),
         eos_token_ids=eos_ids,
-    )
-
-
-def _architecture(config: dict, source: str) -> str:
-    architectures = config.get("architectures") or []
-    for name in architectures:
-        if name in SUPPORTED_ARCHITECTURES:
-            return name
-    raise UnsupportedModelError(
-        f"architecture {architectures or config.get('model_type')!r} in {source} is not supported",
-        hint=f"use a checkpoint of one of: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}",
     )
 
 

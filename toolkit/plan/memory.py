@@ -12,18 +12,18 @@ import math
 from dataclasses import asdict, dataclass
 
 from toolkit.errors import PlanError
+from toolkit.model.architectures import ParameterSplit
 from toolkit.model.facts import ModelFacts
 from toolkit.plan.gpus import GB, GpuProfile
+from toolkit.plan.precisions import (
+    KV_DTYPES,
+    KV_PRECISIONS,
+    UNQUANTIZED_BYTES,
+    WEIGHT_DTYPES,
+    WEIGHT_PRECISIONS,
+)
 
-WEIGHT_DTYPES = ("bf16", "fp8", "int4-awq")
-KV_DTYPES = ("bf16", "fp8")
 TP_CHOICES = (1, 2, 4, 8)
-
-# Bytes per weight of a quantized linear layer. int4-awq: 4 bits plus one bf16 scale per
-# group of 128 weights (ModelOpt's default awq_block_size). fp8: one byte plus per-tensor scales.
-_LINEAR_BYTES = {"bf16": 2.0, "fp8": 1.0, "int4-awq": 0.5 + 2 / 128}
-_KV_BYTES = {"bf16": 2, "fp8": 1}
-_UNQUANTIZED_BYTES = 2  # embeddings, LM head and norms stay bf16 under every recipe here
 
 # What the runtime needs besides weights and KV cache: CUDA context, cuBLAS/NCCL workspaces and
 # the activation buffers sized by max_num_tokens. A fixed share of the card keeps it simple and safe.
@@ -91,29 +91,8 @@ class MemoryPlan:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class _Split:
-    """Parameter counts by how they are stored and sharded."""
-
-    linear: int  # attention and MLP matrices of all layers: quantized, TP-sharded, PP-split
-    layer_norms: int
-    embedding: int
-    lm_head: int  # stored even when tied: TensorRT-LLM keeps its own LM head copy
-    final_norm: int
-
-
-def _split(facts: ModelFacts) -> _Split:
-    h, kv = facts.hidden_size, facts.num_kv_heads * facts.head_dim
-    q = facts.num_attention_heads * facts.head_dim
-    attention = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if facts.attention_bias else 0)
-    mlp = 3 * h * facts.intermediate_size
-    return _Split(
-        linear=facts.num_layers * (attention + mlp),
-        layer_norms=facts.num_layers * 2 * h,
-        embedding=facts.vocab_size * h,
-        lm_head=facts.vocab_size * h,
-        final_norm=h,
-    )
+def _split(facts: ModelFacts) -> ParameterSplit:
+    return facts.family.split(facts)
 
 
 def weights_bytes(facts: ModelFacts, dtype: str) -> int:
@@ -121,7 +100,7 @@ def weights_bytes(facts: ModelFacts, dtype: str) -> int:
     s = _split(facts)
     lm_head = 0 if facts.tie_word_embeddings else s.lm_head
     other = s.layer_norms + s.embedding + lm_head + s.final_norm
-    return int(s.linear * _LINEAR_BYTES[dtype] + other * _UNQUANTIZED_BYTES)
+    return int(s.linear * WEIGHT_PRECISIONS[dtype].linear_bytes + other * UNQUANTIZED_BYTES)
 
 
 def stage_layers(num_layers: int, pp: int) -> list[int]:
@@ -138,18 +117,18 @@ def weights_bytes_per_gpu(facts: ModelFacts, dtype: str, tp: int, pp: int) -> in
     linear_per_layer = s.linear // facts.num_layers  # parameters; every layer has the same shapes
     norms_per_layer = s.layer_norms // facts.num_layers
     stages = [
-        layers * linear_per_layer * _LINEAR_BYTES[dtype] / tp
-        + layers * norms_per_layer * _UNQUANTIZED_BYTES
+        layers * linear_per_layer * WEIGHT_PRECISIONS[dtype].linear_bytes / tp
+        + layers * norms_per_layer * UNQUANTIZED_BYTES
         for layers in stage_layers(facts.num_layers, pp)
     ]
-    stages[0] += s.embedding * _UNQUANTIZED_BYTES
-    stages[-1] += (s.lm_head / tp + s.final_norm) * _UNQUANTIZED_BYTES
+    stages[0] += s.embedding * UNQUANTIZED_BYTES
+    stages[-1] += (s.lm_head / tp + s.final_norm) * UNQUANTIZED_BYTES
     return int(max(stages))
 
 
 def kv_bytes_per_token(facts: ModelFacts, kv_dtype: str) -> int:
-    """K and V of every layer for one token: 2 x layers x KV heads x head_dim x bytes."""
-    return 2 * facts.num_layers * facts.num_kv_heads * facts.head_dim * _KV_BYTES[kv_dtype]
+    """K and V of every layer for one token (the model family's arithmetic)."""
+    return facts.family.kv_bytes_per_token(facts, KV_PRECISIONS[kv_dtype].bytes)
 
 
 def kv_heads_per_gpu(facts: ModelFacts, tp: int) -> int:
@@ -162,7 +141,9 @@ def kv_heads_per_gpu(facts: ModelFacts, tp: int) -> int:
 
 def kv_bytes_per_token_per_gpu(facts: ModelFacts, kv_dtype: str, tp: int, pp: int) -> int:
     layers = stage_layers(facts.num_layers, pp)[0]  # the first stage has the most
-    return 2 * layers * kv_heads_per_gpu(facts, tp) * facts.head_dim * _KV_BYTES[kv_dtype]
+    return facts.family.kv_bytes_per_token(
+        facts, KV_PRECISIONS[kv_dtype].bytes, layers=layers, kv_heads=kv_heads_per_gpu(facts, tp)
+    )
 
 
 def compute_plan(
@@ -289,8 +270,8 @@ def plan_memory(facts: ModelFacts, gpu: GpuProfile, **options) -> MemoryPlan:
 def fitting_options(facts: ModelFacts, gpu: GpuProfile, options: dict) -> list[MemoryPlan]:
     """For each weight dtype this GPU runs, the plan with the smallest TP that fits."""
     found = []
-    for dtype in WEIGHT_DTYPES:
-        if dtype == "fp8" and not gpu.supports_fp8:
+    for dtype, precision in WEIGHT_PRECISIONS.items():
+        if precision.needs_fp8_hardware and not gpu.supports_fp8:
             continue
         tp = _smallest_tp(facts, gpu, {**options, "dtype": dtype})
         if tp is not None:
@@ -337,7 +318,8 @@ def _check_choices(gpu: GpuProfile, dtype: str, kv_dtype: str) -> None:
         raise PlanError(
             f"unknown --kv-dtype {kv_dtype!r}", hint=f"use one of: {', '.join(KV_DTYPES)}"
         )
-    if "fp8" in (dtype, kv_dtype) and not gpu.supports_fp8:
+    fp8 = WEIGHT_PRECISIONS[dtype].needs_fp8_hardware or KV_PRECISIONS[kv_dtype].needs_fp8_hardware
+    if fp8 and not gpu.supports_fp8:
         raise PlanError(
             f"{gpu.name} (SM {gpu.sm}) has no FP8 tensor cores; fp8 needs SM 8.9 or newer",
             hint="use --dtype bf16 or int4-awq and --kv-dtype bf16, or a Hopper/Ada GPU",

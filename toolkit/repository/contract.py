@@ -114,7 +114,29 @@ ENGINE_OUTPUTS = (
     Tensor("total_accepted_draft_tokens", "INT32", (1,)),
     Tensor("total_draft_tokens", "INT32", (1,)),
 )
-PERF_OUTPUTS = tuple(t.name for t in ENGINE_OUTPUTS[8:])  # returned only with return_perf_metrics
+
+# Engine inputs that ask for a request feature (toolkit.capabilities.FEATURES), with the value that means
+# "off": a value, EMPTY (no words in a word list, no non-zero bias: what the stock preprocessing sends
+# when the client asks for none), or None (any value sent asks for it). An engine whose repository does
+# not honour the feature refuses a request that asks for it (toolkit.targets.python.engine_refusals).
+EMPTY = "empty"
+ENGINE_INPUT_FEATURES: dict[str, tuple[str, object]] = {
+    "beam_width": ("beam_width", 1),
+    "len_penalty": ("beam_width", 1.0),  # applies to beam search only
+    "early_stopping": ("beam_width", False),
+    "beam_search_diversity_rate": ("beam_width", 0.0),
+    "num_return_sequences": ("n", 1),
+    "return_log_probs": ("logprobs", False),
+    "return_context_logits": ("context_logits", False),
+    "return_generation_logits": ("generation_logits", False),
+    "repetition_penalty": ("penalties", 1.0),
+    "presence_penalty": ("penalties", 0.0),
+    "frequency_penalty": ("penalties", 0.0),
+    "embedding_bias": ("logit_bias", EMPTY),
+    "bad_words_list": ("bad_words", EMPTY),
+    "runtime_top_p_decay": ("top_p_decay", None),
+    "runtime_top_p_reset_ids": ("top_p_decay", None),
+}
 
 # Inputs an earlier release reads under another name: pinned name -> (name, releases before which it applies).
 _RENAMED = {

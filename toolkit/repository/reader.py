@@ -8,22 +8,49 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
-from toolkit.errors import RepositoryError
+from toolkit.build_settings import BuildSettings
+from toolkit.capabilities import Capabilities
+from toolkit.errors import RepositoryError, RepositoryNotFoundError, ToolkitError
 from toolkit.fsutil import sha256_file
+from toolkit.model.facts import ModelFacts
 from toolkit.model.tokens import TokenFacts
 from toolkit.model.verify import file_sha256, remember_sha256
+from toolkit.plan.memory import MemoryPlan
 from toolkit.repository import contract as c
-from toolkit.repository.engines import EngineSpec, engine_from_manifest
+from toolkit.repository.engine import EngineSection
 from toolkit.repository.limits import RepositoryLimits
 
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 2
+MANIFEST_FORMAT = 3
 GENERATOR = "toolkit"  # the marker: only a manifest with this generator is a repository the toolkit may replace
-PYTHON_TARGETS = ("cpu", "synthetic")
 _IGNORED_PARTS = ("__pycache__",)  # the Python backend's stub writes bytecode next to model.py
+
+
+class FileRecord(NamedTuple):
+    """One file of the repository as the build wrote it."""
+
+    size: int
+    mtime_ns: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    source: str  # "hf:org/name" | "local:/path" | "embedded:name"
+    revision: str | None
+    facts: ModelFacts
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "revision": self.revision, "facts": self.facts.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelSection:
+        return cls(str(data["source"]), data.get("revision"), ModelFacts.from_dict(data["facts"]))
 
 
 @dataclass(frozen=True)
@@ -34,22 +61,40 @@ class Manifest:
     build_key: str
     target: str
     created: str
-    model: dict  # {"source": "hf:org/name" | "local:/path" | "embedded:name", "revision": ..., "facts": {...}}
-    checkpoint_files: dict  # checkpoint file name -> sha256
-    files: dict  # repository file (relative path) -> [size, mtime_ns, sha256]
+    model: ModelSection
+    checkpoint_files: dict[str, str]  # checkpoint file name -> sha256
+    files: dict[str, FileRecord]  # repository file (relative path) -> as written
     limits: RepositoryLimits
     tokens: TokenFacts
-    engine: dict  # the engine variant's describe()
+    engine: EngineSection
+    settings: BuildSettings  # every build setting as the build resolved it
+    capabilities: Capabilities
     decoupled: bool = True
-    memory_plan: dict | None = None
-    versions: dict = field(default_factory=dict)
+    memory_plan: MemoryPlan | None = None  # GPU targets: the planner's numbers
+    versions: dict[str, str | None] = field(default_factory=dict)
     generator: str = GENERATOR
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data["limits"] = self.limits.to_dict()
-        data["tokens"] = self.tokens.to_dict()
-        return data
+        return {
+            "format": self.format,
+            "toolkit_version": self.toolkit_version,
+            "sources_digest": self.sources_digest,
+            "build_key": self.build_key,
+            "target": self.target,
+            "created": self.created,
+            "model": self.model.to_dict(),
+            "checkpoint_files": dict(self.checkpoint_files),
+            "files": {name: list(record) for name, record in self.files.items()},
+            "limits": self.limits.to_dict(),
+            "tokens": self.tokens.to_dict(),
+            "engine": self.engine.to_dict(),
+            "settings": self.settings.to_dict(),
+            "capabilities": self.capabilities.to_dict(),
+            "decoupled": self.decoupled,
+            "memory_plan": None if self.memory_plan is None else self.memory_plan.to_dict(),
+            "versions": dict(self.versions),
+            "generator": self.generator,
+        }
 
     @classmethod
     def from_dict(cls, data, path: Path) -> Manifest:
@@ -64,14 +109,29 @@ class Manifest:
                 hint=f"rebuild it: {rebuild_command(data, path.parent)}",
             )
         try:
+            plan = data.get("memory_plan")
             return cls(
-                **{
-                    **data,
-                    "limits": RepositoryLimits.from_dict(data["limits"], str(path)),
-                    "tokens": TokenFacts.from_dict(data["tokens"]),
-                }
+                format=data["format"],
+                toolkit_version=str(data["toolkit_version"]),
+                sources_digest=str(data["sources_digest"]),
+                build_key=str(data["build_key"]),
+                target=str(data["target"]),
+                created=str(data["created"]),
+                model=ModelSection.from_dict(data["model"]),
+                checkpoint_files=dict(data["checkpoint_files"]),
+                files={name: FileRecord(*record) for name, record in data["files"].items()},
+                limits=RepositoryLimits.from_dict(data["limits"], str(path)),
+                tokens=TokenFacts.from_dict(data["tokens"]),
+                engine=EngineSection.from_dict(data["engine"]),
+                settings=BuildSettings.from_dict(data["settings"], str(path)),
+                capabilities=Capabilities.from_dict(data["capabilities"]),
+                decoupled=bool(data.get("decoupled", True)),
+                memory_plan=None if plan is None else MemoryPlan(**plan),
+                versions=dict(data.get("versions") or {}),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, ToolkitError):
+                raise
             raise RepositoryError(
                 f"{path} is malformed ({type(exc).__name__}: {exc})",
                 hint=f"rebuild it: {rebuild_command(data, path.parent)}",
@@ -119,14 +179,21 @@ def is_toolkit_repository(folder: Path) -> bool:
 
 
 def rebuild_command(data: dict, repo: Path) -> str:
+    """The `toolkit build` command that makes this repository again: its model, target and every build
+    setting it recorded (a manifest too damaged to read them gives the model and target only)."""
     model = data.get("model") if isinstance(data, dict) else None
     source = model.get("source", "") if isinstance(model, dict) else ""
     kind, _, value = str(source).partition(":")
     model_arg = {"embedded": value, "hf": f"hf:{value}", "local": value, "catalog": value}.get(
         kind, "MODEL"
     )
-    target = data.get("target", "cpu") if isinstance(data, dict) else "cpu"
-    return f"toolkit build --target {target} --model {model_arg} --output {repo}"
+    target = data.get("target", "TARGET") if isinstance(data, dict) else "TARGET"
+    try:
+        settings = BuildSettings.from_dict(data.get("settings") or {}).rebuild_arguments()
+    except (ToolkitError, AttributeError, TypeError, ValueError):
+        settings = []
+    words = ["toolkit", "build", "--target", str(target), "--model", model_arg, *settings]
+    return " ".join(shlex.quote(w) for w in [*words, "--output", str(repo)])
 
 
 @dataclass(frozen=True)
@@ -159,8 +226,13 @@ class Repository:
         return self.manifest.decoupled
 
     @property
-    def engine(self) -> EngineSpec:
-        return engine_from_manifest(self.manifest.engine)
+    def capabilities(self) -> Capabilities:
+        return self.manifest.capabilities
+
+    @property
+    def trtllm_version(self) -> str | None:
+        """The TensorRT-LLM release whose tensor names the engine reads (None: the pinned one)."""
+        return self.manifest.engine.trtllm_version
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -177,17 +249,13 @@ class Repository:
         return path
 
     @property
-    def memory_plan(self):
-        """The planner's numbers (toolkit.plan.memory.MemoryPlan) of a GPU repository; None for cpu/synthetic."""
-        if self.manifest.memory_plan is None:
-            return None
-        from toolkit.plan.memory import MemoryPlan
-
-        return MemoryPlan(**self.manifest.memory_plan)
+    def memory_plan(self) -> MemoryPlan | None:
+        """The planner's numbers of a GPU repository; None for the Python engines."""
+        return self.manifest.memory_plan
 
     @property
     def model_source(self) -> str:
-        return self.manifest.model["source"]
+        return self.manifest.model.source
 
     @property
     def served_model_name(self) -> str:
@@ -199,11 +267,6 @@ class Repository:
     @property
     def rebuild_command(self) -> str:
         return rebuild_command(self.manifest.to_dict(), self.path)
-
-    def chat_template(self) -> str | None:
-        from toolkit.model.chat_template import template_from_tokenizer_dir
-
-        return template_from_tokenizer_dir(self.tokenizer_dir)
 
     def file_changes(self) -> list[FileChange]:
         """Files that differ from what the build wrote: by size, else by sha256. Hashes are memoised by
@@ -238,8 +301,8 @@ def repository_file_names(root: Path) -> list[str]:
     return names
 
 
-def record_files(root: Path, known: dict[str, str] | None = None) -> dict:
-    """The `files` table of a manifest: relative path -> [size, mtime_ns, sha256].
+def record_files(root: Path, known: dict[str, str] | None = None) -> dict[str, FileRecord]:
+    """The `files` table of a manifest: relative path -> (size, mtime_ns, sha256).
 
     `known` gives digests already computed (a weights file copied from a hashed checkpoint file).
     """
@@ -252,7 +315,7 @@ def record_files(root: Path, known: dict[str, str] | None = None) -> dict:
         digest = known.get(relative) or sha256_file(path)
         remember_sha256(path, digest)
         stat = path.stat()
-        table[relative] = [stat.st_size, stat.st_mtime_ns, digest]
+        table[relative] = FileRecord(stat.st_size, stat.st_mtime_ns, digest)
     return table
 
 
@@ -260,7 +323,7 @@ def open_repository(path: Path) -> Repository:
     """Open a built repository: RepositoryError for a missing, foreign, half-made or other-format one."""
     path = Path(path)
     if not path.is_dir():
-        raise RepositoryError(
+        raise RepositoryNotFoundError(
             f"model repository {path} does not exist",
             hint=f"build it with: toolkit build --target cpu --output {path}",
         )

@@ -17,10 +17,12 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit import __version__
+from toolkit.build_settings import BuildSettings
+from toolkit.capabilities import Capabilities
 from toolkit.errors import RepositoryError, ToolkitError
 from toolkit.fsutil import (
     check_free_space,
@@ -36,19 +38,16 @@ from toolkit.model.facts import ModelFacts, read_model_facts
 from toolkit.model.sources import ResolvedModel
 from toolkit.model.tokens import TokenFacts, read_token_facts
 from toolkit.model.verify import checked_sha256
+from toolkit.plan.memory import MemoryPlan
 from toolkit.repository import configs
 from toolkit.repository import contract as c
-from toolkit.repository.engines import (
-    CHECKPOINT_FILES,
-    EngineSpec,
-    SyntheticEngine,
-    checkpoint_files,
-)
+from toolkit.repository.engine import CHECKPOINT_FILES, EngineSpec, checkpoint_files
 from toolkit.repository.limits import RepositoryLimits
 from toolkit.repository.reader import (
     MANIFEST,
     MANIFEST_FORMAT,
     Manifest,
+    ModelSection,
     is_toolkit_repository,
     open_repository,
     record_files,
@@ -70,16 +69,14 @@ class RepositoryPlan:
     engine: EngineSpec
     output: Path
     limits: RepositoryLimits
+    target: str
+    settings: BuildSettings  # as the build resolved them (the manifest records them)
+    capabilities: Capabilities
     decoupled: bool = True
-    memory_plan: dict | None = (
-        None  # GPU targets: the planner's numbers (bench compares against its bounds)
-    )
+    # GPU targets: the planner's numbers (bench compares against its bounds).
+    memory_plan: MemoryPlan | None = None
     preprocessing_instances: int = 1
     postprocessing_instances: int = 1
-
-    @property
-    def target(self) -> str:
-        return self.engine.target
 
     @property
     def key(self) -> str:
@@ -92,10 +89,12 @@ class RepositoryPlan:
             "files": checkpoint_hashes(self.model.path),
             "limits": self.limits.to_dict(),
             "tokens": self.tokens.to_dict(),
-            "engine": self.engine.describe(),
+            "engine": self.engine.section().to_dict(),
+            "settings": self.settings.to_dict(),
+            "capabilities": self.capabilities.to_dict(),
             "decoupled": self.decoupled,
             "instances": [self.preprocessing_instances, self.postprocessing_instances],
-            "memory_plan": self.memory_plan,
+            "memory_plan": None if self.memory_plan is None else self.memory_plan.to_dict(),
         }
         return hashlib.sha256(
             json.dumps(payload, sort_keys=True, default=str).encode()
@@ -116,24 +115,27 @@ def plan_repository(
     model: ResolvedModel,
     engine: EngineSpec,
     output: Path,
-    limits: RepositoryLimits | None = None,
+    limits: RepositoryLimits,
     *,
-    memory_plan: dict | None = None,
-    decoupled: bool = True,
+    target: str,
+    settings: BuildSettings,
+    capabilities: Capabilities,
+    memory_plan: MemoryPlan | None = None,
 ) -> RepositoryPlan:
+    """What to write for `model` with this engine and these limits (checked against the model)."""
     facts = read_model_facts(model.path)
     tokens = read_token_facts(model.path)
-    limits = (limits or RepositoryLimits()).check(facts.max_position_embeddings)
-    if isinstance(engine, SyntheticEngine) and not engine.token_ids:
-        engine = replace(engine, token_ids=tuple(_plain_word_ids(model.path, tokens)))
     return RepositoryPlan(
         model=model,
         facts=facts,
         tokens=tokens,
-        engine=engine,
+        engine=engine.prepared(model.path, tokens),
         output=Path(output).resolve(),
-        limits=limits,
-        decoupled=decoupled,
+        limits=limits.check(facts.max_position_embeddings),
+        target=target,
+        settings=settings,
+        capabilities=capabilities,
+        decoupled=settings.decoupled is not False,
         memory_plan=memory_plan,
     )
 
@@ -258,7 +260,7 @@ def _bytes_needed(plan: RepositoryPlan) -> int:
     files = checkpoint_files(plan.model.path)
     weights = (
         sum(p.stat().st_size for p in files if p.name not in CHECKPOINT_FILES)
-        if plan.target == "cpu"
+        if plan.engine.copies_weights
         else 0
     )
     tokenizer = sum(p.stat().st_size for p in files if p.name in CHECKPOINT_FILES)
@@ -336,7 +338,7 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
     _write_config(root, configs.ensemble_model(limits.max_batch_size, plan.engine.trtllm_version))
     progress("engine")
     plan.engine.install(root / c.ENGINE / "1", plan.model.path)
-    _write_config(root, plan.engine.config(limits, tokens, plan.facts, plan.decoupled))
+    _write_config(root, plan.engine.config(plan))
     progress("manifest")
     hashes = checkpoint_hashes(plan.model.path)
     known = {f"{c.ENGINE}/1/weights/{name}": digest for name, digest in hashes.items()}
@@ -347,16 +349,14 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
         build_key=key,
         target=plan.target,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        model={
-            "source": plan.model.source,
-            "revision": plan.model.revision,
-            "facts": plan.facts.to_dict(),
-        },
+        model=ModelSection(plan.model.source, plan.model.revision, plan.facts),
         checkpoint_files=hashes,
         files=record_files(root, known),
         limits=limits,
         tokens=tokens,
-        engine=plan.engine.describe(),
+        engine=plan.engine.section(),
+        settings=plan.settings,
+        capabilities=plan.capabilities,
         decoupled=plan.decoupled,
         memory_plan=plan.memory_plan,
         versions=_library_versions(),
@@ -369,24 +369,6 @@ def _bls_passthrough(trtllm_version: str | None) -> dict[str, str]:
     return {
         text: c.engine_name(engine, trtllm_version) for text, engine in c.BLS_PASSTHROUGH.items()
     }
-
-
-def _plain_word_ids(checkpoint: Path, tokens: TokenFacts) -> list[int]:
-    """Ids of ordinary words for the synthetic engine to emit, so its text looks like text."""
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
-    ids = tokenizer.encode(SYNTHETIC_TEXT, add_special_tokens=False).ids
-    ends = {tokens.end_id, *tokens.stop_ids}
-    return [
-        i for i in dict.fromkeys(ids) if i not in ends
-    ]  # each id once: a cycle position names one token
-
-
-SYNTHETIC_TEXT = (
-    " The quick brown fox jumps over the lazy dog while a patient engineer measures every layer of"
-    " the serving stack, one streamed token at a time."
-)
 
 
 def _write_config(root: Path, config) -> None:

@@ -13,14 +13,14 @@ from pathlib import Path
 from toolkit import __version__
 from toolkit.errors import RepositoryError, ServerError
 from toolkit.repository import contract as c
-from toolkit.repository.engines import TrtllmEngine
-from toolkit.repository.reader import PYTHON_TARGETS, Repository, open_repository
+from toolkit.repository.reader import Repository, open_repository
 from toolkit.repository.sources import sources_digest
 from toolkit.serve.binary import TritonBinary, find_tritonserver
 from toolkit.serve.net import check_port_free, client_host, http_ok
 from toolkit.settings import EXIT_TIMEOUT_S, cache_dir, child_environment
 from toolkit.signals import deferred_interrupts
 from toolkit.subprocs import process_alive, start_process, stop_process, tail_lines
+from toolkit.targets import target_for
 
 
 @dataclass(frozen=True)
@@ -95,11 +95,10 @@ def check_repository(
             hint=f"rebuild it with this toolkit ({repository.rebuild_command}), or use toolkit "
             f"{manifest.toolkit_version}",
         )
-    if repository.target in PYTHON_TARGETS and stale:
+    stale_reason = target_for(repository).check_sources(repository, current)
+    if stale_reason is not None:
         raise RepositoryError(
-            f"{repo} was built by toolkit {manifest.toolkit_version} from other model sources than this "
-            "toolkit's",
-            hint=f"rebuild: {repository.rebuild_command}",
+            f"{repo} {stale_reason}", hint=f"rebuild: {repository.rebuild_command}"
         )
     changes = repository.file_changes()
     if changes and not allow_modified:
@@ -111,16 +110,6 @@ def check_repository(
             + (f", or {modified_fix}" if modified_fix else ""),
         )
     return repository
-
-
-def engine_preflight(repository: Repository):
-    """For a GPU repository: the engine's facts, after checking it can run here (else EngineBuildError)."""
-    engine = repository.engine
-    if not isinstance(engine, TrtllmEngine):
-        return None
-    from toolkit.engine import check_engine_compatible
-
-    return check_engine_compatible(Path(engine.engine_dir))
 
 
 def server_command(binary: TritonBinary, config: ServerConfig, world_size: int = 1) -> list[str]:
@@ -175,7 +164,8 @@ def launch_server(
     """Start tritonserver and wait until every model is ready. `detached`: it may outlive this process."""
     _check_distinct_ports(config)
     repository = check_repository(config.repo, allow_modified=config.allow_modified)
-    engine = engine_preflight(repository)
+    target = target_for(repository)
+    world_size = target.preflight(repository)
     for flag, port in (
         ("--http-port", config.http_port),
         ("--grpc-port", config.grpc_port),
@@ -187,13 +177,7 @@ def launch_server(
             flag,
         )
     binary = find_tritonserver()
-    if engine is not None and binary.bundled:
-        raise ServerError(
-            f"{config.repo} holds a TensorRT-LLM engine ({repository.target}), and the tritonserver found here "
-            "(bundled by nvidia-pytriton) has no tensorrtllm backend",
-            hint="serve it inside NVIDIA's Triton TRT-LLM container "
-            "(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3)",
-        )
+    target.check_server(repository, binary.bundled)
     log_file = config.log_file or cache_dir("logs") / f"tritonserver-{config.grpc_port}.log"
     try:
         log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -203,7 +187,7 @@ def launch_server(
             f"cannot write the server log {log_file}: {exc.strerror}",
             hint="pass a --log-file in a folder you can write to",
         ) from exc
-    argv = server_command(binary, config, engine.world_size if engine else 1)
+    argv = server_command(binary, config, world_size)
     # tritonserver and its stubs need no secrets: API keys and hub tokens stay out of their environment.
     process = start_process(
         argv, log_file, env=child_environment(binary.env), die_with_parent=not detached

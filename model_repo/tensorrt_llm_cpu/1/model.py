@@ -24,39 +24,22 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
-from engine_requests import NO_REQUEST_ID, Collector, Timing, is_stop_request, perf_outputs  # noqa: E402
+from engine_requests import (  # noqa: E402
+    NO_REQUEST_ID,
+    Collector,
+    Refusals,
+    Timing,
+    is_stop_request,
+    perf_outputs,
+)
 
 from params import ModelParams, final_flag, scalar  # noqa: E402
-from textcodec import unpack_word_list  # noqa: E402
+from textcodec import Refused, unpack_word_list  # noqa: E402
 
 RESULT_WAIT_S = 0.02
 # Below this a temperature divides logits past float32's range (NaN probabilities); sampling at it
 # is greedy decoding in all but name, so it is decoded greedily (TensorRT-LLM scales by 1/(t + 1e-6)).
 GREEDY_BELOW_TEMPERATURE = 1e-5
-UNSUPPORTED = {
-    # input: (value that means "off", what to tell the client)
-    "beam_width": (1, "beam search is not supported by the CPU engine; send beam_width 1"),
-    "num_return_sequences": (
-        1,
-        "the CPU engine returns one sequence per request; send num_return_sequences 1",
-    ),
-    "return_log_probs": (False, "log probs are not returned by the CPU engine"),
-    "return_context_logits": (False, "context logits are not returned by the CPU engine"),
-    "return_generation_logits": (False, "generation logits are not returned by the CPU engine"),
-    "repetition_penalty": (1.0, "repetition_penalty is not supported by the CPU engine; send 1.0"),
-    "presence_penalty": (0.0, "presence_penalty is not supported by the CPU engine; send 0"),
-    "frequency_penalty": (0.0, "frequency_penalty is not supported by the CPU engine; send 0"),
-    "len_penalty": (
-        1.0,
-        "length_penalty only applies to beam search, which the CPU engine does not do",
-    ),
-    "beam_search_diversity_rate": (0.0, "beam_search_diversity_rate only applies to beam search"),
-    "runtime_top_p_decay": (None, "top-p decay is not supported by the CPU engine"),
-    "runtime_top_p_reset_ids": (
-        None,
-        "top-p decay (runtime_top_p_reset_ids) is not supported by the CPU engine",
-    ),
-}
 
 
 def _final() -> int:
@@ -107,6 +90,8 @@ class TritonPythonModel:
         if threads > 0:
             torch.set_num_threads(threads)
         self.decoupled = params.flag("decoupled")
+        # What this repository does not honour (its capabilities), refused per request.
+        self.refusals = Refusals(params.text("refusals"))
         self.max_seq_len = params.integer("max_seq_len")
         self.max_batch_size = params.max_batch_size
         self.max_queue_size = params.integer("max_queue_size")
@@ -234,10 +219,7 @@ class TritonPythonModel:
         sender.send(flags=_final())
 
     def _admit(self, request, sender) -> None:
-        for name, (off, message) in UNSUPPORTED.items():
-            value = _scalar(request, name)
-            if value is not None and value != off:
-                raise ValueError(f"{name}={value}: {message}")
+        self.refusals.check(pb_utils, request)
         stream, sampling = self._parse(request, sender)
         with self._lock:
             self._check_queue()
@@ -284,21 +266,16 @@ class TritonPythonModel:
         prompt = self._prompt(request)
         max_tokens = int(_scalar(request, "request_output_len"))
         if max_tokens <= 0:
-            raise ValueError(f"request_output_len={max_tokens} must be at least 1")
+            raise Refused(f"request_output_len={max_tokens} must be at least 1")
         if len(prompt) + max_tokens > self.max_seq_len:
-            raise ValueError(
+            raise Refused(
                 f"input_lengths {len(prompt)} + request_output_len {max_tokens} exceeds max_seq_len "
                 f"{self.max_seq_len}; "
                 f"ask for at most {max(self.max_seq_len - len(prompt), 0)} tokens"
             )
-        bias = pb_utils.get_input_tensor_by_name(request, "embedding_bias")
-        if bias is not None and bias.as_numpy().size:
-            raise ValueError("embedding_bias is not supported by the CPU engine")
-        if _words(request, "bad_words_list"):
-            raise ValueError("bad_words are not supported by the CPU engine")
         streaming = bool(_scalar(request, "streaming", False))
         if streaming and not self.decoupled:
-            raise ValueError(
+            raise Refused(
                 "streaming is only supported by a decoupled model; this repository was built with "
                 "--no-decoupled: send streaming false, or rebuild without --no-decoupled"
             )
@@ -327,26 +304,24 @@ class TritonPythonModel:
     def _prompt(self, request) -> list:
         tensor = pb_utils.get_input_tensor_by_name(request, "input_ids")
         if tensor is None:
-            raise ValueError(
-                "input_ids is missing: send the prompt's token ids as input_ids [1, N]"
-            )
+            raise Refused("input_ids is missing: send the prompt's token ids as input_ids [1, N]")
         array = tensor.as_numpy()
         if array.ndim == 2 and array.shape[0] != 1:
-            raise ValueError(
+            raise Refused(
                 f"input_ids holds a batch of {array.shape[0]} prompts; the CPU engine takes one prompt per "
                 "request: send shape [1, N]"
             )
         ids = array.reshape(-1)
         length = int(_scalar(request, "input_lengths", len(ids)))
         if not 1 <= length <= len(ids):
-            raise ValueError(
+            raise Refused(
                 f"input_lengths {length} must be between 1 and the {len(ids)} ids sent in input_ids"
             )
         prompt_ids = ids[:length]
         low, high = int(prompt_ids.min()), int(prompt_ids.max())
         if low < 0 or high >= self.embedding_rows:
             bad = low if low < 0 else high
-            raise ValueError(
+            raise Refused(
                 f"input_ids holds token id {bad}, outside this model's vocabulary [0, {self.embedding_rows}); "
                 "tokenize with the repository's tokenizer"
             )
@@ -363,9 +338,9 @@ class TritonPythonModel:
         top_k = int(_scalar(request, "runtime_top_k", 0) or 0)
         top_p = float(_scalar(request, "runtime_top_p", 0.0) or 0.0)
         if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
-            raise ValueError(f"temperature={temperature} must be a finite number >= 0")
+            raise Refused(f"temperature={temperature} must be a finite number >= 0")
         if top_k < 0 or top_p > 1.0 or not math.isfinite(top_p):
-            raise ValueError(
+            raise Refused(
                 f"runtime_top_k={top_k} must be >= 0 and runtime_top_p={top_p} within (0, 1]"
             )
         sampled = top_k > 1 or top_p > 0.0

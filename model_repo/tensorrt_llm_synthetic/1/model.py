@@ -13,7 +13,8 @@ token as the contract allows:
 - cancellation is polled every `cancel_check_steps` steps, not per token (each poll is an IPC call);
 - `stop` requests, the queue bound, non-decoupled builds and the backend's metric families behave as
   in the CPU engine (model_repo/common/engine_requests.py, engine_metrics.py). Sampling and stop words
-  have no meaning without a model and are ignored; perf outputs are refused.
+  have no meaning without a model and are ignored; what the repository's capabilities do not
+  honour (penalties, logprobs, n, ...) and perf outputs are refused.
 
 Model parameters (config.pbtxt `parameters`, all strings):
   step_time_ms        time of one decode step in ms (float; 0: as fast as the stack takes tokens)
@@ -35,9 +36,10 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
-from engine_requests import NO_REQUEST_ID, Collector, is_stop_request  # noqa: E402
+from engine_requests import NO_REQUEST_ID, Collector, Refusals, is_stop_request  # noqa: E402
 
 from params import ModelParams, scalar  # noqa: E402
+from textcodec import Refused  # noqa: E402
 
 FINAL = (
     1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL_FLAG; pb_utils only gets its constants after import
@@ -93,6 +95,8 @@ class TritonPythonModel:
     def initialize(self, args):
         params = ModelParams(args)
         self.decoupled = params.flag("decoupled")
+        # What this repository does not honour (its capabilities), refused per request.
+        self.refusals = Refusals(params.text("refusals"))
         self.step_s = params.number("step_time_ms") / 1000.0
         self.token_ids = np.array(params.ids("token_ids"), dtype=np.int32)
         if not self.token_ids.size:
@@ -158,21 +162,18 @@ class TritonPythonModel:
         sender.send(flags=FINAL)  # the stop request itself: one empty final response
 
     def _admit(self, request, sender, batch_so_far: int) -> _Stream:
+        self.refusals.check(pb_utils, request)
         output_len = int(_scalar(request, "request_output_len", 0))
-        beams = int(_scalar(request, "beam_width", 1))
-        returns = int(_scalar(request, "num_return_sequences", 1))
-        if output_len <= 0 or beams != 1 or returns != 1:
-            raise ValueError(
-                f"request_output_len must be > 0 (got {output_len}); beam_width and num_return_sequences "
-                f"must be 1 (got {beams}, {returns})"
-            )
+        if output_len <= 0:
+            raise Refused(f"request_output_len must be > 0 (got {output_len})")
         if _scalar(request, "return_perf_metrics", False):
-            raise ValueError(
-                "return_perf_metrics: the synthetic engine has no model, so no perf metrics"
+            raise Refused(
+                "return_perf_metrics: the synthetic engine has no model, so no perf metrics",
+                "unsupported_parameter",
             )
         streaming = bool(_scalar(request, "streaming", False))
         if streaming and not self.decoupled:
-            raise ValueError(
+            raise Refused(
                 "streaming is only supported by a decoupled model; this repository was built with --no-decoupled"
             )
         waiting = len(self.active) + len(self.pending) + batch_so_far

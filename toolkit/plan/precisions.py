@@ -1,0 +1,72 @@
+"""The precisions a GPU engine's weights and KV cache can have: each declared once, with what it changes.
+
+The planner (bytes per weight), the engine build (quantizer format, plugins), the build settings
+(choices, help) and the checks read these records; a new precision is one more record here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WeightPrecision:
+    name: str  # the --dtype value
+    # Bytes per weight of a quantized linear layer (embeddings, LM head and norms stay bf16).
+    linear_bytes: float
+    # ModelOpt's quantize.py --qformat; None: no quantizer, the family's converter in bf16.
+    qformat: str | None
+    # trtllm-build --gemm_plugin: it helps bf16 and weight-only int4; TensorRT's own FP8 GEMMs are
+    # faster than the plugin for fp8 (perf-best-practices), so fp8 leaves it off.
+    gemm_plugin: str
+    # --use_fused_mlp enable: trtllm-build turns it off itself for weight-only int4.
+    fused_mlp: bool
+    needs_fp8_hardware: bool  # FP8 tensor cores: SM 8.9 or newer
+    # trtllm-build keeps paged context FMHA under an fp8 KV cache only when the checkpoint's quant_algo
+    # is FP8, W4A8_AWQ or NVFP4 (tensorrt_llm/builder.py, build()); bf16 and W4A16_AWQ are not.
+    fp8_kv_cache: bool
+    description: str
+
+
+@dataclass(frozen=True)
+class KvPrecision:
+    name: str  # the --kv-dtype value
+    bytes: int  # per element of K or V
+    needs_fp8_hardware: bool
+    description: str
+
+
+WEIGHT_PRECISIONS: dict[str, WeightPrecision] = {
+    p.name: p
+    for p in (
+        WeightPrecision("bf16", 2.0, None, "auto", True, False, False, "bfloat16, no quantization"),
+        # One byte per weight plus per-tensor scales.
+        WeightPrecision(
+            "fp8", 1.0, "fp8", "disable", True, True, True, "FP8 weights and activations"
+        ),
+        # 4 bits plus one bf16 scale per group of 128 weights (ModelOpt's default awq_block_size).
+        WeightPrecision(
+            "int4-awq",
+            0.5 + 2 / 128,
+            "int4_awq",
+            "auto",
+            False,
+            False,
+            False,
+            "INT4 AWQ weight-only",
+        ),
+    )
+}
+KV_PRECISIONS: dict[str, KvPrecision] = {
+    p.name: p
+    for p in (
+        KvPrecision("bf16", 2, False, "bfloat16 KV cache"),
+        KvPrecision("fp8", 1, True, "FP8 KV cache"),
+    )
+}
+WEIGHT_DTYPES = tuple(WEIGHT_PRECISIONS)
+KV_DTYPES = tuple(KV_PRECISIONS)
+DEFAULT_DTYPE = "bf16"
+DEFAULT_KV_DTYPE = "bf16"
+# Embeddings, the LM head and norms stay bf16 under every precision here.
+UNQUANTIZED_BYTES = 2

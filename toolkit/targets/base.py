@@ -1,0 +1,193 @@
+"""The target interface: everything that differs between cpu, synthetic and the GPU profiles.
+
+A target plans a build from its settings, builds (or describes) its `tensorrt_llm` engine, decides
+the capabilities record, checks a repository before it is served, and sizes its deployment. No
+module outside toolkit/targets/ branches on a target's name (tests/test_layers.py checks it).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from toolkit.build_settings import (
+    SETTINGS,
+    BuildSettings,
+    Setting,
+    check_applies,
+    check_values,
+)
+from toolkit.capabilities import Capabilities
+from toolkit.errors import RecipeError
+from toolkit.repository.engine import EngineSection, EngineSpec
+from toolkit.repository.limits import RepositoryLimits
+
+if TYPE_CHECKING:
+    from toolkit.engine.build_plan import EngineBuildPlan
+    from toolkit.engine.info import EngineInfo
+    from toolkit.model.sources import ResolvedModel
+    from toolkit.model.spec import ModelSpec
+    from toolkit.plan.memory import MemoryPlan
+    from toolkit.repository.reader import Repository
+
+Progress = Callable[[str], None]
+GIB = 2**30
+# Python, tokenizers, the API's and Triton's own memory.
+HOST_OVERHEAD_BYTES = 2 * GIB
+# The settings that are repository limits (toolkit.repository.limits.RepositoryLimits fields).
+LIMIT_SETTINGS = (
+    "max_batch_size",
+    "max_input_len",
+    "max_output_len",
+    "max_seq_len",
+    "max_num_tokens",
+    "max_queue_size",
+    "kv_cache_tokens",
+    "kv_block_size",
+)
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    """What a target will build, before anything is downloaded or written."""
+
+    settings: BuildSettings  # resolved: every setting that applies, with the value it will have
+    limits: RepositoryLimits
+    capabilities: Capabilities
+    engine: EngineSpec | None  # cpu / synthetic; a GPU engine is known once compiled
+    memory: MemoryPlan | None = None  # GPU targets
+    engine_build: EngineBuildPlan | None = None  # GPU targets
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "limits": self.limits.to_dict(),
+            "settings": self.settings.to_dict(),
+            "capabilities": self.capabilities.to_dict(),
+        }
+        if self.engine is not None:
+            data["engine"] = self.engine.section().to_dict()
+        if self.engine_build is not None and self.memory is not None:
+            build = self.engine_build
+            data.update(
+                {
+                    "plan": self.memory.to_dict(),
+                    "engine_dir": build.engine_dir,
+                    "steps": list(build.step_names),
+                    "commands": [list(argv) for argv in build.commands],
+                    "runtime": build.runtime.to_dict(),
+                    "checkpoint_dir": build.checkpoint_dir,
+                    "trtllm_version_pinned": build.trtllm_version_pinned,
+                    "container": build.container,
+                }
+            )
+        return data
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one replica's triton container asks of a node, besides its GPUs."""
+
+    memory_bytes: int
+    cpus: int
+
+
+class Target(ABC):
+    """One build target: `cpu`, `synthetic`, or a GPU profile."""
+
+    name: str
+    kind: str  # the build settings' target kind: cpu | synthetic | gpu
+    description: str
+    # Seconds a replica needs besides hashing and loading its weights (container, imports, CUDA).
+    start_seconds: int = 60
+
+    # --- build ---------------------------------------------------------------------------------
+    def check_settings(self, settings: BuildSettings, named: Callable[[Setting], str]) -> None:
+        """Refuse settings that do not apply to this target or that contradict each other."""
+        check_values(settings, f"--target {self.name}", named)
+        check_applies(settings, self.kind, self.name, named)
+        if (
+            settings.max_input_len
+            and settings.max_seq_len
+            and settings.max_input_len >= settings.max_seq_len
+        ):
+            given = f"{named(SETTINGS['max_input_len'])} {settings.max_input_len}"
+            raise RecipeError(
+                f"{given} leaves no room to generate within {named(SETTINGS['max_seq_len'])} "
+                f"{settings.max_seq_len}",
+                hint="make max_input_len smaller than max_seq_len",
+                value=settings.max_input_len,
+            )
+
+    @abstractmethod
+    def plan(self, settings: BuildSettings, model: ModelSpec) -> TargetPlan:
+        """Plan a build of `model` with these (checked) settings; nothing is downloaded or written."""
+
+    @abstractmethod
+    def build_engine(
+        self, plan: TargetPlan, model: ResolvedModel, progress: Progress
+    ) -> tuple[EngineSpec, Any]:
+        """The engine the repository packages, and what its build did (None when nothing ran)."""
+
+    @abstractmethod
+    def capabilities(self, settings: BuildSettings) -> Capabilities:
+        """The request features a repository built with these resolved settings honours."""
+
+    # --- the built repository ------------------------------------------------------------------
+    @abstractmethod
+    def engine_from_section(self, section: EngineSection) -> EngineSpec:
+        """The engine variant the manifest's engine section describes."""
+
+    def check_sources(self, repository: Repository, current_digest: str) -> str | None:
+        """Why a repository built from other model sources than this toolkit's cannot be served
+        (None: it can). The Python engines run the repository's own copies, which must match."""
+        return None
+
+    def preflight(self, repository: Repository) -> int:
+        """Check the engine can run on this machine before tritonserver starts; its world size."""
+        return 1
+
+    def check_server(self, repository: Repository, bundled_tritonserver: bool) -> None:
+        """Refuse a tritonserver that cannot serve this repository's engine (`bundled_tritonserver`: the
+        CPU-only one nvidia-pytriton bundles); any serves a Python one."""
+        return None
+
+    def compiled_engine(self, repository: Repository) -> EngineInfo | None:
+        """The facts of the compiled engine the repository serves from outside it (None: the engine
+        is inside the repository). Raises when its files are missing or incomplete."""
+        return None
+
+    # --- deploy --------------------------------------------------------------------------------
+    def load_bytes(self, repository: Repository, engine_files: list[Path] | None) -> int:
+        """Bytes a replica loads: the checkpoint the repository carries (GPU: every rank's engine file)."""
+        from toolkit.repository import contract as c
+
+        prefix = f"{c.ENGINE}/1/weights/"
+        files = repository.manifest.files
+        return sum(record.size for name, record in files.items() if name.startswith(prefix))
+
+    @abstractmethod
+    def slowest_stream_tokens_per_s(self, repository: Repository) -> float:
+        """Tokens per second of the slowest stream a replica should expect (sizes the drain)."""
+
+    @abstractmethod
+    def resources(self, repository: Repository, load_bytes: int, world_size: int) -> Resources:
+        """The triton container's memory (without /dev/shm) and CPUs."""
+
+    def build_resources(self, checkpoint_bytes: int, world_size: int) -> Resources:
+        """The build Job's memory (without /dev/shm) and CPUs: it holds the checkpoint and what it
+        converts the checkpoint into (two copies)."""
+        return Resources(HOST_OVERHEAD_BYTES + 2 * checkpoint_bytes, 2)
+
+    def deploy_notes(self, repository: Repository, drain_s: int) -> list[str]:
+        """What `toolkit deploy` should tell about the numbers it assumed for this target."""
+        return []
+
+
+def python_limits(settings: BuildSettings) -> RepositoryLimits:
+    """The Python engines' limits: the given settings over the defaults."""
+    return RepositoryLimits().overridden(
+        **{name: getattr(settings, name) for name in LIMIT_SETTINGS}
+    )

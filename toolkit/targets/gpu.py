@@ -1,0 +1,327 @@
+"""GPU targets (h100-sxm, h200, ...): a TensorRT-LLM engine compiled for the profile, served by the
+tensorrtllm backend."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from toolkit.build_settings import CPU_PRECISION, SETTINGS, BuildSettings
+from toolkit.capabilities import Capabilities
+from toolkit.errors import RecipeError, RepositoryError, ServerError
+from toolkit.plan.gpus import GpuProfile
+from toolkit.plan.precisions import (
+    DEFAULT_DTYPE,
+    DEFAULT_KV_DTYPE,
+    KV_PRECISIONS,
+    WEIGHT_PRECISIONS,
+)
+from toolkit.repository import configs
+from toolkit.repository import contract as c
+from toolkit.repository.engine import CANCELLATION_CHECK_PERIOD_MS, EngineSection
+from toolkit.repository.limits import RepositoryLimits
+from toolkit.targets.base import GIB, Resources, Target, TargetPlan
+
+if TYPE_CHECKING:
+    from toolkit.plan.memory import MemoryPlan
+    from toolkit.plan.source import PlannedModel
+
+# Plus CUDA, MPI and TensorRT-LLM's host buffers.
+GPU_HOST_OVERHEAD_BYTES = 8 * GIB
+# Measured decode steps run slower than the planner's roofline bound (a lower bound) under load.
+ROOFLINE_MARGIN = 2.0
+# Container start, MPI ranks, CUDA contexts, the Python models, the KV pool allocation and CUDA
+# graph capture, besides loading the weights.
+GPU_START_S = 180
+# Checkpoints on the hub are bf16, 2 bytes per parameter (the memory plan counts the parameters).
+CHECKPOINT_BYTES_PER_PARAMETER = 2
+NOT_YET = "the OpenAI API does not pass it to the tensorrtllm backend yet"
+
+
+@dataclass(frozen=True)
+class TrtllmEngine:
+    """A compiled TensorRT-LLM engine, served by the tensorrtllm backend from where it was built."""
+
+    target: str  # the GPU profile it was built for
+    engine_dir: str
+    trtllm_version: str
+    max_batch_size: int  # the engine's own build_config.max_batch_size
+    world_size: int
+    runtime: dict  # EngineRuntime of the build: KV pool, reuse, chunked context, scheduler policy
+    kind: ClassVar[str] = "tensorrtllm"
+    copies_weights: ClassVar[bool] = False
+
+    def section(self) -> EngineSection:
+        parameters = {
+            k: v for k, v in asdict(self).items() if k not in ("world_size", "trtllm_version")
+        }
+        return EngineSection(self.kind, self.world_size, self.trtllm_version, parameters)
+
+    def prepared(self, checkpoint: Path, tokens) -> TrtllmEngine:
+        return self
+
+    def install(self, version: Path, checkpoint: Path) -> None:
+        version.mkdir(parents=True)  # the engine stays in engine_dir; gpt_model_path names it
+
+    def config(self, plan) -> mc.ModelConfig:
+        limits = plan.limits
+        config = mc.ModelConfig(
+            name=c.ENGINE, backend="tensorrtllm", max_batch_size=self.max_batch_size
+        )
+        config.input.extend(configs.tensor_inputs(c.engine_inputs(self.trtllm_version)))
+        config.output.extend(configs.tensor_outputs(c.ENGINE_OUTPUTS))
+        config.model_transaction_policy.decoupled = plan.decoupled
+        config.dynamic_batching.preferred_batch_size.append(self.max_batch_size)
+        if limits.max_queue_size:
+            config.dynamic_batching.default_queue_policy.max_queue_size = limits.max_queue_size
+        config.instance_group.append(
+            mc.ModelInstanceGroup(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+        )
+        configs.set_parameters(
+            config,
+            {
+                "gpt_model_type": "inflight_fused_batching",
+                "gpt_model_path": self.engine_dir,
+                "max_beam_width": 1,
+                # Both bounds: the runtime uses the smaller of the token count and the free-memory share.
+                "max_tokens_in_paged_kv_cache": self.runtime["kv_cache_tokens"],
+                "kv_cache_free_gpu_mem_fraction": self.runtime["kv_cache_free_gpu_mem_fraction"],
+                "enable_kv_cache_reuse": self.runtime["enable_kv_cache_reuse"],
+                "enable_chunked_context": self.runtime["enable_chunked_context"],
+                "batch_scheduler_policy": self.runtime["batch_scheduler_policy"],
+                "exclude_input_in_output": True,
+                "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,
+            },
+        )
+        return config
+
+    @classmethod
+    def from_engine(cls, target: str, info) -> TrtllmEngine:
+        """From toolkit.engine.EngineInfo of a built engine folder (its config.json and build record)."""
+        return cls(
+            target=target,
+            engine_dir=str(Path(info.engine_dir).resolve()),
+            trtllm_version=info.trtllm_version,
+            max_batch_size=info.max_batch_size,
+            world_size=info.world_size,
+            runtime=dict(info.runtime),
+        )
+
+    @classmethod
+    def from_section(cls, section: EngineSection) -> TrtllmEngine:
+        try:
+            return cls(
+                world_size=section.world_size,
+                trtllm_version=str(section.trtllm_version),
+                **section.parameters,
+            )
+        except TypeError as exc:
+            raise RepositoryError(
+                f"the manifest's engine section does not fit a TensorRT-LLM engine: {exc}",
+                hint="rebuild the repository",
+            ) from exc
+
+
+class GpuTarget(Target):
+    """One GPU profile (toolkit.plan.gpus)."""
+
+    kind = "gpu"
+    start_seconds = GPU_START_S
+
+    def __init__(self, profile: GpuProfile):
+        self.profile = profile
+        self.name = profile.name
+        self.description = profile.description
+
+    # --- build ---------------------------------------------------------------------------------
+    def check_settings(self, settings: BuildSettings, named) -> None:
+        super().check_settings(settings, named)
+        for name, table in (("dtype", WEIGHT_PRECISIONS), ("kv_dtype", KV_PRECISIONS)):
+            value = getattr(settings, name)
+            if value == CPU_PRECISION:
+                raise RecipeError(
+                    f"{named(SETTINGS[name])} {value} is for the cpu target only",
+                    hint=f"use one of {', '.join(table)} on a GPU target",
+                    value=value,
+                )
+            precision = table.get(value) if value is not None else None
+            if (
+                precision is not None
+                and precision.needs_fp8_hardware
+                and not self.profile.supports_fp8
+            ):
+                raise RecipeError(
+                    f"{named(SETTINGS[name])} {value}: {self.name} has no FP8 support",
+                    hint="use bf16 or int4-awq for this target",
+                    value=value,
+                )
+
+    def plan_memory(self, settings: BuildSettings, planned: PlannedModel) -> MemoryPlan:
+        """The memory plan of `planned` on this GPU with these settings (toolkit plan shows it)."""
+        from toolkit.plan.memory import plan_memory
+
+        return plan_memory(
+            planned.facts,
+            self.profile,
+            model=planned.name,
+            dtype=settings.dtype or DEFAULT_DTYPE,
+            kv_dtype=settings.kv_dtype or DEFAULT_KV_DTYPE,
+            tp=settings.tp,
+            pp=settings.pp or 1,
+            max_seq_len=settings.max_seq_len,
+            max_input_len=settings.max_input_len,
+            max_batch_size=settings.max_batch_size,
+            max_num_tokens=settings.max_num_tokens,
+            target_input_len=settings.target_input_len,
+            target_output_len=settings.target_output_len,
+        )
+
+    def plan(self, settings: BuildSettings, model) -> TargetPlan:
+        from toolkit.engine.build_plan import plan_engine_build
+        from toolkit.plan.source import load_model_for_plan
+
+        planned = load_model_for_plan(model)
+        memory = self.plan_memory(settings, planned)
+        engine_build = plan_engine_build(
+            planned.name,
+            model.source,
+            planned.checkpoint_dir,
+            memory,
+            settings,
+            gpu_sm=self.profile.sm,
+            output_dir=settings.engine_dir,
+            display_dir=_display_checkpoint(model),
+        )
+        limits = RepositoryLimits.from_memory_plan(
+            memory, max_output_len=settings.max_output_len, max_queue_size=settings.max_queue_size
+        )
+        resolved = self._resolved(settings, memory, limits, engine_build)
+        return TargetPlan(resolved, limits, self.capabilities(resolved), None, memory, engine_build)
+
+    def _resolved(self, settings: BuildSettings, memory, limits, engine_build) -> BuildSettings:
+        """The settings as planned: every value the build will use, so a rebuild makes the same engine."""
+        runtime = engine_build.runtime
+        return BuildSettings(
+            dtype=memory.dtype,
+            kv_dtype=memory.kv_dtype,
+            calib_size=engine_build.steps.calib_size,
+            awq_block_size=engine_build.steps.awq_block_size,
+            tp=memory.tp_size,
+            pp=memory.pp_size,
+            max_seq_len=memory.max_seq_len,
+            max_input_len=memory.max_input_len,
+            max_output_len=limits.max_output_len,
+            max_batch_size=memory.max_batch_size,
+            max_num_tokens=memory.max_num_tokens,
+            max_queue_size=limits.max_queue_size,
+            target_input_len=memory.target_input_len,
+            target_output_len=memory.target_output_len,
+            batch_scheduler_policy=runtime.batch_scheduler_policy,
+            kv_cache_free_gpu_mem_fraction=runtime.kv_cache_free_gpu_mem_fraction,
+            enable_kv_cache_reuse=runtime.enable_kv_cache_reuse,
+            enable_chunked_context=runtime.enable_chunked_context,
+            engine_dir=Path(engine_build.engine_dir),
+            decoupled=True if settings.decoupled is None else settings.decoupled,
+        )
+
+    def build_engine(self, plan: TargetPlan, model, progress) -> tuple[TrtllmEngine, Any]:
+        from toolkit.engine.build import execute_engine_build
+        from toolkit.engine.info import read_engine_info
+
+        if plan.engine_build is None:
+            raise TypeError(
+                f"a {self.name} plan names its engine build"
+            )  # a plan of another target
+        engine_plan = plan.engine_build.with_checkpoint(model.path)
+        result = execute_engine_build(engine_plan, progress=progress)
+        engine = TrtllmEngine.from_engine(self.name, read_engine_info(Path(result.engine_dir)))
+        return engine, (engine_plan, result)
+
+    def capabilities(self, settings: BuildSettings) -> Capabilities:
+        """What the tensorrtllm backend of the pinned release honours for an engine built so."""
+        return Capabilities(
+            target=self.name,
+            penalties=True,
+            logit_bias=True,
+            bad_words=True,
+            top_p_decay=True,
+            streaming=bool(settings.decoupled),
+            enable={
+                "guided_decoding": NOT_YET,
+                "logprobs": NOT_YET,
+                "top_logprobs": NOT_YET,
+                "prompt_logprobs": NOT_YET,
+                "n": NOT_YET,
+                "beam_width": "the toolkit builds GPU engines with max_beam_width 1",
+                "lora": NOT_YET,
+                "batched_prompts": "send one prompt per request",
+                "generation_logits": NOT_YET,
+                "context_logits": NOT_YET,
+                "streaming": "rebuild without --no-decoupled",
+            },
+        )
+
+    # --- the built repository ------------------------------------------------------------------
+    def engine_from_section(self, section: EngineSection) -> TrtllmEngine:
+        return TrtllmEngine.from_section(section)
+
+    def preflight(self, repository) -> int:
+        from toolkit.engine import check_engine_compatible
+
+        engine = self.engine_from_section(repository.manifest.engine)
+        return check_engine_compatible(Path(engine.engine_dir)).world_size
+
+    def compiled_engine(self, repository):
+        from toolkit.engine.info import read_engine_info
+
+        return read_engine_info(
+            Path(self.engine_from_section(repository.manifest.engine).engine_dir)
+        )
+
+    def check_server(self, repository, bundled_tritonserver: bool) -> None:
+        if bundled_tritonserver:
+            raise ServerError(
+                f"{repository.path} holds a TensorRT-LLM engine ({self.name}), and the tritonserver found "
+                "here (bundled by nvidia-pytriton) has no tensorrtllm backend",
+                hint="serve it inside NVIDIA's Triton TRT-LLM container "
+                "(nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3)",
+            )
+
+    # --- deploy --------------------------------------------------------------------------------
+    def load_bytes(self, repository, engine_files: list[Path] | None) -> int:
+        if engine_files is None:
+            return super().load_bytes(repository, None)
+        return sum(path.stat().st_size for path in engine_files)
+
+    def slowest_stream_tokens_per_s(self, repository) -> float:
+        plan = repository.memory_plan
+        if plan is None:
+            raise RepositoryError(
+                f"{repository.path} is a GPU repository without a memory plan in its manifest",
+                hint=f"rebuild it: {repository.rebuild_command}",
+            )
+        return 1000 / (plan.decode_step_ms_at_max_batch * ROOFLINE_MARGIN)
+
+    def resources(self, repository, load_bytes: int, world_size: int) -> Resources:
+        return Resources(GPU_HOST_OVERHEAD_BYTES + load_bytes, 2 + 2 * world_size)
+
+    def build_resources(self, checkpoint_bytes: int, world_size: int) -> Resources:
+        return Resources(GPU_HOST_OVERHEAD_BYTES + 2 * checkpoint_bytes, 4 + 2 * world_size)
+
+
+def _display_checkpoint(model) -> str:
+    """Where a hub checkpoint will be once downloaded (dry runs show the commands with this folder)."""
+    if model.kind == "local":
+        return model.value
+    from huggingface_hub import constants
+
+    repo_id = model.value
+    if model.kind == "catalog":
+        from toolkit.model.catalog import catalog_entry
+
+        repo_id = catalog_entry(model.value).hub_id
+    folder = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    return str(folder / (model.revision or "<commit of main, resolved at build time>"))
