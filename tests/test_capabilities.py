@@ -1,0 +1,161 @@
+"""The capabilities record: decided by the target, carried by the manifest, and the one place the API
+and the Python engines refuse from. A GPU repository is not refused what its backend honours."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+
+from toolkit.api.app import ApiSettings, create_app
+from toolkit.api.triton import InferenceFailed, Piece
+from toolkit.cli.main import cli
+from toolkit.repository.configs import parse_pbtxt
+from toolkit.repository.reader import open_repository
+from toolkit.targets import get_target
+
+from fakes import fake_checkpoint, install_fake_trtllm
+from repos import write_test_repository
+from tiny import make_tiny_checkpoint
+
+LLAMA_8B = Path(__file__).parent / "data" / "llama-3.1-8b-instruct" / "config.json"
+UNREACHABLE = "127.0.0.1:1"
+
+
+@pytest.fixture(scope="module")
+def gpu_repo(tmp_path_factory) -> Path:
+    """An H100 repository built by `toolkit build` through the fake TensorRT-LLM tools."""
+    tmp = tmp_path_factory.mktemp("gpu")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOOLKIT_HOME", str(tmp / "home"))
+        install_fake_trtllm(mp, tmp)
+        checkpoint = fake_checkpoint(tmp, LLAMA_8B)
+        tiny = make_tiny_checkpoint(tmp / "tiny")
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(tiny / name, checkpoint / name)
+        result = CliRunner().invoke(
+            cli,
+            ["build", "-t", "h100-sxm", "-m", str(checkpoint), "-o", str(tmp / "repo")],
+        )
+    assert result.exit_code == 0, result.output
+    return tmp / "repo"
+
+
+@pytest.fixture(scope="module")
+def cpu_repo(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cpu")
+    return write_test_repository(make_tiny_checkpoint(root / "checkpoint"), root / "repo")
+
+
+class _Recorder:
+    """Stands in for Triton at the backend seam: records the sampling each request carries."""
+
+    def __init__(self):
+        self.sampling = []
+
+    async def generate(self, prompt, prompt_ids, max_tokens, sampling, **kw):
+        self.sampling.append(sampling)
+        yield Piece(b"ok", 1, True)
+
+
+def _client(repo: Path) -> tuple[TestClient, _Recorder]:
+    app = create_app(ApiSettings(UNREACHABLE, repo))
+    recorder = _Recorder()
+    app.state.api.backend.generate = recorder.generate
+    return TestClient(app, raise_server_exceptions=False), recorder
+
+
+def _body(repo: Path, **fields) -> dict:
+    model = open_repository(repo).served_model_name
+    return {"model": model, "prompt": "hello", "max_tokens": 1, **fields}
+
+
+def test_the_manifest_carries_what_the_target_decides(gpu_repo, cpu_repo):
+    gpu, cpu = open_repository(gpu_repo).capabilities, open_repository(cpu_repo).capabilities
+    assert gpu == get_target("h100-sxm").capabilities(open_repository(gpu_repo).manifest.settings)
+    assert gpu.penalties and gpu.logit_bias and gpu.target == "h100-sxm"
+    assert not cpu.penalties and cpu.target == "cpu"
+
+
+def test_the_dry_run_shows_the_capabilities():
+    result = CliRunner().invoke(
+        cli, ["build", "-r", "llama-3.1-8b-instruct-h100-sxm-fp8", "--dry-run", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    capabilities = json.loads(result.stdout)["capabilities"]
+    assert capabilities["target"] == "h100-sxm" and capabilities["penalties"] is True
+
+
+def test_a_gpu_repository_is_not_refused_penalties_or_logit_bias(gpu_repo):
+    """Before the capabilities record, these were 400s on every target (api/schemas.unsupported_fields)."""
+    client, recorder = _client(gpu_repo)
+    with client:
+        body = _body(
+            gpu_repo, presence_penalty=0.5, frequency_penalty=-0.25, logit_bias={"7": -100}
+        )
+        response = client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    sampling = recorder.sampling[0]
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -0.25)
+    assert sampling.logit_bias == ((7, -100.0),)
+    tensors = {name: array for name, array, _ in sampling.tensors(engine=True)}
+    assert (
+        tensors["presence_penalty"].item() == 0.5 and tensors["frequency_penalty"].item() == -0.25
+    )
+
+
+def test_logit_bias_becomes_the_engines_embedding_bias(gpu_repo):
+    client, _ = _client(gpu_repo)
+    with client:
+        backend = client.app.state.api.backend
+        bias = backend._embedding_bias(((7, -100.0), (3, 2.5)))
+    vocab = open_repository(gpu_repo).manifest.model.facts.vocab_size
+    assert bias.shape == (1, vocab) and bias.dtype == np.float32
+    assert bias[0, 7] == -100 and bias[0, 3] == 2.5 and np.count_nonzero(bias) == 2
+
+
+def test_a_cpu_repository_refuses_them_naming_the_target_and_the_fix(cpu_repo):
+    client, recorder = _client(cpu_repo)
+    with client:
+        for field, value in (("presence_penalty", 0.5), ("logit_bias", {"3": 1}), ("n", 2)):
+            response = client.post("/v1/completions", json=_body(cpu_repo, **{field: value}))
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == field and error["code"] == "unsupported_parameter"
+            assert "target cpu" in error["message"] and "--target h100-sxm" in error["message"]
+    assert recorder.sampling == []  # nothing reached the engine
+
+
+def test_a_logit_bias_key_outside_the_vocabulary_is_named(gpu_repo):
+    client, _ = _client(gpu_repo)
+    with client:
+        response = client.post("/v1/completions", json=_body(gpu_repo, logit_bias={"999999": 1}))
+    assert response.status_code == 400 and "'999999'" in response.json()["error"]["message"]
+
+
+def test_the_python_engines_are_told_what_to_refuse(cpu_repo):
+    config = parse_pbtxt((cpu_repo / "tensorrt_llm" / "config.pbtxt").read_text())
+    refusals = json.loads(config.parameters["refusals"].string_value)
+    capabilities = open_repository(cpu_repo).capabilities
+    assert refusals["presence_penalty"] == [
+        0.0,
+        capabilities.refusal("penalties", "input presence_penalty"),
+    ]
+    assert refusals["num_return_sequences"][0] == 1 and "target cpu" in refusals["beam_width"][1]
+
+
+def test_any_refusal_of_the_repository_s_models_is_a_400_whatever_its_words():
+    """The API used to recognise engine refusals by a list of their wordings: any other became a 502."""
+    from toolkit.api.app import _engine_error
+
+    error = _engine_error(
+        InferenceFailed("in ensemble 'ensemble', [refused:invalid_value] a reason never seen")
+    )
+    assert error.status == 400 and error.code == "invalid_value"
+    assert error.message == "in ensemble 'ensemble', a reason never seen"
+    assert _engine_error(InferenceFailed("CUDA error: illegal memory access")).status == 502
