@@ -481,7 +481,7 @@ def test_stop_string_ends_generation_and_cancels_the_engine_request():
 def test_an_unexpected_error_mid_stream_ends_with_an_error_event_and_done():
     import asyncio
 
-    from toolkit.api.app import _sse
+    from toolkit.api.responses import _sse
 
     class Broken(_FakeBackend):
         async def generate(self, prompt, prompt_ids, max_tokens, sampling):
@@ -914,7 +914,7 @@ def test_a_chat_template_refusal_is_one_sentence_without_a_cli_fix_line(tmp_path
 
 
 def test_only_the_repositorys_own_length_messages_are_context_length_errors():
-    from toolkit.api.app import _engine_error
+    from toolkit.api.responses import engine_error as _engine_error
     from toolkit.api.triton import InferenceFailed
     from toolkit.repository.sources import common_module
 

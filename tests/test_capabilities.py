@@ -151,7 +151,7 @@ def test_the_python_engines_are_told_what_to_refuse(cpu_repo):
 
 def test_any_refusal_of_the_repository_s_models_is_a_400_whatever_its_words():
     """The API used to recognise engine refusals by a list of their wordings: any other became a 502."""
-    from toolkit.api.app import _engine_error
+    from toolkit.api.responses import engine_error as _engine_error
 
     error = _engine_error(
         InferenceFailed("in ensemble 'ensemble', [refused:invalid_value] a reason never seen")

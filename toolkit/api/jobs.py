@@ -1,0 +1,181 @@
+"""A request body -> a Job for the engine: what the repository honours, the prompt, its limits."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from toolkit.api.errors import ApiError
+from toolkit.api.generation import Job
+from toolkit.api.schemas import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    lone_surrogate,
+    requested_features,
+    unsupported_fields,
+)
+from toolkit.api.state import ApiState
+from toolkit.api.triton import Sampling
+
+LONG_PROMPT_CHARS = 32768
+
+
+def refuse_unsupported(state: ApiState, body) -> None:
+    """Refuse what this server never honours, then what this repository does not (its capabilities)."""
+    found = unsupported_fields(body)
+    if found:
+        name, reason = found[0]
+        raise ApiError(400, reason, param=name, code="unsupported_parameter")
+    capabilities = state.capabilities
+    for param, feature in requested_features(body):
+        if not capabilities.supports(feature):
+            raise ApiError(
+                400, capabilities.refusal(feature) + ".", param=param, code="unsupported_parameter"
+            )
+    if body.logit_bias and not state.backend.engine:
+        raise ApiError(
+            400,
+            f"logit_bias takes token ids, and `{state.settings.model_name}` takes text: serve the API on "
+            "the tensorrt_llm model (--model-name tensorrt_llm) for it.",
+            param="logit_bias",
+            code="unsupported_parameter",
+        )
+
+
+def _logit_bias(state: ApiState, body) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias ({"token id": bias}) as (id, bias) pairs, each id checked against the vocabulary."""
+    pairs = []
+    for key, bias in (body.logit_bias or {}).items():
+        token = int(key) if key.strip().isdigit() else -1
+        if not 0 <= token < state.vocab_size:
+            raise ApiError(
+                400,
+                f"logit_bias key {key[:20]!r} is not a token id of this model (0 to {state.vocab_size - 1}).",
+                param="logit_bias",
+                code="invalid_value",
+            )
+        pairs.append((token, float(bias)))
+    return tuple(pairs)
+
+
+async def render_chat(state: ApiState, messages: list[dict]) -> str:
+    """The chat prompt; rendering megabytes of messages (pure Python, jinja2) runs on a worker thread."""
+    if sum(len(m["content"]) for m in messages) > LONG_PROMPT_CHARS:
+        return await asyncio.to_thread(state.codec.render_chat, messages)
+    return state.codec.render_chat(messages)
+
+
+async def _encode(state: ApiState, prompt: str, param: str) -> list[int]:
+    """The prompt's token ids; a prompt that cannot fit max_input_len is refused before it is tokenized,
+    and a long one is tokenized off the event loop, without holding the GIL."""
+    if lone_surrogate(prompt):  # a chat template may join what it was given into one
+        raise ApiError(
+            400,
+            "The prompt is not valid Unicode (it holds a lone surrogate).",
+            param=param,
+            code="invalid_value",
+        )
+    max_input_len = state.limits.max_input_len
+    most = state.codec.most_chars(max_input_len)
+    if most is not None and len(prompt) > most:
+        raise ApiError(
+            400,
+            f"The prompt is {len(prompt)} characters: more than any text of this model's maximum input "
+            f"length of {max_input_len} tokens can hold ({most} characters with this tokenizer); shorten it.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if len(prompt) > LONG_PROMPT_CHARS:
+        async with state.long_encodes:
+            return await asyncio.to_thread(state.codec.encode_long, prompt)
+    return state.codec.encode(prompt)
+
+
+async def plan_job(
+    state: ApiState, kind: str, body, prompt: str, requested: int | None, param: str, arrival: float
+) -> Job:
+    """Check the prompt and max_tokens against the engine's limits; a request over them is a 400 naming the limit."""
+    limits = state.limits
+    prompt_ids = await _encode(state, prompt, param)
+    prompt_tokens = len(prompt_ids)
+    if prompt_tokens == 0:
+        raise ApiError(
+            400,
+            "The prompt is empty: it must hold at least one token.",
+            param=param,
+            code="invalid_value",
+        )
+    if prompt_tokens > limits.max_input_len:
+        raise ApiError(
+            400,
+            f"The prompt is {prompt_tokens} tokens, over this model's maximum input length of "
+            f"{limits.max_input_len} tokens; shorten it.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    limit = limits.output_limit(prompt_tokens)
+    if limit < 1:
+        raise ApiError(
+            400,
+            f"The prompt is {prompt_tokens} tokens and leaves no room to generate within this model's maximum "
+            f"sequence length of {limits.max_seq_len} tokens.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if kind == "completion" and (requested is None or "max_tokens" not in body.model_fields_set):
+        max_tokens = min(
+            requested or COMPLETION_DEFAULT_MAX_TOKENS, limit
+        )  # OpenAI's default (16), also for an explicit null
+    else:
+        max_tokens = requested if requested is not None else limit
+    if max_tokens > limit:
+        name = (
+            "max_completion_tokens"
+            if getattr(body, "max_completion_tokens", None) is not None
+            else "max_tokens"
+        )
+        raise ApiError(
+            400,
+            f"{name}={max_tokens} is over this model's limit of {limit} tokens for a {prompt_tokens}-token prompt "
+            f"(max_output_len {limits.max_output_len}, max_seq_len {limits.max_seq_len}).",
+            param=name,
+            code="context_length_exceeded",
+        )
+    if body.min_tokens is not None and body.min_tokens > max_tokens:
+        raise ApiError(
+            400,
+            f"min_tokens={body.min_tokens} is over max_tokens={max_tokens}: ask for at most as many tokens as may "
+            "be generated.",
+            param="min_tokens",
+            code="invalid_value",
+        )
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(
+            400,
+            "stream_options is only allowed when stream is true.",
+            param="stream_options",
+            code="invalid_value",
+        )
+    sampling = Sampling(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        min_tokens=body.min_tokens,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=_logit_bias(state, body),
+    )
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    return Job(
+        f"{prefix}-{uuid.uuid4().hex}",
+        kind,
+        body.model,
+        prompt,
+        prompt_ids,
+        prompt_tokens,
+        max_tokens,
+        sampling,
+        tuple(body.stop_list()),
+        include_usage,
+        arrival=arrival,
+    )

@@ -1,0 +1,69 @@
+"""What the OpenAI API serves with: its settings, and the state built from them and the repository."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.api.errors import ApiError
+from toolkit.api.metrics import ApiMetrics
+from toolkit.api.prompt import PromptCodec
+from toolkit.api.triton import ENGINE_MODEL, TritonBackend
+from toolkit.repository.reader import Repository
+from toolkit.settings import ApiLimits
+
+# Long prompts tokenized at once: each takes ~150-700 bytes of memory per character while it is encoded,
+# so the API's memory is bounded by this count, not by how many clients send long prompts together.
+LONG_ENCODES_AT_ONCE = 2
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """Everything `create_app` needs; the CLI and `toolkit serve --openai-port` build one of these."""
+
+    triton_url: str
+    repo: Path
+    # tensorrt_llm (token ids; cancellation reaches the engine), or ensemble / tensorrt_llm_bls (text)
+    model_name: str = ENGINE_MODEL
+    served_model_name: str | None = None  # the id in /v1/models; default: from the repository
+    api_keys: tuple[str, ...] = ()
+    max_in_flight: int = 64
+    retry_after_s: int = 1
+    # Header, body and send timeouts; body size and read budget; the engine's stall timeout.
+    limits: ApiLimits = ApiLimits()
+
+
+class ApiState:
+    def __init__(self, settings: ApiSettings, repository: Repository):
+        self.settings = settings
+        self.repository = repository
+        self.limits = repository.limits
+        self.codec = PromptCodec(repository)
+        decoder = self.codec if settings.model_name == ENGINE_MODEL else None
+        self.capabilities = repository.capabilities
+        self.vocab_size = repository.manifest.model.facts.vocab_size
+        self.backend = TritonBackend(
+            settings.triton_url,
+            settings.model_name,
+            decoder=decoder,
+            tokens=repository.tokens,
+            decoupled=repository.decoupled,
+            trtllm_version=repository.trtllm_version,
+            stall_timeout_s=settings.limits.stall_timeout_s,
+            vocab_size=self.vocab_size,
+        )
+        self.metrics = ApiMetrics()
+        self.model_id = settings.served_model_name or repository.served_model_name
+        self.created = int(time.time())
+        self.long_encodes = asyncio.Semaphore(LONG_ENCODES_AT_ONCE)
+
+    def check_model(self, name: str) -> None:
+        if name not in (self.model_id, self.settings.model_name):
+            raise ApiError(
+                404,
+                f"The model `{name}` does not exist; this server serves `{self.model_id}`.",
+                param="model",
+                code="model_not_found",
+            )
