@@ -335,6 +335,15 @@ class BuildSettings:
         default="on",
         negation="no-chunked-context",
     )
+    gather_generation_logits: bool | None = setting(
+        "GPU: build the engine with --gather_generation_logits, so that requests can ask for top_logprobs "
+        "(the backend then returns each step's logits; its logits buffer is counted in the memory plan).",
+        kind=bool,
+        targets=_GPU,
+        recipe="engine.gather_generation_logits",
+        default="off",
+        negation="no-gather-generation-logits",
+    )
     # --- engine
     num_threads: int | None = setting(
         "CPU engine: torch threads (0: torch's default).",

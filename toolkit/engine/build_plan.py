@@ -132,6 +132,7 @@ def plan_engine_build(
         timing_cache=work_dir / "timing.cache",
         calib_size=settings.calib_size or DEFAULT_CALIB_SIZE,
         awq_block_size=settings.awq_block_size or DEFAULT_AWQ_BLOCK_SIZE,
+        gather_generation_logits=bool(settings.gather_generation_logits),
     )
     return EngineBuildPlan(
         model=model,

@@ -33,6 +33,8 @@ class StepSettings:
     timing_cache: Path
     calib_size: int = 512
     awq_block_size: int = 128
+    # --gather_generation_logits: the backend can return each step's logits (top_logprobs).
+    gather_generation_logits: bool = False
 
 
 def needs_quantizer(plan: MemoryPlan) -> bool:
@@ -141,4 +143,6 @@ def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmToo
         argv += ["--use_fused_mlp", "enable"]
     if plan.dtype == "fp8" and plan.kv_dtype == "fp8":
         argv += ["--use_fp8_context_fmha", "enable"]  # FP8 attention in the context phase on Hopper
+    if settings.gather_generation_logits:
+        argv.append("--gather_generation_logits")
     return argv

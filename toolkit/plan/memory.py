@@ -37,6 +37,11 @@ DEFAULT_MAX_SEQ_LEN = 8192
 # --target_output_len: the KV pool is shared by requests of this size, not of max_seq_len.
 DEFAULT_TARGET_INPUT_LEN = 1024
 DEFAULT_TARGET_OUTPUT_LEN = 512
+# The runtime's generation-logits buffer with --gather_generation_logits (TensorRT-LLM runtimeBuffers.cpp):
+# a cache of [GENERATION_LOGITS_CACHE_STEPS, max_batch_size x beam, vocab_padded] plus one of
+# [beam, GENERATION_LOGITS_CACHE_STEPS, vocab_padded], in the logits dtype (FP32, 4 bytes).
+GENERATION_LOGITS_CACHE_STEPS = 8
+LOGITS_BYTES = 4
 # trtllm-bench's engine-build heuristic (tensorrt_llm/bench/build/tuning.py, finetune_setting):
 # requests the pool holds, capped at 4096 per pipeline stage; step tokens capped at 32768.
 BATCH_CAP = 4096
@@ -86,6 +91,8 @@ class MemoryPlan:
     fits: bool
     min_tp_that_fits: int | None = None
     architecture: str = ""  # config.json's, e.g. Qwen2ForCausalLM: picks the checkpoint converter
+    # Per GPU: the runtime's buffer of gathered generation logits (--gather_generation_logits), 0 without it.
+    generation_logits_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -161,6 +168,7 @@ def compute_plan(
     max_num_tokens: int | None = None,
     target_input_len: int | None = None,
     target_output_len: int | None = None,
+    gather_generation_logits: bool = False,
 ) -> MemoryPlan:
     """Every number of the plan, whether it fits or not (see plan_memory for the checked version)."""
     _check_choices(gpu, dtype, kv_dtype)
@@ -173,10 +181,15 @@ def compute_plan(
     pool = gpu.memory_bytes - w_gpu - reserve
     kv_gpu = kv_bytes_per_token_per_gpu(facts, kv_dtype, tp, pp)
     tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
-    sequences = tokens // seq
     tuned_batch, tuned_tokens = batch_limits(tokens, isl, osl, pp)
     batch = max_batch_size or tuned_batch
     num_tokens = max_num_tokens or tuned_tokens
+    # The logits buffer is sized by the batch, so it comes out of the pool after the batch is chosen.
+    logits = generation_logits_bytes(facts, batch, tp) if gather_generation_logits else 0
+    if logits:
+        pool -= logits
+        tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+    sequences = tokens // seq
     given = [
         name
         for name, value in (("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens))
@@ -228,7 +241,16 @@ def compute_plan(
         prefill_ms_lower_bound=num_tokens / prefill_tps * 1e3,
         fits=sequences >= 1,
         architecture=facts.architecture,
+        generation_logits_bytes=logits,
     )
+
+
+def generation_logits_bytes(facts: ModelFacts, max_batch_size: int, tp: int) -> int:
+    """Bytes per GPU of the runtime's generation-logits buffer for `max_batch_size` requests (beam 1), the
+    vocabulary padded to a multiple of the TP size as TensorRT-LLM pads it."""
+    vocab_padded = math.ceil(facts.vocab_size / tp) * tp
+    rows = GENERATION_LOGITS_CACHE_STEPS * (max_batch_size + 1)
+    return rows * vocab_padded * LOGITS_BYTES
 
 
 def batch_limits(kv_tokens: int, isl: int, osl: int, pp: int = 1) -> tuple[int, int]:

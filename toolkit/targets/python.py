@@ -84,8 +84,8 @@ class PythonEngine:
         }
         return configs.python_model(
             c.ENGINE,
-            c.ENGINE_INPUTS,
-            c.ENGINE_OUTPUTS,
+            c.PYTHON_ENGINE_INPUTS,
+            c.PYTHON_ENGINE_OUTPUTS,
             max_batch_size=limits.max_batch_size,
             decoupled=plan.decoupled,
             parameters=parameters,

@@ -1,0 +1,179 @@
+"""GPU repositories and the request features of the tensorrtllm backend: guided decoding's parameters and
+tokenizer-info file, generation logits for top log probs. Every fact about the backend is read from the
+independent upstream record (tests/data/upstream/*.json), never from the toolkit's own lists."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from toolkit.cli.main import cli
+from toolkit.repository.configs import parse_pbtxt
+from toolkit.repository.reader import open_repository
+
+from fakes import fake_checkpoint, install_fake_trtllm
+from tiny import make_bigram_checkpoint
+
+UPSTREAM = Path(__file__).parent / "data" / "upstream"
+BACKEND = json.loads((UPSTREAM / "triton_backend.json").read_text())
+TOOLS = json.loads((UPSTREAM / "trtllm_tools.json").read_text())
+PINNED = BACKEND["revisions"]["c2e65b8"]
+LLAMA_8B = Path(__file__).parent / "data" / "llama-3.1-8b-instruct" / "config.json"
+# The C++ types of the tokenizer-info keys, as Python's json gives them.
+JSON_TYPES = {"std::vector<std::string>": (list, str), "std::string": (str, None)}
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.fixture(scope="module")
+def gpu_repo(tmp_path_factory) -> Path:
+    """An H100 repository of a Llama-3-style tokenizer (end of turn <|eot_id|>, other end ids 2 and 3), built
+    by `toolkit build` through the fake TensorRT-LLM tools."""
+    tmp = tmp_path_factory.mktemp("gpu")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOOLKIT_HOME", str(tmp / "home"))
+        install_fake_trtllm(mp, tmp)
+        checkpoint = fake_checkpoint(tmp, LLAMA_8B)
+        bigram = make_bigram_checkpoint(tmp / "bigram")
+        for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            shutil.copy(bigram / name, checkpoint / name)
+        result = invoke("build", "-t", "h100-sxm", "-m", str(checkpoint), "-o", str(tmp / "repo"))
+    assert result.exit_code == 0, result.output
+    return tmp / "repo"
+
+
+def _engine_parameters(repo: Path) -> dict[str, str]:
+    config = parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
+    return {key: value.string_value for key, value in config.parameters.items()}
+
+
+def test_the_engine_config_has_every_parameter_the_backend_reads_without_a_default(gpu_repo):
+    """The backend's C++ reads these with no fallback: a config without one fails to load (failed before
+    the fix: the GPU config wrote none of the three)."""
+    parameters = _engine_parameters(gpu_repo)
+    missing = set(PINNED["parameter_reads"]["unguarded"]) - set(parameters)
+    assert not missing, f"tensorrt_llm would fail to load: no {sorted(missing)}"
+
+
+def test_guided_decoding_is_on_with_an_accepted_backend_and_an_existing_info_file(gpu_repo):
+    guided = PINNED["guided_decoding"]
+    parameters = _engine_parameters(gpu_repo)
+    backend = parameters["guided_decoding_backend"]
+    path = Path(parameters["xgrammar_tokenizer_info_path"])
+    assert backend in guided["accepted_backends"]
+    assert backend not in guided["off_values"]["guided_decoding_backend"]
+    assert path.is_absolute() and path.is_file()
+    assert path.parent == gpu_repo / "tensorrt_llm" / "1"
+
+
+def test_the_tokenizer_info_has_exactly_the_keys_and_types_the_backend_reads(gpu_repo):
+    keys = PINNED["guided_decoding"]["tokenizer_info_keys"]
+    info = json.loads(
+        Path(_engine_parameters(gpu_repo)["xgrammar_tokenizer_info_path"]).read_text()
+    )
+    assert set(info) == set(keys)
+    # The stock script writes the same three keys and no others.
+    assert TOOLS["generate_xgrammar_tokenizer_info.py"]["output"]["no_other_keys"] is True
+    for key, cpp_type in keys.items():
+        if cpp_type.startswith("std::vector<TokenIdType"):
+            assert all(isinstance(i, int) and 0 <= i < 2**31 for i in info[key]), key
+            continue
+        outer, inner = JSON_TYPES[cpp_type]
+        assert isinstance(info[key], outer), key
+        if inner is not None:
+            assert all(isinstance(item, inner) for item in info[key]), key
+    tokenizer = json.loads(info["tokenizer_str"])
+    assert "model" in tokenizer  # the whole tokenizer.json
+
+
+def test_the_tokenizer_info_lists_every_token_by_id_and_every_end_id(gpu_repo):
+    from tokenizers import Tokenizer
+
+    info = json.loads(
+        Path(_engine_parameters(gpu_repo)["xgrammar_tokenizer_info_path"]).read_text()
+    )
+    tokenizer = Tokenizer.from_file(
+        str(gpu_repo / "preprocessing" / "1" / "tokenizer" / "tokenizer.json")
+    )
+    assert info["encoded_vocab"] == [
+        tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size(with_added_tokens=True))
+    ]
+    tokens = open_repository(gpu_repo).tokens
+    # <|eot_id|> (the end id) and generation_config's other end tokens: the stock script has the eos only.
+    assert set(info["stop_token_ids"]) == {tokens.end_id, *tokens.stop_ids} == {2, 3, 4}
+
+
+def test_the_guided_decoding_tensors_reach_the_engine_as_the_stock_ensemble_wires_them(gpu_repo):
+    ensemble = parse_pbtxt((gpu_repo / "ensemble" / "config.pbtxt").read_text())
+    step = next(s for s in ensemble.ensemble_scheduling.step if s.model_name == "tensorrt_llm")
+    stock = next(
+        s
+        for s in PINNED["models"]["ensemble"]["ensemble_steps"]
+        if s["model_name"] == "tensorrt_llm"
+    )
+    for name in ("guided_decoding_guide_type", "guided_decoding_guide"):
+        assert step.input_map[name] == stock["input_map"][name]
+    engine = parse_pbtxt((gpu_repo / "tensorrt_llm" / "config.pbtxt").read_text())
+    assert {"guided_decoding_guide_type", "guided_decoding_guide"} <= {i.name for i in engine.input}
+
+
+def test_the_capabilities_offer_what_the_backend_honours(gpu_repo):
+    capabilities = open_repository(gpu_repo).capabilities
+    assert set(capabilities.guided_decoding) == {"json_object", "json_schema", "regex", "ebnf"}
+    assert capabilities.logprobs and capabilities.max_n > 1
+    assert not capabilities.supports("top_logprobs")
+    assert "--gather-generation-logits" in capabilities.refusal("top_logprobs")
+
+
+def test_the_fp8_recipe_dry_run_shows_the_guided_decoding_parameters_and_the_info_file(tmp_path):
+    output = tmp_path / "repo"
+    result = invoke(
+        "build",
+        "-r",
+        "llama-3.1-8b-instruct-h100-sxm-fp8",
+        "-o",
+        str(output),
+        "--dry-run",
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    parameters = data["engine_parameters"]
+    assert set(PINNED["parameter_reads"]["unguarded"]) <= set(parameters)
+    assert parameters["guided_decoding_backend"] in PINNED["guided_decoding"]["accepted_backends"]
+    assert parameters["xgrammar_tokenizer_info_path"] == str(
+        output.resolve() / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json"
+    )
+    assert data["repository_files"] == ["tensorrt_llm/1/xgrammar_tokenizer_info.json"]
+    assert not output.exists()
+
+
+def _dry_run(*extra: str) -> dict:
+    result = invoke("build", "-t", "h100-sxm", "-m", str(LLAMA_8B), "--dry-run", "--json", *extra)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_top_logprobs_need_gathered_generation_logits_whose_buffer_the_plan_counts():
+    plain = _dry_run()
+    gathered = _dry_run("--gather-generation-logits")
+    build = gathered["commands"][-1]
+    assert (
+        "--gather_generation_logits" in build
+        and "--gather_generation_logits" not in plain["commands"][-1]
+    )
+    assert "gather_generation_logits" in TOOLS["trtllm-build"]["flags"]
+    # [8, max_batch_size + 1, vocab] FP32 on the GPU, out of the KV pool.
+    batch, vocab = gathered["plan"]["max_batch_size"], 128256
+    assert gathered["plan"]["generation_logits_bytes"] == 8 * (batch + 1) * vocab * 4
+    assert plain["plan"]["generation_logits_bytes"] == 0
+    assert gathered["plan"]["kv_cache_tokens"] < plain["plan"]["kv_cache_tokens"]
+    assert gathered["capabilities"]["top_logprobs"] == 20
+    assert gathered["capabilities"]["top_logprobs_source"] == "generation_logits"
+    assert gathered["settings"]["gather_generation_logits"] is True
