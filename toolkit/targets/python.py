@@ -72,6 +72,7 @@ class PythonEngine:
             "max_num_tokens": limits.max_num_tokens,
             "max_queue_size": limits.max_queue_size,
             "end_id": tokens.end_id,
+            "stop_ids": ",".join(str(i) for i in tokens.stop_ids),  # the model's other end tokens
             "pad_id": tokens.pad_id,
             "exclude_input_in_output": True,
             "vocab_size": plan.facts.vocab_size,

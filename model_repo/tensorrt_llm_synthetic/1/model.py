@@ -37,7 +37,6 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
 from engine_requests import NO_REQUEST_ID, Collector, Refusals, is_stop_request  # noqa: E402
-
 from params import ModelParams, scalar  # noqa: E402
 from textcodec import Refused  # noqa: E402
 
