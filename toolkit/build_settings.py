@@ -361,6 +361,15 @@ class BuildSettings:
         default="0",
         minimum=0,
     )
+    synthetic_output: str | None = setting(
+        "Synthetic engine: the text every request is answered with, then the end token (tokenized with the "
+        "repository's tokenizer, special tokens included), to test what reads the output (tool-call "
+        "parsers, stop strings); default: plain words up to max_tokens.",
+        kind=str,
+        targets=_SYN,
+        recipe="engine.synthetic_output",
+        default="plain words",
+    )
     engine_dir: Path | None = setting(
         "GPU: where the engine goes.",
         kind=Path,

@@ -63,6 +63,9 @@ class Capabilities:
     context_logits: bool = False
     top_p_decay: bool = False
     streaming: bool = True
+    # Whether the engine reports the KV blocks a request took from its prefix cache (kv_cache_reused_blocks),
+    # from which the API gives usage.prompt_tokens_details.cached_tokens.
+    cached_tokens: bool = False
     enable: dict[str, str] = field(default_factory=dict)
 
     def supports(self, feature: str) -> bool:

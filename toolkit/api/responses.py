@@ -10,7 +10,16 @@ from fastapi import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from toolkit.api.errors import ApiError, log
-from toolkit.api.generation import Coalesced, Generation, Job, SseFormatter
+from toolkit.api.generation import (
+    Coalesced,
+    Delta,
+    Generation,
+    Job,
+    SseFormatter,
+    combined_usage,
+    merged,
+)
+from toolkit.api.logprobs import chat_logprobs, completion_logprobs
 from toolkit.api.state import ApiState
 from toolkit.api.triton import (
     EngineFault,
@@ -33,27 +42,54 @@ class ClientGone(Exception):
     """The HTTP client disconnected while we waited for the engine."""
 
 
-async def respond(state: ApiState, job: Job, stream: bool, request: Request):
-    generation = Generation(job, state.backend, state.metrics, state.codec.count_generated)
-    texts = generation.texts()
+async def respond(state: ApiState, jobs: Job | list[Job], stream: bool, request: Request):
+    """Serve one job (or, completions with a list of prompts, several, concurrently) as JSON or SSE."""
+    jobs = [jobs] if isinstance(jobs, Job) else jobs
+    generations = [
+        Generation(job, state.backend, state.metrics, state.codec.count_generated) for job in jobs
+    ]
+    render = _logprob_renderer(state, jobs[0])
+    sources = [g.deltas() for g in generations]
+    deltas = merged(sources)
     try:
         if not stream:
-            text = await until_disconnect(request, _collect(texts))
-            return JSONResponse(_whole_body(job, text, generation))
+            await until_disconnect(request, _drain(deltas))
+            return JSONResponse(_whole_body(jobs, generations, render))
         # Wait for the engine's first response before answering, so that an engine error is an HTTP status.
-        first = await until_disconnect(request, anext(texts, None))
+        first = await until_disconnect(request, anext(deltas, None))
     except ClientGone:
-        await texts.aclose()
+        await deltas.aclose()
         return Response(status_code=499)
     except TritonUnavailable as exc:
-        await texts.aclose()
+        await deltas.aclose()
         raise ApiError(503, str(exc), type="server_error", code="triton_unavailable") from exc
     except InferenceFailed as exc:
-        await texts.aclose()
+        await deltas.aclose()
         raise engine_error(exc) from exc
+    sse = SseFormatter(jobs[0], render, choices=sum(job.n for job in jobs))
     return _EventStream(
-        _sse(job, generation, texts, first), media_type="text/event-stream", headers=SSE_HEADERS
+        _sse(sse, generations, deltas, first), media_type="text/event-stream", headers=SSE_HEADERS
     )
+
+
+def _logprob_renderer(state: ApiState, job: Job):
+    """(index, token log probs) -> the choice's logprobs object, when the job asked for them."""
+    features = job.features
+    if features is None or not features.logprobs:
+        return None
+    texts = state.token_texts
+    top = features.top_logprobs
+    if job.kind == "chat":
+        return lambda index, entries: chat_logprobs(texts, entries, top)
+    offsets: dict[int, int] = {}
+
+    def render(index: int, entries) -> dict:
+        body = completion_logprobs(texts, entries, top, offsets.get(index, len(job.echo)))
+        if body["text_offset"]:
+            offsets[index] = body["text_offset"][-1] + len(body["tokens"][-1])
+        return body
+
+    return render
 
 
 class _EventStream(StreamingResponse):
@@ -69,28 +105,34 @@ class _EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-async def _collect(texts: AsyncIterator[str]) -> str:
-    return "".join([text async for text in texts])
+async def _drain(deltas: AsyncIterator[Delta]) -> None:
+    async for _ in deltas:
+        pass
 
 
 async def _sse(
-    job: Job, generation: Generation, texts: AsyncIterator[str], first: str | None
+    sse: SseFormatter,
+    generations: list[Generation],
+    deltas: AsyncIterator[Delta],
+    first: Delta | None,
 ) -> AsyncIterator[bytes]:
-    """The event stream; cancelled (client gone) at an await, which closes `texts` and cancels Triton."""
-    sse = SseFormatter(job)
+    """The event stream; cancelled (client gone) at an await, which closes `deltas` and cancels Triton."""
+    job = generations[0].job
     pieces = None
     try:
         opening = sse.first()
         if opening:
             yield opening
+        for generation in generations:
+            if generation.job.echo:  # completions' echo: the prompt first
+                yield sse.delta(Delta(generation.job.first_index, generation.job.echo))
         if first:
-            yield sse.text(first)
-        pieces = Coalesced(
-            texts
-        )  # what arrives while a chunk is being written goes out together in the next
-        async for text in pieces:
-            yield sse.text(text)
-        yield sse.end(generation)
+            yield sse.delta(first)
+        # What arrives while a chunk is being written goes out together in the next.
+        pieces = Coalesced(deltas)
+        async for batch in pieces:
+            yield b"".join(sse.delta(delta) for delta in batch)
+        yield sse.end(generations, combined_usage(generations))
     except (TritonUnavailable, InferenceFailed) as exc:
         code = STREAM_ERROR_CODES.get(type(exc), "engine_error")
         yield sse.error(
@@ -109,34 +151,46 @@ async def _sse(
             }
         )
     finally:
-        await (pieces.aclose() if pieces is not None else texts.aclose())
+        await (pieces.aclose() if pieces is not None else deltas.aclose())
 
 
-def _whole_body(job: Job, text: str, generation: Generation) -> dict:
-    if job.kind == "chat":
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": None,
-            "finish_reason": generation.finish_reason,
-        }
-        kind = "chat.completion"
-    else:
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": generation.finish_reason,
-        }
-        kind = "text_completion"
+def _whole_body(jobs: list[Job], generations: list[Generation], render) -> dict:
+    job = jobs[0]
+    choices = []
+    for generation in generations:
+        for choice in generation.choices:
+            choices.append(_choice(generation.job, choice, render))
     return {
         "id": job.id,
-        "object": kind,
+        "object": "chat.completion" if job.kind == "chat" else "text_completion",
         "created": job.created,
         "model": job.model,
-        "choices": [choice],
-        "usage": generation.usage(),
+        "choices": choices,
+        "usage": combined_usage(generations),
         "system_fingerprint": None,
+    }
+
+
+def _choice(job: Job, choice, render) -> dict:
+    index = choice.index + job.first_index
+    text = "".join(choice.shown)
+    logprobs = render(index, choice.logprobs) if render is not None else None
+    if job.kind != "chat":
+        return {
+            "index": index,
+            "text": job.echo + text,
+            "logprobs": logprobs,
+            "finish_reason": choice.finish_reason,
+        }
+    message: dict = {"role": "assistant", "content": text, "refusal": None}
+    if choice.tool_calls:
+        message["content"] = text or None
+        message["tool_calls"] = [call.to_dict() for call in choice.tool_calls]
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": choice.finish_reason,
     }
 
 

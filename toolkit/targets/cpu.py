@@ -63,6 +63,7 @@ class CpuTarget(PythonTarget):
             penalties=True,
             logit_bias=True,
             streaming=decoupled,
+            cached_tokens=True,
             enable={
                 "prompt_logprobs": "the CPU engine computes log probs of generated tokens only",
                 "n": "the engine answers each of n sequences on its own: rebuild without --no-decoupled",

@@ -290,6 +290,7 @@ class GpuTarget(Target):
             top_p_decay=True,
             generation_logits=logits,
             streaming=decoupled,
+            cached_tokens=True,
             enable={
                 "top_logprobs": LOGITS_HINT,
                 "generation_logits": LOGITS_HINT,

@@ -140,7 +140,11 @@ class PythonTarget(Target):
             kv_dtype=CPU_PRECISION,
             decoupled=True if settings.decoupled is None else settings.decoupled,
             **{name: getattr(limits, name) for name in LIMIT_SETTINGS},
-            **{name: getattr(engine, name) for name in self.engine_settings},
+            **{
+                name: getattr(engine, name)
+                for name in self.engine_settings
+                if getattr(engine, name) != ""  # a text setting left unset
+            },
         )
         return TargetPlan(resolved, limits, self.capabilities(resolved), engine)
 
