@@ -72,6 +72,18 @@ def test_output_that_does_not_parse_as_a_call_comes_back_as_content():
     assert calls == [] and held == unknown
 
 
+def test_a_marker_the_vocabulary_splits_into_several_tokens_is_found_in_the_text():
+    """A parser chosen for a model whose tokenizer has no single token for the marker (--tool-parser)."""
+    parser = ToolCallParser("hermes", None, chr, {"get_weather"})
+    text = 'Ok <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    sent = "".join(parser.feed([ord(ch)], ch) for ch in text)
+    held, calls = parser.finish()
+    assert sent == "Ok " and held == "" and calls[0].name == "get_weather"
+    parser = ToolCallParser("hermes", None, chr, {"get_weather"})
+    sent = "".join(parser.feed([ord(ch)], ch) for ch in "a <tool")
+    assert sent + parser.finish()[0] == "a <tool"  # a start that never became the marker is content
+
+
 def test_llama3_json_calls_come_without_a_marker_too_and_several_split_by_semicolons():
     call = '{"name": "get_weather", "parameters": {"city": "%s"}}'
     text = call % "Rome" + "; " + call % "Oslo"

@@ -4,7 +4,9 @@
   enforced: guided decoding cannot produce output outside the schema, so `strict` changes nothing);
   the regex and ebnf extensions -> `regex`, `ebnf_grammar`.
 - tool_choice "required" -> a JSON list of one or more {"name", "parameters"} of the tools (one only
-  with parallel_tool_calls false); a named function -> that function's parameters schema.
+  with parallel_tool_calls false); a named function -> that function's parameters schema. Either way
+  the arguments hold the properties the function declares and no others (`additionalProperties`
+  false unless the schema says otherwise), as OpenAI's strict function calling has it.
 
 Every guide is compiled here (llguidance, model_repo/common/guides.py) before any engine sees it, so one
 that does not compile is a 400 naming the compiler's error on every target (the GPU's xgrammar would
@@ -49,7 +51,7 @@ def tool_choice_guide(tools: list[Tool], tool_choice, parallel: bool | None) -> 
     """The guide that enforces tool_choice "required" or a named function; None for auto and none."""
     if isinstance(tool_choice, NamedToolChoice):
         function = next(t.function for t in tools if t.function.name == tool_choice.function.name)
-        return Guide(c.GUIDE_TYPES["json_schema"], json.dumps(function.parameters or ANY_OBJECT))
+        return Guide(c.GUIDE_TYPES["json_schema"], json.dumps(_arguments(function.parameters)))
     if tool_choice != "required":
         return None
     calls = [
@@ -57,7 +59,7 @@ def tool_choice_guide(tools: list[Tool], tool_choice, parallel: bool | None) -> 
             "type": "object",
             "properties": {
                 "name": {"const": tool.function.name},
-                "parameters": tool.function.parameters or ANY_OBJECT,
+                "parameters": _arguments(tool.function.parameters),
             },
             "required": ["name", "parameters"],
             "additionalProperties": False,
@@ -68,6 +70,16 @@ def tool_choice_guide(tools: list[Tool], tool_choice, parallel: bool | None) -> 
     if parallel is False:
         schema["maxItems"] = 1
     return Guide(c.GUIDE_TYPES["json_schema"], json.dumps(schema))
+
+
+def _arguments(parameters: dict | None) -> dict:
+    """A function's parameters schema as its arguments' guide: the properties it declares, no others
+    (unless it says which others it takes), as OpenAI's strict function calling has it. JSON Schema
+    alone would allow any other key, and a small model invents them without end."""
+    schema = dict(parameters or ANY_OBJECT)
+    if schema.get("type") == "object" and "additionalProperties" not in schema:
+        schema["additionalProperties"] = False
+    return schema
 
 
 def check_guide(guide: Guide, param: str) -> None:

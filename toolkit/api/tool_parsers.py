@@ -71,14 +71,26 @@ class ToolCallParser:
         self.parallel = parallel  # parallel_tool_calls false: the first call only
         self.held: list[int] = []  # the ids from the marker (or a leading "{") on
         self.held_text: list[str] = []  # what the client would have got for them
+        self.raw: list[
+            str
+        ] = []  # the held output as text, when the marker is no token of the vocabulary
+        self.pending = ""  # text that may be the start of a marker written in several tokens
         self.sent_any = False
+
+    @property
+    def holding(self) -> bool:
+        return bool(self.held or self.raw)
 
     def feed(self, ids, text: str) -> str:
         """The content to send for these new tokens (their text as the client gets it: `text`)."""
-        if self.held:
+        if self.holding:
             self.held.extend(ids)
             self.held_text.append(text)
+            if self.raw:
+                self.raw.append(text)
             return ""
+        if self.marker_id is None and self.family != "llama3_json":
+            return self._feed_text(text)
         for offset, token in enumerate(ids):
             if token == self.marker_id or self._json_start(text):
                 self.held.extend(ids[offset:] if token == self.marker_id else ids)
@@ -88,15 +100,38 @@ class ToolCallParser:
             self.sent_any = True
         return text
 
+    def _feed_text(self, text: str) -> str:
+        """A marker that the tokenizer splits into several tokens (a parser chosen for a model whose
+        vocabulary lacks it): found in the text, any start of it held back until it is clear."""
+        marker = MARKERS[self.family]
+        combined = self.pending + text
+        found = combined.find(marker)
+        if found >= 0:
+            self.pending = ""
+            self.raw.append(combined[found:])
+            self.held_text.append(combined[found:])
+            return combined[:found]
+        keep = next(
+            (
+                n
+                for n in range(min(len(marker) - 1, len(combined)), 0, -1)
+                if marker.startswith(combined[-n:])
+            ),
+            0,
+        )
+        self.pending = combined[len(combined) - keep :]
+        return combined[: len(combined) - keep]
+
     def _json_start(self, text: str) -> bool:
         """Llama 3's calls come without a marker: an answer that starts as a JSON object may be one."""
         return self.family == "llama3_json" and not self.sent_any and text.lstrip().startswith("{")
 
     def finish(self) -> tuple[str, list[ParsedCall]]:
         """(content still held back, the calls) when the output ends; no calls: it is content."""
-        if not self.held:
-            return "", []
-        raw = "".join(self.token_text(i) for i in self.held)
+        if not self.holding:
+            held, self.pending = self.pending, ""
+            return held, []
+        raw = "".join(self.raw) if self.raw else "".join(self.token_text(i) for i in self.held)
         calls = self._parse(raw)
         if calls and all(call.name in self.tool_names for call in calls):
             return "", calls if self.parallel else calls[:1]
