@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 PARSERS = ("hermes", "mistral", "llama3_json")
 AUTO, NONE = "auto", "none"
+CHOICES = (AUTO, NONE, *PARSERS)  # what --tool-parser takes
 # The family's start marker, as the token's text in the vocabulary.
 MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": "<|python_tag|>"}
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)

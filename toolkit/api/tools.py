@@ -17,15 +17,21 @@ from toolkit.api.features import Guide
 from toolkit.api.generation import ToolSetup
 from toolkit.api.openai_types import NamedToolChoice
 from toolkit.api.structured import tool_choice_guide
-from toolkit.api.tool_parsers import AUTO, MARKERS, NONE, PARSERS, ToolCallParser, detect_parser
-
-TOOL_PARSER_CHOICES = (AUTO, NONE, *PARSERS)
+from toolkit.api.tool_parsers import (
+    AUTO,
+    CHOICES,
+    MARKERS,
+    NONE,
+    PARSERS,
+    ToolCallParser,
+    detect_parser,
+)
 
 
 def resolve_tool_parser(setting: str, codec) -> tuple[str, int | None] | None:
     """(family, its marker's token id) of the parser to read tool calls with; None: no parser."""
-    if setting not in TOOL_PARSER_CHOICES:
-        raise ValueError(f"tool parser {setting!r} is not one of {', '.join(TOOL_PARSER_CHOICES)}")
+    if setting not in CHOICES:
+        raise ValueError(f"tool parser {setting!r} is not one of {', '.join(CHOICES)}")
     vocab = codec.text.tokenizer.get_vocab(with_added_tokens=True)
     template = codec.template.source if codec.template is not None else None
     family = detect_parser(vocab, template) if setting == AUTO else setting

@@ -26,6 +26,24 @@ LIMIT_OPTIONS = (
 )
 
 
+# toolkit.api.tool_parsers.CHOICES (tests/test_tool_calls.py checks): importing the API here costs every
+# command half a second.
+TOOL_PARSER_CHOICES = ("auto", "none", "hermes", "mistral", "llama3_json")
+
+
+def tool_parser_option(function):
+    """--tool-parser: how tool calls are read from the model's output (toolkit.api.tool_parsers)."""
+    return click.option(
+        "--tool-parser",
+        default="auto",
+        type=click.Choice(TOOL_PARSER_CHOICES),
+        show_default=True,
+        help="How tool calls are read from the output with tool_choice auto: auto picks the family whose "
+        "markers the model's tokenizer has (hermes: Qwen2.5 <tool_call>, mistral: [TOOL_CALLS], "
+        "llama3_json: Llama 3.x JSON and <|python_tag|>); none reads no calls.",
+    )(function)
+
+
 def api_limit_options(function):
     """--header-timeout, --body-timeout, --max-body-mib, --body-read-budget-mib, --send-timeout,
     --stall-timeout (toolkit.settings.ApiLimits), for `api` and `serve`: the command gets them as one
@@ -147,6 +165,7 @@ def api_limits(
     help="Generation requests served at once; more get 429 with Retry-After.",
 )
 @api_limit_options
+@tool_parser_option
 @click.option(
     "--loop",
     "event_loop",
@@ -187,6 +206,7 @@ def command(
     served_model_name,
     max_in_flight,
     limits,
+    tool_parser,
     event_loop,
     http_impl,
     log_level,
@@ -209,7 +229,14 @@ def command(
     keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
     settings = ApiSettings(
-        triton_url, repo, model_name, served_model_name, keys, max_in_flight, limits=limits
+        triton_url,
+        repo,
+        model_name,
+        served_model_name,
+        keys,
+        max_in_flight,
+        limits=limits,
+        tool_parser=tool_parser,
     )
     if dry_run:
         emit_json(
@@ -222,6 +249,7 @@ def command(
                 "served_model_name": served_model_name,
                 "api_keys": len(keys),
                 "max_in_flight": max_in_flight,
+                "tool_parser": tool_parser,
                 "header_timeout_s": limits.header_timeout_s,
                 "body_timeout_s": limits.body_timeout_s,
                 "max_body_bytes": limits.max_body_bytes,
