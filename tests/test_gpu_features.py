@@ -177,3 +177,99 @@ def test_top_logprobs_need_gathered_generation_logits_whose_buffer_the_plan_coun
     assert gathered["capabilities"]["top_logprobs"] == 20
     assert gathered["capabilities"]["top_logprobs_source"] == "generation_logits"
     assert gathered["settings"]["gather_generation_logits"] is True
+
+
+# --- what the OpenAI API sends a GPU engine ---------------------------------------------------------
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    async def generate(self, prompt, prompt_ids, max_tokens, sampling, **kw):
+        from toolkit.api.triton import Piece
+
+        self.calls.append((prompt_ids, max_tokens, sampling, kw.get("features")))
+        yield Piece(b"{}", 1, True)
+
+
+def _api(repo: Path):
+    from fastapi.testclient import TestClient
+
+    from toolkit.api.app import ApiSettings, create_app
+
+    app = create_app(ApiSettings("127.0.0.1:1", repo))
+    recorder = _Recorder()
+    app.state.api.backend.generate = recorder.generate
+    return TestClient(app, raise_server_exceptions=False), recorder, app.state.api
+
+
+def test_the_api_sends_the_backend_s_own_tensors_each_declared_upstream(gpu_repo):
+    """Structured output, log probs and n reach a GPU engine as the stock inputs, under the backend's guide
+    type names, and the outputs asked for are the stock ones: each checked against the upstream record."""
+    client, recorder, state = _api(gpu_repo)
+    model = open_repository(gpu_repo).served_model_name
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    with client:
+        response = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+                "n": 2,
+                "logprobs": True,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+            },
+        )
+        assert response.status_code == 200, response.text
+        prompt_ids, max_tokens, sampling, features = recorder.calls[0]
+        request = state.backend._engine_request(prompt_ids, max_tokens, sampling, features)
+    sent = {i.name(): i for i in request["inputs"]}
+    stock_inputs = {t["name"]: t for t in PINNED["models"]["tensorrt_llm"]["inputs"]}
+    for name, tensor in sent.items():
+        assert name in stock_inputs, f"{name} is no input of the stock tensorrt_llm"
+    assert {"guided_decoding_guide_type", "guided_decoding_guide", "return_log_probs"} <= set(sent)
+    assert {"num_return_sequences", "return_perf_metrics"} <= set(sent)
+    stock_outputs = {t["name"] for t in PINNED["models"]["tensorrt_llm"]["outputs"]}
+    asked = {o.name() for o in request["outputs"]}
+    assert asked <= stock_outputs and {"output_log_probs", "sequence_index"} <= asked
+    # a type the backend maps (an unknown one it would silently ignore: the request would run unconstrained)
+    assert features.guide.type in PINNED["guided_decoding"]["guide_types"]
+    assert json.loads(features.guide.text) == schema
+
+
+def test_top_logprobs_on_an_engine_without_generation_logits_is_a_400_naming_the_setting(gpu_repo):
+    client, recorder, _ = _api(gpu_repo)
+    model = open_repository(gpu_repo).served_model_name
+    with client:
+        response = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "logprobs": True,
+                "top_logprobs": 2,
+            },
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "top_logprobs" and "--gather-generation-logits" in error["message"]
+    assert "target h100-sxm" in error["message"] and recorder.calls == []
+
+
+def test_top_logprobs_from_generation_logits_are_their_log_softmax():
+    """A GPU engine built with --gather-generation-logits returns raw logits; the API reduces them."""
+    import numpy as np
+
+    from toolkit.api.features import Features, token_logprobs
+
+    features = Features(logprobs=True, top_logprobs=2, top_from_logits=True)
+    assert {"generation_logits", "output_log_probs"} <= set(features.outputs())
+    names = {name for name, _, _ in features.tensors({})}
+    assert "return_generation_logits" in names and "num_top_logprobs" not in names
+    logits = np.array([[[[2.0, 0.0, 1.0, -1.0]]]], np.float32)  # [1, 1, beam 1, vocab 4]: one step
+    outputs = {"output_log_probs": np.array([[[-0.4]]], np.float32), "generation_logits": logits}
+    (entry,) = token_logprobs(outputs, [0], 2)
+    expected = logits.reshape(-1) - np.log(np.exp(logits.reshape(-1)).sum())
+    assert entry.token == 0 and abs(entry.logprob + 0.4) < 1e-6
+    assert [i for i, _ in entry.top] == [0, 2]
+    assert all(abs(v - expected[i]) < 1e-6 for i, v in entry.top)
