@@ -217,7 +217,10 @@ def test_the_api_sends_the_backend_s_own_tensors_each_declared_upstream(gpu_repo
                 "max_tokens": 4,
                 "n": 2,
                 "logprobs": True,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": schema},
+                },
             },
         )
         assert response.status_code == 200, response.text
@@ -227,6 +230,8 @@ def test_the_api_sends_the_backend_s_own_tensors_each_declared_upstream(gpu_repo
     stock_inputs = {t["name"]: t for t in PINNED["models"]["tensorrt_llm"]["inputs"]}
     for name, tensor in sent.items():
         assert name in stock_inputs, f"{name} is no input of the stock tensorrt_llm"
+        stock_type = stock_inputs[name]["data_type"]
+        assert tensor.datatype() == ("BYTES" if stock_type == "STRING" else stock_type), name
     assert {"guided_decoding_guide_type", "guided_decoding_guide", "return_log_probs"} <= set(sent)
     assert {"num_return_sequences", "return_perf_metrics"} <= set(sent)
     stock_outputs = {t["name"] for t in PINNED["models"]["tensorrt_llm"]["outputs"]}
