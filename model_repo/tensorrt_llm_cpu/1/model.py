@@ -160,6 +160,21 @@ class TritonPythonModel:
                     "Requests in the CPU engine's running batch or queue",
                     family.GAUGE,
                 ),
+                (
+                    "toolkit_engine_guides_compiled_total",
+                    "Guided-decoding guides the CPU engine compiled (each distinct guide once while cached)",
+                    family.COUNTER,
+                ),
+                (
+                    "toolkit_engine_guides_reused_total",
+                    "Guided requests whose guide the CPU engine took from its cache of compiled guides",
+                    family.COUNTER,
+                ),
+                (
+                    "toolkit_engine_guide_compile_seconds_total",
+                    "Seconds the CPU engine spent compiling guides",
+                    family.COUNTER,
+                ),
             )
         }
         self.cancelled = self._families["toolkit_engine_requests_cancelled_total"].Metric(
@@ -169,6 +184,15 @@ class TritonPythonModel:
             labels=labels
         )
         self.in_flight = self._families["toolkit_engine_requests_in_flight"].Metric(labels=labels)
+        self.guide_counters = {
+            key: self._families[name].Metric(labels=labels)
+            for key, name in (
+                ("compiled", "toolkit_engine_guides_compiled_total"),
+                ("reused", "toolkit_engine_guides_reused_total"),
+                ("compile_s", "toolkit_engine_guide_compile_seconds_total"),
+            )
+        }
+        self._guides_reported = {"compiled": 0, "reused": 0, "compile_s": 0.0}
 
     # --- request intake ----------------------------------------------------------------------
     def execute(self, requests):
@@ -386,6 +410,12 @@ class TritonPythonModel:
         if self._unreported_tokens:
             self.generated.increment(self._unreported_tokens)
             self._unreported_tokens = 0
+        if self.grammars is not None:
+            for key, value in self.grammars.stats().items():
+                new = value - self._guides_reported[key]
+                if new:
+                    self.guide_counters[key].increment(new)
+                    self._guides_reported[key] = value
         with self._lock:
             streams = list(self._streams.values())
         scheduled = [s for s in streams if s.timing.scheduled]
