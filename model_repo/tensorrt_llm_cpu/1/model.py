@@ -102,9 +102,12 @@ class TritonPythonModel:
         self.manager = model.init_continuous_batching(
             generation_config=generation, continuous_batching_config=batching
         )
+        self.grammars_missing = ""
         self.grammars = self._grammars(checkpoint, params)
         self.decoder = Decoder(self.vocab_size, self.grammars)
-        self.inputs = DecodingInputs(pb_utils, self.vocab_size, self.grammars)
+        self.inputs = DecodingInputs(
+            pb_utils, self.vocab_size, self.grammars, self.grammars_missing
+        )
         install_decoder(self.manager, self.decoder)
         self.manager.start()
         self._streams: dict[str, Stream] = {}
@@ -129,14 +132,23 @@ class TritonPythonModel:
         self._router.start()
 
     def _grammars(self, checkpoint: str, params: ModelParams):
-        """Guided decoding's grammars over the checkpoint's tokenizer, every end id a stop token."""
+        """Guided decoding's grammars over the checkpoint's tokenizer, every end id a stop token; None (guided
+        requests refused, saying why) for a tokenizer llguidance cannot read."""
         from grammars import GrammarMasks
 
         tokenizer = os.path.join(checkpoint, "tokenizer.json")
         if not os.path.isfile(tokenizer):
+            self.grammars_missing = "the repository has no tokenizer.json"
             return None
         ends = [self.default_end_id, *params.ids("stop_ids")]
-        return GrammarMasks(tokenizer, self.vocab_size, ends)
+        try:
+            return GrammarMasks(tokenizer, self.vocab_size, ends)
+        except ValueError as exc:  # llguidance's for a tokenizer it cannot map to bytes
+            self.grammars_missing = f"llguidance cannot read this model's tokenizer ({exc})"
+            print(
+                f"tensorrt_llm (CPU): no guided decoding: {self.grammars_missing}", file=sys.stderr
+            )
+            return None
 
     def _own_metrics(self) -> None:
         family = pb_utils.MetricFamily

@@ -23,10 +23,11 @@ MAX_RETURN_SEQUENCES = 128  # OpenAI's bound on n
 class DecodingInputs:
     """Reads one request's decoding inputs for an engine with this vocabulary (and grammars, when it has)."""
 
-    def __init__(self, pb_utils, vocab_size: int, grammars=None):
+    def __init__(self, pb_utils, vocab_size: int, grammars=None, no_grammars: str = ""):
         self.pb_utils = pb_utils
         self.vocab_size = vocab_size
         self.grammars = grammars
+        self.no_grammars = no_grammars  # why there are none
 
     def _scalar(self, request, name: str, default=None):
         return scalar(self.pb_utils, request, name, default)
@@ -141,7 +142,8 @@ class DecodingInputs:
             return 0
         if self.grammars is None:
             raise Refused(
-                "this engine has no tokenizer for guided decoding", "unsupported_parameter"
+                f"guided decoding is not available on this CPU engine: {self.no_grammars}",
+                "unsupported_parameter",
             )
         try:
             return self.grammars.register(*found)
