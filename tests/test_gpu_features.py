@@ -278,3 +278,26 @@ def test_top_logprobs_from_generation_logits_are_their_log_softmax():
     assert entry.token == 0 and abs(entry.logprob + 0.4) < 1e-6
     assert [i for i, _ in entry.top] == [0, 2]
     assert all(abs(v - expected[i]) < 1e-6 for i, v in entry.top)
+
+
+@pytest.mark.parametrize("revision, version", [("v0.17.0", "0.17.0"), ("v0.18.2", "0.18.2")])
+def test_engines_of_releases_without_guided_decoding_get_none_of_it(revision, version, tmp_path):
+    """Before 0.19 the backend has neither the guided inputs nor the parameters: none is declared (a guided
+    input an engine does not have would be refused by Triton, or passed on by the BLS and dropped)."""
+    from toolkit.repository import configs
+    from toolkit.repository import contract as c
+    from toolkit.targets.gpu import guided_decoding_parameters
+
+    stock = BACKEND["revisions"][revision]["models"]
+    assert guided_decoding_parameters(tmp_path, version) == {}
+    assert "tokenizer_dir" not in stock["tensorrt_llm"]["parameters"]
+    engine_stock = {t["name"] for t in stock["tensorrt_llm"]["inputs"]}
+    assert {t.name for t in c.engine_inputs(version)} <= engine_stock
+    # The text models keep the pinned names of renamed inputs (and map them to the engine's): left aside.
+    renamed = set(c.engine_renames(version))
+    ensemble = {i.name for i in configs.ensemble_model(8, version).input} - renamed
+    assert ensemble <= {t["name"] for t in stock["ensemble"]["inputs"]}
+    bls = {t.name for t in c.text_inputs(version, bls=True)} - renamed
+    assert bls <= {t["name"] for t in stock["tensorrt_llm_bls"]["inputs"]}
+    left_out = {t.name for t in c.ENGINE_INPUTS if not c.has_input(t.name, version)}
+    assert left_out == {"guided_decoding_guide_type", "guided_decoding_guide"}

@@ -300,6 +300,14 @@ BLS_INPUTS = (
 )
 TEXT_OUTPUTS = (Tensor("text_output", "STRING", (-1,)), *ENGINE_OUTPUTS[2:])
 
+
+def text_inputs(trtllm_version: str | None = None, bls: bool = False) -> tuple[Tensor, ...]:
+    """The ensemble's (or BLS's) inputs for an engine of `trtllm_version`: none it could not pass on."""
+    return tuple(
+        t for t in (BLS_INPUTS if bls else TEXT_INPUTS) if has_input(t.name, trtllm_version)
+    )
+
+
 # Ensemble wiring, as in NVIDIA's ensemble:
 # (step model, {step tensor: ensemble tensor}, {step output: ensemble tensor}).
 PREPROCESSING_INPUT_MAP = {
