@@ -182,3 +182,65 @@ def test_tool_choice_none_gives_the_output_as_content(scripted):
     choice = _ask(url, model, tool_choice="none").json()["choices"][0]
     assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
     assert "get_weather" in choice["message"]["content"]
+
+
+def test_tools_are_rendered_with_the_template_s_tool_use_variant(tmp_path):
+    from toolkit.model.chat_template import ChatTemplate
+
+    config = {
+        "eos_token": "</s>",
+        "chat_template": [
+            {"name": "default", "template": "{% for m in messages %}{{ m.content }}{% endfor %}"},
+            {
+                "name": "tool_use",
+                "template": "TOOLS {{ tools | map(attribute='function') | map(attribute='name') | join(',') }}"
+                " {% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}"
+                "{{ m.tool_calls[0].function.arguments.city }}{% endif %};{% endfor %}",
+            },
+        ],
+    }
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    template = ChatTemplate.from_tokenizer_dir(tmp_path)
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+    ]
+    assert template.render(messages) == "weather?sunny"  # no tools: the default template
+    rendered = template.render(messages, tools=[WEATHER])
+    assert rendered == "TOOLS get_weather user:weather?;assistant:Oslo;tool:sunny;"
+
+
+def test_the_conversation_reaches_the_template_with_call_arguments_as_objects():
+    from toolkit.api.schemas import ChatCompletionRequest
+    from toolkit.api.tools import template_messages, template_tools
+
+    body = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "tools": [WEATHER],
+            "messages": [
+                {"role": "user", "content": "weather?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            ],
+        }
+    )
+    messages = template_messages(body.messages)
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    assert messages[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+    assert template_tools(body.tools) == [WEATHER]
