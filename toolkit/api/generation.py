@@ -7,8 +7,9 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from toolkit.api.features import Features, TokenLogprob
 from toolkit.api.metrics import ApiMetrics
@@ -84,7 +85,8 @@ class ChoiceOutput:
         self.index = index
         self.scanner = StopScanner(list(job.stops))
         tools = job.tools
-        self.parser = tools.parser() if tools is not None and tools.mode == "parse" else None
+        make_parser = tools.parser if tools is not None and tools.mode == "parse" else None
+        self.parser = make_parser() if make_parser is not None else None
         # Guided tool calls (required, named) come back whole at the end: nothing streams before.
         self.holds = tools is not None and tools.mode != "parse"
         self.held: list[str] = []
@@ -115,7 +117,7 @@ class ChoiceOutput:
             text = self.parser.feed((), text) if text else ""
             held, calls = self.parser.finish()
             text += held
-        elif self.holds:
+        elif self.holds and self.job.tools is not None:
             whole = "".join(self.held) + text
             calls = guided_calls(self.job.tools, whole)
             text = "" if calls else whole
@@ -142,7 +144,8 @@ def guided_calls(tools: ToolSetup, text: str) -> list[ParsedCall]:
     if tools.mode == "named":
         if not isinstance(value, dict):
             return []
-        return [ParsedCall(tools.function, json.dumps(value, ensure_ascii=False), new_call_id())]
+        name = tools.function or ""
+        return [ParsedCall(name, json.dumps(value, ensure_ascii=False), new_call_id())]
     if not isinstance(value, list):
         return []
     calls = []
@@ -188,19 +191,21 @@ class Generation:
     def finish_reason(self, value: str) -> None:
         self.choices[0].finish_reason = value
 
-    async def texts(self) -> AsyncIterator[str]:
+    async def texts(self) -> AsyncGenerator[str, None]:
         """Text pieces (possibly empty) of choice 0, in order: one per engine response, then the tail."""
         async for delta in self.deltas():
             yield delta.text
 
-    async def deltas(self) -> AsyncIterator[Delta]:
+    async def deltas(self) -> AsyncGenerator[Delta, None]:
         """Each choice's deltas (possibly empty) in order: one per engine response, then each one's tail."""
         job, metrics = self.job, self.metrics
         self._sent = sent = time.perf_counter()
         metrics.admission.observe(sent - job.arrival)
-        extra = {} if job.features is None else {"features": job.features}
-        pieces = self.backend.generate(
-            job.prompt, job.prompt_ids, job.max_tokens, job.sampling, **extra
+        args = (job.prompt, job.prompt_ids, job.max_tokens, job.sampling)
+        pieces = (
+            self.backend.generate(*args)
+            if job.features is None
+            else self.backend.generate(*args, features=job.features)
         )
         failed = False
         self._last: float | None = None
@@ -293,7 +298,7 @@ class Generation:
         )
 
     def usage(self) -> dict:
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": self.job.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.job.prompt_tokens + self.completion_tokens,
@@ -306,7 +311,7 @@ class Generation:
 
 def combined_usage(generations: list[Generation]) -> dict:
     """The usage of several generations (completions with a list of prompts) as one."""
-    total: dict = {}
+    total: dict[str, Any] = {}
     for generation in generations:
         for key, value in generation.usage().items():
             if isinstance(value, dict):
@@ -328,7 +333,7 @@ class Coalesced:
     still concatenate to the full text); deltas into one per choice, in the order the choices came.
     """
 
-    def __init__(self, source: AsyncIterator):
+    def __init__(self, source: AsyncGenerator):
         self.source = source
         self.buffer: list = []
         self.done = False
@@ -391,7 +396,7 @@ def _joined(items: list):
     return list(by_index.values())
 
 
-async def merged(sources: list[AsyncIterator]) -> AsyncIterator:
+async def merged(sources: list[AsyncGenerator]) -> AsyncGenerator:
     """The items of several iterators as they come (completions with a list of prompts, streamed)."""
     if len(sources) == 1:
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from fastapi import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -105,7 +105,7 @@ class _EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-async def _drain(deltas: AsyncIterator[Delta]) -> None:
+async def _drain(deltas: AsyncGenerator[Delta, None]) -> None:
     async for _ in deltas:
         pass
 
@@ -113,9 +113,9 @@ async def _drain(deltas: AsyncIterator[Delta]) -> None:
 async def _sse(
     sse: SseFormatter,
     generations: list[Generation],
-    deltas: AsyncIterator[Delta],
+    deltas: AsyncGenerator[Delta, None],
     first: Delta | None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The event stream; cancelled (client gone) at an await, which closes `deltas` and cancels Triton."""
     job = generations[0].job
     pieces = None

@@ -62,7 +62,7 @@ class ApiState:
         self.model_id = settings.served_model_name or repository.served_model_name
         self.created = int(time.time())
         self.long_encodes = asyncio.Semaphore(LONG_ENCODES_AT_ONCE)
-        self._token_texts = None
+        self._token_texts: TokenTexts | None = None
         self.tool_parser = resolve_tool_parser(settings.tool_parser, self.codec)
 
     @property

@@ -62,7 +62,7 @@ async def tokenize(state: ApiState, body: TokenizeRequest) -> TokenizeResponse:
         )
         special = bool(body.add_special_tokens)  # the template writes them itself
     else:
-        text = body.prompt
+        text = body.prompt or ""
         special = body.add_special_tokens is not False
     tokens = (
         codec.encode(text)

@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -364,7 +364,7 @@ class TritonBackend:
         *,
         features: Features | None = None,
         watched: bool = True,
-    ) -> AsyncIterator[Piece]:
+    ) -> AsyncGenerator[Piece, None]:
         """Stream the pieces of one generation; closing the iterator early cancels the request.
 
         `watched`: the watchdog checks the engine when this stream stalls (not for its own check)."""
