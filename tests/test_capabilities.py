@@ -194,3 +194,27 @@ def test_any_refusal_of_the_repository_s_models_is_a_400_whatever_its_words():
     assert error.status == 400 and error.code == "invalid_value"
     assert error.message == "in ensemble 'ensemble', a reason never seen"
     assert _engine_error(InferenceFailed("CUDA error: illegal memory access")).status == 502
+
+
+def test_the_text_models_refuse_what_needs_token_ids_and_pass_guides_on(cpu_repo):
+    """ensemble / tensorrt_llm_bls return text: log probs, n and logit_bias need the engine contract; a guide
+    needs none of it (the stock ensemble and BLS take the guided-decoding tensors)."""
+    app = create_app(ApiSettings(UNREACHABLE, cpu_repo, model_name="ensemble"))
+    calls = []
+
+    async def generate(prompt, prompt_ids, max_tokens, sampling, **kw):
+        calls.append(kw.get("features"))
+        yield Piece(b"{}", None, True)
+
+    app.state.api.backend.generate = generate
+    model = open_repository(cpu_repo).served_model_name
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    with TestClient(app, raise_server_exceptions=False) as client:
+        for field, value in (("logprobs", True), ("n", 2), ("logit_bias", {"3": 1})):
+            response = client.post("/v1/chat/completions", json={**chat, field: value})
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert error["param"] == field and "--model-name tensorrt_llm" in error["message"]
+        fine = {**chat, "top_logprobs": 0, "response_format": {"type": "json_object"}}
+        assert client.post("/v1/chat/completions", json=fine).status_code == 200
+    assert len(calls) == 1 and calls[0].guide.type == "json" and not calls[0].cached_tokens

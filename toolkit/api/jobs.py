@@ -59,19 +59,19 @@ def _refuse_guide_kinds(state: ApiState, body) -> None:
             )
 
 
-# What the text models (ensemble, BLS) cannot give back: they return text, not token ids.
+# What the text models (ensemble, BLS) cannot give back: they return text, not token ids. Each: why, and
+# whether a value asks for it (chat's logprobs is a bool, completions' an int where 0 asks too).
 _TOKEN_FEATURES = {
-    "logit_bias": "logit_bias takes token ids",
-    "logprobs": "log probs come per token",
-    "top_logprobs": "log probs come per token",
-    "n": "the choices of n come back by sequence index",
+    "logit_bias": ("logit_bias takes token ids", lambda v: bool(v)),
+    "logprobs": ("log probs come per token", lambda v: v is not None and v is not False),
+    "top_logprobs": ("log probs come per token", lambda v: bool(v)),
+    "n": ("the choices of n come back by sequence index", lambda v: v is not None and v > 1),
 }
 
 
 def _refuse_on_text_models(state: ApiState, body) -> None:
-    for param, reason in _TOKEN_FEATURES.items():
-        value = getattr(body, param, None)
-        if value is None or value is False or value == {} or (param == "n" and value == 1):
+    for param, (reason, asks) in _TOKEN_FEATURES.items():
+        if not asks(getattr(body, param, None)):
             continue
         raise ApiError(
             400,
