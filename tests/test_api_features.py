@@ -249,3 +249,27 @@ def test_tokenize_and_detokenize_use_the_repository_s_tokenizer(served, model_id
     assert len(chat_ids) == rendered
     bad = post(served, "/detokenize", model=model_id, tokens=[10**6])
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+@pytest.mark.parametrize("model_name", ["ensemble", "tensorrt_llm_bls"])
+def test_the_text_models_pass_the_guide_on_to_the_engine(served, model_id, model_name):
+    _, repo, server, _ = served
+    api = run_api_in_background(ApiSettings(server.grpc_url, repo, model_name), port=free_port())
+    try:
+        regex = r"[0-9]{3}-[a-z]{4}"
+        response = httpx.post(
+            f"{api.url}/v1/completions",
+            json={
+                "model": model_id,
+                "prompt": "Hello world",
+                "max_tokens": 24,
+                "temperature": 1.0,
+                "seed": 4,
+                "response_format": {"type": "regex", "regex": regex},
+            },
+            timeout=120,
+        )
+        assert response.status_code == 200, response.text
+        assert re.fullmatch(regex, response.json()["choices"][0]["text"])
+    finally:
+        api.stop()
