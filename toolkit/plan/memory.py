@@ -33,6 +33,9 @@ ACTIVATION_RESERVE_FRACTION = 0.10
 KV_CACHE_FREE_GPU_MEM_FRACTION = 0.9
 TOKENS_PER_BLOCK = 64  # paged KV block size passed to trtllm-build (--tokens_per_block)
 DEFAULT_MAX_SEQ_LEN = 8192
+# Reasoning models (a <think> part before the answer): DeepSeek-R1's model card sets "the maximum generation
+# length" of its evaluations to 32,768 tokens; plus room for a 4096-token prompt.
+REASONING_MAX_SEQ_LEN = 32768 + 4096
 # The typical request the batch limits are sized for, as trtllm-bench's --target_input_len /
 # --target_output_len: the KV pool is shared by requests of this size, not of max_seq_len.
 DEFAULT_TARGET_INPUT_LEN = 1024
@@ -86,6 +89,15 @@ class MemoryPlan:
     fits: bool
     min_tp_that_fits: int | None = None
     architecture: str = ""  # config.json's, e.g. Qwen2ForCausalLM: picks the checkpoint converter
+    active_parameter_count: int = 0  # read per token: MoE's routed experts only (dense: all)
+    num_experts: int = 0  # MoE: experts per layer, all resident in memory
+    experts_per_token: int = 0  # MoE: experts routed per token
+    # Per layer, the tokens it attends to (the tensorrtllm backend's max_attention_window_size); (): all.
+    max_attention_window_size: tuple[int, ...] = ()
+    # A pre-quantized checkpoint's format ("ModelOpt FP8") and its weights per scale (GPTQ / AWQ groups).
+    stored_quantization: str | None = None
+    stored_group_size: int | None = None
+    notes: tuple[str, ...] = ()  # what the numbers assume, in words
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -188,9 +200,12 @@ def compute_plan(
         if not given
         else f"{' and '.join(given)} given; " + ("the rest: " + rule if len(given) < 2 else "")
     )
-    step_ms = w_gpu / gpu.bandwidth_bytes_per_s * 1e3
+    step_ms = weights_read_per_step(facts, dtype, tp, pp, 1) / gpu.bandwidth_bytes_per_s * 1e3
     running = max(1, min(batch, tokens // (isl + osl))) if tokens else 1
-    batch_step_ms = (w_gpu + running * (isl + osl // 2) * kv_gpu) / gpu.bandwidth_bytes_per_s * 1e3
+    batch_weights = weights_read_per_step(facts, dtype, tp, pp, running)
+    batch_step_ms = (
+        (batch_weights + running * (isl + osl // 2) * kv_gpu) / gpu.bandwidth_bytes_per_s * 1e3
+    )
     prefill_tps = _prefill_tokens_per_s(facts, gpu, dtype, tp)
     return MemoryPlan(
         model=model,
@@ -228,7 +243,64 @@ def compute_plan(
         prefill_ms_lower_bound=num_tokens / prefill_tps * 1e3,
         fits=sequences >= 1,
         architecture=facts.architecture,
+        active_parameter_count=facts.active_parameter_count,
+        num_experts=facts.num_experts,
+        experts_per_token=facts.experts_per_token,
+        max_attention_window_size=facts.family.attention_windows(facts, seq),
+        stored_quantization=facts.quantization.description if facts.quantization else None,
+        stored_group_size=facts.quantization.group_size if facts.quantization else None,
+        notes=plan_notes(facts, seq, running),
     )
+
+
+def expert_share_read(facts: ModelFacts, batch: int) -> float:
+    """The share of the expert weights a decode step of `batch` tokens reads: with uniform routing a layer
+    touches E * (1 - (1 - k/E)^batch) of its E experts (Mixtral, k=2 of 8: 25% at batch 1, 90% at 8)."""
+    if not facts.num_experts:
+        return 1.0
+    k_over_e = facts.experts_per_token / facts.num_experts
+    return 1.0 - (1.0 - k_over_e) ** max(1, batch)
+
+
+def weights_read_per_step(facts: ModelFacts, dtype: str, tp: int, pp: int, batch: int) -> int:
+    """Weight bytes one decode step of `batch` tokens reads on the busiest GPU: all of them for a dense
+    model; for MoE, the experts its tokens are routed to (expert_share_read) besides everything else."""
+    resident = weights_bytes_per_gpu(facts, dtype, tp, pp)
+    if not facts.num_experts or facts.experts_per_token >= facts.num_experts:
+        return resident
+    s = _split(facts)
+    # linear - routed_linear = layers x (E - k) experts, so the experts of all layers are that x E / (E - k).
+    experts, routed = facts.num_experts, facts.experts_per_token
+    experts_all = (s.linear - s.routed_linear) * experts / (experts - routed)
+    unread = experts_all * (1.0 - expert_share_read(facts, batch))
+    layers = stage_layers(facts.num_layers, pp)[0]
+    per_gpu = unread / facts.num_layers * layers * WEIGHT_PRECISIONS[dtype].linear_bytes / tp
+    return int(resident - per_gpu)
+
+
+def plan_notes(facts: ModelFacts, max_seq_len: int, running: int) -> tuple[str, ...]:
+    """What the plan assumes that a reader could not guess from its numbers."""
+    notes = []
+    if facts.num_experts:
+        notes.append(
+            f"MoE: memory holds all {facts.num_experts} experts of each layer ({facts.parameter_count / 1e9:.1f}B "
+            f"parameters); decode reads only the {facts.experts_per_token} routed per token "
+            f"({facts.active_parameter_count / 1e9:.1f}B active at batch 1; "
+            f"{expert_share_read(facts, running):.0%} of the experts at {running} running requests)"
+        )
+    windows = facts.family.attention_windows(facts, max_seq_len)
+    if windows:
+        local = sum(facts.sliding_layers)
+        notes.append(
+            f"sliding window: {local} of {facts.num_layers} layers attend to the last {min(windows)} tokens "
+            "(max_attention_window_size); the KV pool is sized as if every layer were global, as "
+            "TensorRT-LLM 0.20 sizes it"
+        )
+    if facts.quantization is not None:
+        notes.append(
+            f"pre-quantized checkpoint ({facts.quantization.description}): planned with its stored precision"
+        )
+    return tuple(notes)
 
 
 def batch_limits(kv_tokens: int, isl: int, osl: int, pp: int = 1) -> tuple[int, int]:
@@ -271,7 +343,7 @@ def fitting_options(facts: ModelFacts, gpu: GpuProfile, options: dict) -> list[M
     """For each weight dtype this GPU runs, the plan with the smallest TP that fits."""
     found = []
     for dtype, precision in WEIGHT_PRECISIONS.items():
-        if precision.needs_fp8_hardware and not gpu.supports_fp8:
+        if precision.stored_only or (precision.needs_fp8_hardware and not gpu.supports_fp8):
             continue
         tp = _smallest_tp(facts, gpu, {**options, "dtype": dtype})
         if tp is not None:
@@ -292,27 +364,43 @@ def _smallest_tp(facts: ModelFacts, gpu: GpuProfile, options: dict) -> int | Non
 def _prefill_tokens_per_s(facts: ModelFacts, gpu: GpuProfile, dtype: str, tp: int) -> float:
     """Compute bound: 2 FLOPs per matmul weight per token (attention score FLOPs left out)."""
     s = _split(facts)
-    flops_per_token = 2 * (s.linear + s.lm_head)
+    flops_per_token = 2 * (s.routed_linear + s.lm_head)  # MoE: a token runs its routed experts only
     tflops = gpu.fp8_tflops if dtype == "fp8" and gpu.fp8_tflops else gpu.bf16_tflops
     return tflops * 1e12 * tp / flops_per_token
 
 
 def _max_seq_len(facts: ModelFacts, requested: int | None) -> int:
+    """The default fits the model: 8192, a reasoning model's long answers, never more than it or its engine
+    flow takes (Gemma 2: 4096)."""
+    family_cap = facts.family.max_seq_len or facts.max_position_embeddings
+    limit = min(facts.max_position_embeddings, family_cap)
     if requested is None:
-        return min(facts.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
-    if requested < 2 or requested > facts.max_position_embeddings:
+        default = REASONING_MAX_SEQ_LEN if facts.reasoning_parser else DEFAULT_MAX_SEQ_LEN
+        return min(limit, default)
+    if requested < 2 or requested > limit:
+        why = (
+            facts.family.max_seq_len_source
+            if limit < facts.max_position_embeddings
+            else "the model's max_position_embeddings"
+        )
         raise PlanError(
-            f"--max-seq-len {requested} is outside 2..{facts.max_position_embeddings} "
-            "(the model's max_position_embeddings)",
-            hint=f"pass --max-seq-len between 2 and {facts.max_position_embeddings}",
+            f"--max-seq-len {requested} is outside 2..{limit} ({why})",
+            hint=f"pass --max-seq-len between 2 and {limit}",
+            value=requested,
         )
     return requested
 
 
 def _check_choices(gpu: GpuProfile, dtype: str, kv_dtype: str) -> None:
-    if dtype not in WEIGHT_DTYPES:
+    if dtype not in WEIGHT_PRECISIONS:
         raise PlanError(
             f"unknown --dtype {dtype!r}", hint=f"use one of: {', '.join(WEIGHT_DTYPES)}"
+        )
+    if WEIGHT_PRECISIONS[dtype].needs_fp4_hardware:
+        raise PlanError(
+            f"{gpu.name} (SM {gpu.sm}) has no FP4 tensor cores; {dtype} weights need Blackwell (SM 10.0)",
+            hint="use the checkpoint's bf16 original with --dtype fp8, or a Blackwell GPU",
+            value=dtype,
         )
     if kv_dtype not in KV_DTYPES:
         raise PlanError(
