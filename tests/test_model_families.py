@@ -369,3 +369,21 @@ def test_recorded_backend_parameter_is_one_the_pinned_config_declares():
     pinned = UPSTREAM_BACKEND["revisions"]["c2e65b8"]
     assert "max_attention_window_size" in pinned["models"]["tensorrt_llm"]["parameters"]
     assert get_gpu("h100-sxm").sm == "9.0"
+
+
+# --- the CPU target decides what transformers' continuous batching runs correctly -----------------
+def test_cpu_refuses_gemma2_whose_attention_cap_its_paged_attention_drops(tmp_path):
+    folder = prequantized(tmp_path, catalog_entry("gemma-2-9b-it").config, None, "gemma2")
+    result = invoke("build", "-t", "cpu", "-m", str(folder), "--dry-run")
+    assert result.exit_code == 1
+    assert "attn_logit_softcapping=50.0" in result.stderr and "different model" in result.stderr
+    assert "--target h100-sxm" in result.stderr
+    # Gemma 3 has no attention cap: planned for the CPU engine.
+    folder = prequantized(tmp_path, catalog_entry("gemma-3-1b-it").config, None, "gemma3")
+    assert invoke("build", "-t", "cpu", "-m", str(folder), "--dry-run").exit_code == 0
+
+
+def test_cpu_refuses_a_prequantized_checkpoint_by_its_format(tmp_path):
+    folder = prequantized(tmp_path, LLAMA_8B, MODELOPT_FP8)
+    result = invoke("build", "-t", "cpu", "-m", str(folder), "--dry-run")
+    assert result.exit_code == 1 and "pre-quantized as ModelOpt FP8" in result.stderr
