@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from toolkit.api.reasoning import CHOICES as REASONING_CHOICES
 from toolkit.cli.options import api_key_options, reject_api_key_value
 from toolkit.cli.render import emit_json, note
 from toolkit.repository.reader import open_repository
@@ -141,6 +142,14 @@ def api_limits(
     help="The model id clients send; default: the repository's model name.",
 )
 @click.option(
+    "--reasoning-parser",
+    default="auto",
+    type=click.Choice(REASONING_CHOICES),
+    help="How chat answers carry a reasoning model's <think> part (returned as reasoning_content, as vLLM's "
+    "parser of that name): auto takes the repository's model's (DeepSeek-R1 distills: deepseek_r1), none "
+    "leaves it in content.",
+)
+@click.option(
     "--max-in-flight",
     default=64,
     type=click.IntRange(1),
@@ -185,6 +194,7 @@ def command(
     api_key,
     model_name,
     served_model_name,
+    reasoning_parser,
     max_in_flight,
     limits,
     event_loop,
@@ -209,7 +219,14 @@ def command(
     keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
     settings = ApiSettings(
-        triton_url, repo, model_name, served_model_name, keys, max_in_flight, limits=limits
+        triton_url,
+        repo,
+        model_name,
+        served_model_name,
+        keys,
+        max_in_flight,
+        limits=limits,
+        reasoning_parser=reasoning_parser,
     )
     if dry_run:
         emit_json(
@@ -220,6 +237,7 @@ def command(
                 "port": port,
                 "model_name": model_name,
                 "served_model_name": served_model_name,
+                "reasoning_parser": reasoning_parser,
                 "api_keys": len(keys),
                 "max_in_flight": max_in_flight,
                 "header_timeout_s": limits.header_timeout_s,
