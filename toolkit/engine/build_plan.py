@@ -43,7 +43,9 @@ class EngineRuntime:
     max_attention_window_size: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["max_attention_window_size"] = list(self.max_attention_window_size)  # as JSON gives it back
+        return data
 
 
 @dataclass(frozen=True)
