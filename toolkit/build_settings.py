@@ -384,7 +384,7 @@ class BuildSettings:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "the manifest") -> BuildSettings:
         """Settings a manifest recorded; RecipeError for an unknown name or a wrong value."""
-        values = {}
+        values: dict[str, Any] = {}
         for name, value in data.items():
             row = SETTINGS.get(name)
             if row is None:

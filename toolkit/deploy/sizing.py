@@ -36,7 +36,7 @@ CHECKPOINT_BYTES_PER_PARAMETER = 2
 HELM_TIMEOUT_MARGIN_S = 300
 # Kubernetes resource quantities (memory): a number, optionally with a decimal or binary suffix.
 QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-QUANTITY_UNITS = {
+QUANTITY_UNITS: dict[str | None, int] = {
     None: 1,
     **{s: 1000 ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
     **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},

@@ -94,7 +94,7 @@ def convert_gguf(gguf: Path, out: Path, *, progress: bool = True) -> None:
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
     # The GGUF quantizer marks the model unserializable; the weights are already dequantized.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.architectures = ["LlamaForCausalLM"]
