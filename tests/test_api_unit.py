@@ -153,10 +153,11 @@ def test_metrics_expose_the_promised_series(client):
     [
         ({"n": 2}, "n"),
         ({"n": True}, "n"),  # True == 1 in Python; not to us
+        # without stream: OpenAI refuses it too
         (
             {"stream_options": {"include_usage": True}},
             "stream_options",
-        ),  # without stream: OpenAI refuses it too
+        ),
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
@@ -363,13 +364,11 @@ def test_stop_scanner_equals_cutting_the_whole_text(text, stops, data):
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=6)))
     pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
     found = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]
-    expected = (
-        text[: min(found)[1]] if found else text
-    )  # cut where the first stop to complete starts
+    # cut where the first stop to complete starts
+    expected = text[: min(found)[1]] if found else text
     assert _scan(pieces, stops) == (expected, bool(found))
-    assert _scan(pieces, stops) == _scan(
-        [raw[i : i + 1] for i in range(len(raw))], stops
-    )  # however the bytes are grouped
+    # however the bytes are grouped
+    assert _scan(pieces, stops) == _scan([raw[i : i + 1] for i in range(len(raw))], stops)
 
 
 def test_the_stop_that_completes_first_wins_whatever_the_grouping():

@@ -167,9 +167,8 @@ def test_perf_analyzer_args_stream_over_grpc_with_a_fixed_count(tmp_path: Path):
 def test_roofline_bound():
     roof = Roofline(decode_step_ms=2.0, max_batch_size=8)
     assert roof.tokens_per_s(LoadPoint("concurrency", 4)) == pytest.approx(2000.0)
-    assert roof.tokens_per_s(LoadPoint("concurrency", 16)) == pytest.approx(
-        4000.0
-    )  # capped at the batch size
+    # capped at the batch size
+    assert roof.tokens_per_s(LoadPoint("concurrency", 16)) == pytest.approx(4000.0)
     assert roof.tokens_per_s(LoadPoint("request_rate", 1)) is None
 
 
@@ -193,9 +192,8 @@ def test_scrape_summary_differences_counters_and_summarizes_gauges():
     )
     summary = summarize([parse_samples(METRICS_T0), parse_samples(t1)])
     assert summary.samples == 2
-    assert summary.queue_us_per_request == {
-        "ensemble": pytest.approx(200.0)
-    }  # 4000 us over 20 requests
+    # 4000 us over 20 requests
+    assert summary.queue_us_per_request == {"ensemble": pytest.approx(200.0)}
     assert summary.pending_max == {"tensorrt_llm": 6.0} and summary.pending_mean == {
         "tensorrt_llm": 4.0
     }

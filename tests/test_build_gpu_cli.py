@@ -73,9 +73,8 @@ def test_a_recipe_without_tp_plans_the_smallest_that_fits_and_tp_on_the_command_
     )
     assert planned.exit_code == 0, planned.output
     plan = json.loads(planned.stdout)["plan"]
-    assert (
-        plan["tp_size"] == plan["min_tp_that_fits"] == 2
-    )  # 70.6 GB of weights per card of 85.5 GB
+    # 70.6 GB of weights per card of 85.5 GB
+    assert plan["tp_size"] == plan["min_tp_that_fits"] == 2
     given = invoke("build", "--recipe", recipe, "--tp", "2", "--dry-run", "--json")
     assert given.exit_code == 0, given.output
     data = json.loads(given.stdout)

@@ -847,9 +847,8 @@ def test_probes_grace_and_drain_agree_with_the_serve_commands(gpu_render):
     for kind in ("startupProbe", "livenessProbe"):
         assert 10 + 5 <= triton[kind]["terminationGracePeriodSeconds"] <= 30, kind
         assert triton[kind]["terminationGracePeriodSeconds"] < pod["terminationGracePeriodSeconds"]
-    assert (
-        "terminationGracePeriodSeconds" not in triton["readinessProbe"]
-    )  # the API server refuses it
+    # the API server refuses it
+    assert "terminationGracePeriodSeconds" not in triton["readinessProbe"]
     http = int(flag(triton["args"], "--http-port"))
     assert (
         exec_probe_url(startup)
@@ -883,9 +882,8 @@ def test_the_endpoint_picker_reads_the_backend_metric_names_it_knows_for_triton(
     builtin = GIE["builtin_engine_configs"]["triton-tensorrt-llm"]
     assert engine_specs(config) == {k: v for k, v in builtin.items() if k.endswith("Spec")}
     prefix = next(p for p in config["plugins"] if p["type"] == "prefix-cache-scorer")["parameters"]
-    limits = open_repository(
-        repo
-    ).limits  # the KV pool the prefix index mirrors, in blocks of tokens
+    # the KV pool the prefix index mirrors, in blocks of tokens
+    limits = open_repository(repo).limits
     assert (prefix["blockSizeTokens"], prefix["lruCapacityPerServer"]) == (
         limits.kv_block_size,
         limits.kv_cache_blocks,
@@ -1023,9 +1021,8 @@ def test_gpu_target_the_cluster_values_do_not_name_is_refused(gpu_repo, tmp_path
         tmp_path / "cluster.yaml", {"gpu": {"targets": {"h100-sxm": ["NVIDIA-H100-SXM5-80GB"]}}}
     )
     values = deploy(repo, tmp_path / "d", "-f", cluster)
-    assert values["gpu"]["products"] == [
-        "NVIDIA-H100-SXM5-80GB"
-    ]  # the cluster's own label spelling
+    # the cluster's own label spelling
+    assert values["gpu"]["products"] == ["NVIDIA-H100-SXM5-80GB"]
 
 
 @pytest.mark.parametrize(
@@ -1247,9 +1244,8 @@ def test_rule_metrics_are_the_tensorrt_llm_backends_own_names(gpu_render):
     }
     for where, metric, labels in selectors:
         exporter = {k: v for k, v in labels.items() if k not in TARGET_LABELS}
-        if metric.startswith(
-            "toolkit_api_"
-        ):  # the API's own gauge, scraped through the `http` endpoint
+        # the API's own gauge, scraped through the `http` endpoint
+        if metric.startswith("toolkit_api_"):
             assert metric in api and api[metric][0] == "gauge", where
             assert set(exporter) <= api[metric][1], where
             continue
@@ -1350,9 +1346,8 @@ def test_load_and_drain_times_come_from_the_engine_files_and_the_plan(gpu_render
     repo, values, _, _ = gpu_render
     repository = open_repository(repo)
     engine = Path(repository.manifest.engine.parameters["engine_dir"])
-    loaded = sum(
-        (engine / f"rank{r}.engine").stat().st_size for r in range(2)
-    )  # bytes a replica reads
+    # bytes a replica reads
+    loaded = sum((engine / f"rank{r}.engine").stat().st_size for r in range(2))
     hashed = sum(size for size, _, _ in repository.manifest.files.values())  # bytes it checks
     assert (
         values["startup"]["timeoutSeconds"]
@@ -1399,9 +1394,8 @@ def test_route_timeout_and_scaling_follow_the_load_and_drain_times_given(cpu_rep
     scaling = values["autoscaling"]
     assert scaling["scaleUp"]["periodSeconds"] == 1200  # one load time per step up
     assert scaling["scaleDown"]["stabilizationWindowSeconds"] == 2400  # two load times
-    assert (
-        scaling["scaleDown"]["periodSeconds"] == 10 + 500 + 15
-    )  # one grace period per replica down
+    # one grace period per replica down
+    assert scaling["scaleDown"]["periodSeconds"] == 10 + 500 + 15
 
 
 def test_the_documented_cluster_values_deploy_the_h100_repository(helm, gpu_render, tmp_path):
@@ -1590,9 +1584,8 @@ def test_autoscaling_scales_on_the_apis_requests_in_flight_and_on_queueing(
     load = triggers["requests-in-flight"]["metadata"]
     assert [m for m, _ in promql_selectors(load["query"])] == ["toolkit_api_requests_in_flight"]
     batch = open_repository(repo).limits.max_batch_size
-    default = max(
-        1, int(batch * 0.8)
-    )  # scale-up starts (+10 % HPA tolerance) before a request queues
+    # scale-up starts (+10 % HPA tolerance) before a request queues
+    default = max(1, int(batch * 0.8))
     assert load["threshold"] == str(default) == str(values["autoscaling"]["concurrencyPerReplica"])
     queued = triggers["waiting-requests"]["metadata"]["query"]
     assert [(m, labels.get("request_type")) for m, labels in promql_selectors(queued)] == [
@@ -1616,10 +1609,11 @@ def test_the_triggers_see_requests_queued_beyond_the_batch_slots(gpu_render):
     monitor = find(docs, "PodMonitor")
     namespace, job = monitor["metadata"]["namespace"], f"{NAMESPACE}/{monitor['metadata']['name']}"
     series = []
+    # b: streams just ended in the API
     for pod, in_flight, scheduled in (
         ("a", batch + 300, batch),
         ("b", 3, 5),
-    ):  # b: streams just ended in the API
+    ):
         target = {"namespace": namespace, "job": job, "pod": pod}
         series.append(("toolkit_api_requests_in_flight", {**target, "container": "api"}, in_flight))
         for kind, value in (("active", scheduled), ("scheduled", scheduled), ("waiting", 0)):
@@ -1628,9 +1622,8 @@ def test_the_triggers_see_requests_queued_beyond_the_batch_slots(gpu_render):
     triggers = {t["name"]: t["metadata"] for t in find(docs, "ScaledObject")["spec"]["triggers"]}
     assert promql_value(triggers["requests-in-flight"]["query"], series) == batch + 303
     assert promql_value(triggers["waiting-requests"]["query"], series) == 300
-    assert (
-        promql_value(triggers["waiting-requests"]["query"], series[:0]) is None
-    )  # no series: fallback
+    # no series: fallback
+    assert promql_value(triggers["waiting-requests"]["query"], series[:0]) is None
 
 
 def test_a_pipeline_parallel_replica_is_not_taken_for_a_queued_one(helm, gpu_render, tmp_path):

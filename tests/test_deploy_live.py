@@ -88,9 +88,8 @@ class LocalPod:
         for volume in self.spec["volumes"]:
             local = workdir / "volumes" / volume["name"]
             if "persistentVolumeClaim" in volume:
-                self.volumes[volume["name"]] = (claims or {}).get(
-                    volume["name"]
-                )  # None: the same path
+                # None: the same path
+                self.volumes[volume["name"]] = (claims or {}).get(volume["name"])
                 continue
             local.mkdir(parents=True)
             if "secret" in volume:

@@ -144,9 +144,8 @@ def test_a_qwen2_checkpoint_builds_through_the_qwen_converter(fakes, tmp_path):
     checkpoint = fake_checkpoint(tmp_path, config)
     plan = gpu_engine_plan(str(checkpoint), "h100-sxm", dtype="bf16")
     assert plan.commands[0][1].endswith("examples/models/core/qwen/convert_checkpoint.py")
-    engine = Path(
-        execute_engine_build(plan).engine_dir
-    )  # the fake converter parsed it: upstream's flags
+    # the fake converter parsed it: upstream's flags
+    engine = Path(execute_engine_build(plan).engine_dir)
     config = json.loads((engine / "config.json").read_text())
     assert config["pretrained_config"]["architecture"] == "Qwen2ForCausalLM"
 

@@ -34,9 +34,8 @@ def test_every_emitted_command_parses_with_the_upstream_argparse(model, dtype, k
     for argv in plan.commands:
         tool, args = tool_of(list(argv))
         assert set(flags_of(args)) <= set(upstream_flags(tool)), tool
-        upstream_parser(tool).parse_args(
-            args
-        )  # exits on any flag or value the upstream tool refuses
+        # exits on any flag or value the upstream tool refuses
+        upstream_parser(tool).parse_args(args)
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -72,9 +71,8 @@ def test_the_plugin_dtypes_are_upstream_s_own_per_plugin():
     with pytest.raises(EngineBuildError, match="--gemm_swiglu_plugin 'bfloat16'"):
         check_argv(["trtllm-build", "--gemm_swiglu_plugin", "bfloat16"])  # fp8 or disable only
     with pytest.raises(EngineBuildError, match="--gemm_allreduce_plugin 'fp8'"):
-        check_argv(
-            ["trtllm-build", "--gemm_allreduce_plugin", "fp8"]
-        )  # float16, bfloat16 or disable
+        # float16, bfloat16 or disable
+        check_argv(["trtllm-build", "--gemm_allreduce_plugin", "fp8"])
     with pytest.raises(EngineBuildError, match="--gpt_attention_plugin 'fp8'"):
         check_argv(["trtllm-build", "--gpt_attention_plugin", "fp8"])
     with pytest.raises(EngineBuildError, match="--lora_target_modules 'attn_everything'"):

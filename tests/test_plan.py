@@ -58,15 +58,13 @@ def test_llama_8b_bf16_on_h100_sxm():
     assert plan.decode_step_ms_lower_bound == pytest.approx(16_060_522_496 / 3.35e12 * 1e3)
     assert plan.decode_step_ms_lower_bound == pytest.approx(4.79, abs=0.01)
     assert plan.decode_tokens_per_s_per_stream_ceiling == pytest.approx(208.6, abs=0.1)
-    running = (
-        464_640 // 1536
-    )  # the pool holds 302 requests of the target size, fewer than the batch
+    # the pool holds 302 requests of the target size, fewer than the batch
+    running = 464_640 // 1536
     step = (16_060_522_496 + running * (1024 + 256) * 131072) / 3.35e12 * 1e3
     assert plan.decode_step_ms_at_max_batch == pytest.approx(step)
     assert plan.decode_tokens_per_s_ceiling == pytest.approx(running * 1e3 / step)
-    matmul_params = (
-        8_030_261_248 - 128256 * 4096 - 65 * 4096
-    )  # all but the embedding table and norms
+    # all but the embedding table and norms
+    matmul_params = 8_030_261_248 - 128256 * 4096 - 65 * 4096
     assert plan.prefill_tokens_per_s_upper_bound == pytest.approx(989.5e12 / (2 * matmul_params))
     assert plan.min_tp_that_fits == 1 and plan.fits
 
@@ -74,16 +72,18 @@ def test_llama_8b_bf16_on_h100_sxm():
 def test_batch_limits_follow_trtllm_bench_and_never_the_full_length_sequence_count():
     from toolkit.plan.memory import batch_limits
 
+    # capped at 4096 requests; 8192 step tokens
     assert batch_limits(1_000_000, 128, 128) == (
         4096,
         8192,
-    )  # capped at 4096 requests; 8192 step tokens
+    )
     assert batch_limits(10_000, 1024, 512) == (64, 2048)  # floors: 64 requests, 2048 tokens
     assert batch_limits(600_000, 1000, 1000) == (384, 2048)
+    # 150 per stage -> 32 * ceil(150 / 32)
     assert batch_limits(600_000, 1000, 1000, pp=2) == (
         160,
         2048,
-    )  # 150 per stage -> 32 * ceil(150 / 32)
+    )
     plan = plan_memory(facts(LLAMA_8B), get_gpu("h100-sxm"), dtype="fp8", kv_dtype="fp8")
     assert plan.max_batch_size > 4 * plan.max_sequences_at_max_seq_len
 
@@ -141,9 +141,8 @@ def test_pipeline_stages_hold_the_embedding_first_and_the_lm_head_last():
 def test_smollm2_numbers():
     f = facts(SMOL)
     per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576
-    assert (
-        f.parameter_count == 49152 * 576 + 30 * per_layer + 576 == 134_515_008
-    )  # tied: no LM head
+    # tied: no LM head
+    assert f.parameter_count == 49152 * 576 + 30 * per_layer + 576 == 134_515_008
     plan = plan_memory(f, get_gpu("h100-sxm"))
     assert plan.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23040
     assert plan.weights_bytes == 134_515_008 * 2

@@ -191,9 +191,8 @@ def test_serve_refuses_a_repository_whose_files_were_replaced_and_names_them(tin
     post = repo / "postprocessing" / "1" / "model.py"
     stat = post.stat()
     post.write_text(post.read_text().replace("TritonPythonModel", "TritonPythonModeL"))
-    os.utime(
-        post, ns=(stat.st_atime_ns, stat.st_mtime_ns)
-    )  # same size and mtime: only the hash tells
+    # same size and mtime: only the hash tells
+    os.utime(post, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     weights = next((repo / "tensorrt_llm" / "1").rglob("*.safetensors"))
     with weights.open("r+b") as handle:
         handle.truncate(16)

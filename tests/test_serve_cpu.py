@@ -255,9 +255,8 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(
 ):
     args = {"prompt": "hello", **request_args}
     request = GenerateRequest(**args)
-    object.__setattr__(
-        request, "validate", lambda: None
-    )  # skip the client's own check: the server must refuse too
+    # skip the client's own check: the server must refuse too
+    object.__setattr__(request, "validate", lambda: None)
     with pytest.raises(ClientError, match=message.replace("(", r"\(")):
         generate_grpc(served_repo.grpc_url, request)
     with pytest.raises(ClientError, match=message.replace("(", r"\(")):
@@ -382,9 +381,8 @@ def test_a_client_that_goes_away_cancels_its_request(served_repo):
     assert _metric(served_repo, "toolkit_engine_requests_cancelled_total") == before + 1
     generated = _metric(served_repo, "toolkit_engine_generated_tokens_total")
     time.sleep(1.0)
-    assert (
-        _metric(served_repo, "toolkit_engine_generated_tokens_total") == generated
-    )  # it stopped generating
+    # it stopped generating
+    assert _metric(served_repo, "toolkit_engine_generated_tokens_total") == generated
     assert (
         "Paris"
         in generate_grpc(

@@ -184,9 +184,8 @@ def test_stop_after_ms_with_a_request_id_stops_the_running_request(streaming_ser
         first, error = results.get(timeout=60)
         assert error is None, error
         time.sleep(0.2)
-        stopper, stop_results = _engine_stream(
-            server.grpc_url, [0], 0, "42", stop=True
-        )  # prepare_stop_signals: input_ids [1,1], input_lengths [[0]], request_output_len [[0]], stop [[True]]
+        # prepare_stop_signals: input_ids [1,1], input_lengths [[0]], request_output_len [[0]], stop [[True]]
+        stopper, stop_results = _engine_stream(server.grpc_url, [0], 0, "42", stop=True)
         stop_answer, stop_error = stop_results.get(timeout=30)
         assert stop_error is None, stop_error
         assert stop_answer.as_numpy("output_ids") is None  # "Got cancellation response from server"
@@ -199,9 +198,8 @@ def test_stop_after_ms_with_a_request_id_stops_the_running_request(streaming_ser
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break
         assert time.monotonic() - started < 10
-        assert (
-            tokens + 1 < 2000
-        )  # the first response held one token: it stopped short of max_tokens
+        # the first response held one token: it stopped short of max_tokens
+        assert tokens + 1 < 2000
     finally:
         for c in (client, stopper):
             if c is not None:

@@ -395,7 +395,7 @@ class BuildSettings:
                 )
             values[name] = Path(value) if row.kind is Path and value is not None else value
         settings = cls(**values)
-        check_values(settings, where)
+        check_values(settings, where, key=lambda row: row.manifest_key)
         return settings
 
     def rebuild_arguments(self) -> list[str]:

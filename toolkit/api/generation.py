@@ -175,9 +175,8 @@ class Coalesced:
                 raise StopAsyncIteration
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
-            await asyncio.sleep(
-                0
-            )  # one more turn of the loop: pieces already on their way join this chunk
+            # one more turn of the loop: pieces already on their way join this chunk
+            await asyncio.sleep(0)
         text = self.buffer[0] if len(self.buffer) == 1 else "".join(self.buffer)
         self.buffer.clear()
         return text

@@ -92,9 +92,8 @@ async def _sse(
             yield opening
         if first:
             yield sse.text(first)
-        pieces = Coalesced(
-            texts
-        )  # what arrives while a chunk is being written goes out together in the next
+        # what arrives while a chunk is being written goes out together in the next
+        pieces = Coalesced(texts)
         async for text in pieces:
             yield sse.text(text)
         yield sse.end(generation)

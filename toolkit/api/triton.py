@@ -124,10 +124,8 @@ class Sampling:
                 )
             )
         if self.greedy:
-            return [
-                *out,
-                (top_k, np.array([[1]], np.int32), "INT32"),
-            ]  # top_k 1: TensorRT-LLM's greedy
+            # top_k 1: TensorRT-LLM's greedy
+            return [*out, (top_k, np.array([[1]], np.int32), "INT32")]
         # OpenAI's seed is signed 64-bit; the engine's UINT64 takes a negative one as its two's complement.
         seed = secrets.randbits(63) if self.seed is None else self.seed % 2**64
         temperature = 1.0 if self.temperature is None else self.temperature

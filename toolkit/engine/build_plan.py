@@ -48,9 +48,8 @@ class EngineRuntime:
 class EngineBuildPlan:
     model: str
     model_source: str  # the model spec's normalised source (hf:..., local:..., embedded:...)
-    checkpoint_dir: (
-        str | None
-    )  # None until a hub model's weights are downloaded (the build does that first)
+    # None until a hub model's weights are downloaded (the build does that first)
+    checkpoint_dir: str | None
     target: str
     gpu_sm: str
     settings: BuildSettings  # as given (the recipe's and the flags')

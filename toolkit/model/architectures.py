@@ -86,7 +86,6 @@ FAMILIES: tuple[ModelFamily, ...] = (
 )
 _BY_ARCHITECTURE = {arch: family for family in FAMILIES for arch in family.architectures}
 SUPPORTED_ARCHITECTURES = tuple(sorted(_BY_ARCHITECTURE))
-CONVERTERS = tuple(sorted({family.converter for family in FAMILIES}))
 
 
 def family_for(architectures: list[str] | tuple[str, ...], source: str) -> ModelFamily:

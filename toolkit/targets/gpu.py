@@ -232,9 +232,8 @@ class GpuTarget(Target):
         from toolkit.engine.info import read_engine_info
 
         if plan.engine_build is None:
-            raise TypeError(
-                f"a {self.name} plan names its engine build"
-            )  # a plan of another target
+            # a plan of another target
+            raise TypeError(f"a {self.name} plan names its engine build")
         engine_plan = plan.engine_build.with_checkpoint(model.path)
         result = execute_engine_build(engine_plan, progress=progress)
         engine = TrtllmEngine.from_engine(self.name, read_engine_info(Path(result.engine_dir)))
