@@ -17,18 +17,14 @@ from toolkit.bench.sweep import (
     plan_sweep,
     run_sweep,
 )
+from toolkit.cli.options import json_option, repo_option, triton_url_option
 from toolkit.cli.render import emit_json, note, stderr_console, stdout_console
 from toolkit.repository import contract as c
 from toolkit.serve.launcher import read_server_record
 
 
 @click.command("bench")
-@click.option(
-    "-u",
-    "--url",
-    default="127.0.0.1:8001",
-    help="gRPC endpoint of the served repository (host:port).",
-)
+@triton_url_option("-u", "--url", help="gRPC endpoint of the served repository (host:port).")
 @click.option(
     "-m",
     "--model",
@@ -63,12 +59,8 @@ from toolkit.serve.launcher import read_server_record
     default=None,
     help="Requests per point [default: max(prompts, 8, 4 x load)].",
 )
-@click.option(
-    "-r",
-    "--repo",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=None,
-    help="The served repository (its tokenizer) [default: the one `toolkit serve` serves on --url].",
+@repo_option(
+    "The served repository (its tokenizer) [default: the one `toolkit serve` serves on --url]."
 )
 @click.option(
     "--tokenizer",
@@ -96,7 +88,7 @@ from toolkit.serve.launcher import read_server_record
 )
 @click.option("--timeout", type=float, default=600.0, help="Seconds one point may take.")
 @click.option("--seed", type=int, default=0, help="Prompt sampling seed.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option
 def command(
     url,
     model,
