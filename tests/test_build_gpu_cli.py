@@ -4,7 +4,6 @@ build -> package -> serve pre-flight path through the fake TensorRT-LLM tools (n
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,7 @@ from toolkit.serve.launcher import (
 from toolkit.serve.net import free_port
 from toolkit.targets import target_for
 
-from fakes import fake_checkpoint, install_fake_trtllm
-from tiny import make_tiny_checkpoint
+from fakes import fake_checkpoint_with_tokenizer, install_fake_trtllm
 
 LLAMA_8B = Path(__file__).parent / "data" / "llama-3.1-8b-instruct" / "config.json"
 
@@ -121,10 +119,7 @@ def test_gpu_flags_are_named_when_used_on_cpu():
 
 @pytest.fixture
 def gpu_checkpoint(tmp_path):
-    folder = fake_checkpoint(tmp_path, LLAMA_8B)
-    tiny = make_tiny_checkpoint(tmp_path / "tiny")
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(tiny / name, folder / name)
+    folder = fake_checkpoint_with_tokenizer(tmp_path, LLAMA_8B)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
     return folder
 
