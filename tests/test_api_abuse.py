@@ -491,7 +491,7 @@ def _rss(pid: int) -> int:
 
 
 def test_memory_stays_bounded_while_many_clients_send_bodies_that_never_end(tmp_path, api_process):
-    """The reviewer's case, scaled down: with keys set, 60 bodies that never end (to /health, and keyed to a
+    """A memory-growth case, scaled down: with keys set, 60 bodies that never end (to /health, and keyed to a
     generation path) each grew the API by their size (by 124 MiB in all, here). Now /health reads none and
     the generation bodies share the read budget."""
     mib = 2**20
@@ -780,7 +780,7 @@ def test_the_limits_are_options_of_toolkit_api(engine):
     assert "--max-body-mib" in result.output
 
 
-# --- review fixes: budget held by announced bodies, pipelined headers, a hung engine --------------
+# --- budget held by announced bodies, pipelined headers, a hung engine ----------------------------
 def test_announced_bodies_hold_no_budget_before_their_bytes_arrive(engine, api_factory):
     """Four connections that announced the largest body (8 MiB) and sent one byte reserved the whole default
     budget (4 x --max-body-mib) for up to --body-timeout: every other generation request got 503. A body

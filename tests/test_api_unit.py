@@ -707,7 +707,7 @@ def test_a_client_cancel_survives_the_watchdog_failing_the_stream(client_cancels
         assert isinstance(task.exception(), EngineFault)
 
 
-# --- review fixes --------------------------------------------------------------------------------
+# --- finish reasons, pipelined requests, refusals by name, seeds, limits on the command line -----
 def test_the_text_models_finish_reason_is_stop_only_when_the_api_can_know():
     """The text models return no token count. "stop": a stop string, a text too short (in bytes) for
     max_tokens tokens, or a re-tokenized count clearly (10 %) under max_tokens; "length" when the count
