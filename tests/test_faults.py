@@ -29,6 +29,7 @@ from toolkit.serve.net import free_port
 from toolkit.subprocs import children_of, process_alive
 
 from repos import write_test_repository
+from sse_events import DONE, sse_events
 from tiny import make_bigram_checkpoint
 
 pytestmark = pytest.mark.server
@@ -232,13 +233,12 @@ class ApiStream:
                 if response.status_code != 200:
                     self.ended = f"status {response.status_code}: {response.read().decode()}"
                     return
-                for line in response.iter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        self.events.append(json.loads(line[6:]))
-                        self.first.set()
-                    elif line == "data: [DONE]":
+                for event in sse_events(response.iter_lines()):
+                    if event == DONE:
                         self.ended = "done"
                         return
+                    self.events.append(event)
+                    self.first.set()
             self.ended = "closed without [DONE]"
         except httpx.HTTPError as exc:
             self.ended = f"connection error: {type(exc).__name__}"

@@ -14,6 +14,7 @@ Patterns reproduced, each from the tensorrtllm_backend source at the last revisi
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -360,17 +361,22 @@ def test_toolkit_generate_works_on_a_unary_repository(unary_server):
         assert result.output.strip() == "two"
 
 
-def test_the_api_answers_on_a_unary_repository(unary_server):
+@contextlib.contextmanager
+def openai_client(repo, server):
+    """The openai package's client of the OpenAI API (run here, in-process) over `server`."""
     import openai
 
     from toolkit.api import ApiSettings, run_api_in_background
 
-    repo, server = unary_server
     handle = run_api_in_background(ApiSettings(server.grpc_url, repo), port=free_port())
     try:
-        client = openai.OpenAI(
-            base_url=f"{handle.url}/v1", api_key="none", max_retries=0, timeout=60
-        )
+        yield openai.OpenAI(base_url=f"{handle.url}/v1", api_key="none", max_retries=0, timeout=60)
+    finally:
+        handle.stop()
+
+
+def test_the_api_answers_on_a_unary_repository(unary_server):
+    with openai_client(*unary_server) as client:
         model = client.models.list().data[0].id
         answer = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}]
@@ -385,29 +391,16 @@ def test_the_api_answers_on_a_unary_repository(unary_server):
         assert (
             "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == " hello world"
         )
-    finally:
-        handle.stop()
 
 
 @pytest.mark.parametrize(("word", "answer"), sorted(ANSWERS.items()))
 def test_the_api_stops_on_every_end_token_with_finish_reason_stop(streaming_server, word, answer):
-    import openai
-
-    from toolkit.api import ApiSettings, run_api_in_background
-
-    repo, server = streaming_server
-    handle = run_api_in_background(ApiSettings(server.grpc_url, repo), port=free_port())
-    try:
-        client = openai.OpenAI(
-            base_url=f"{handle.url}/v1", api_key="none", max_retries=0, timeout=60
-        )
+    with openai_client(*streaming_server) as client:
         model = client.models.list().data[0].id
         done = client.completions.create(model=model, prompt=word, max_tokens=10)
         assert done.choices[0].text == answer and done.choices[0].finish_reason == "stop"
         looped = client.completions.create(model=model, prompt="loop", max_tokens=5)
         assert looped.choices[0].finish_reason == "length" and looped.usage.completion_tokens == 5
-    finally:
-        handle.stop()
 
 
 def test_stock_clients_run_concurrently_without_crossing(streaming_server):
