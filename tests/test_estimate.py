@@ -283,3 +283,43 @@ def test_tensor_parallel_adds_all_reduce_and_pipeline_parallel_adds_stages():
     at_tp1 = estimate_performance(facts, H100, one, Workload(4, 1024, 512))
     assert at_pp2.tpot_ms == pytest.approx(at_tp1.tpot_ms, rel=0.1)
     assert at_pp2.output_tokens_per_s == pytest.approx(2 * at_tp1.output_tokens_per_s, rel=0.1)
+
+
+def test_toolkit_plan_reports_the_estimate_at_the_concurrency_asked(monkeypatch):
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    args = ["plan", "-m", "llama-3.1-8b-instruct", "-g", "h100-sxm", "--dtype", "fp8"]
+    args += ["--kv-dtype", "fp8", "--target-input-len", "128", "--target-output-len", "128"]
+    result = CliRunner().invoke(cli, [*args, "--concurrency", "256", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    estimate = data["estimate"]
+    assert (estimate["concurrency"], estimate["input_len"], estimate["output_len"]) == (
+        256,
+        128,
+        128,
+    )
+    facts = _facts("llama-3.1-8b-instruct")
+    plan = compute_plan(
+        facts, H100, dtype="fp8", kv_dtype="fp8", target_input_len=128, target_output_len=128
+    )
+    expected = estimate_performance(facts, H100, plan, Workload(256, 128, 128))
+    for name in ("ttft_ms", "tpot_ms", "output_tokens_per_s"):
+        assert estimate[name] == pytest.approx(getattr(expected, name))
+    # the speed-of-light bound stays beside it, and is the faster of the two
+    assert estimate["tpot_ms"] > data["decode_step_ms_lower_bound"]
+    table = CliRunner().invoke(cli, [*args, "-c", "64"])
+    assert table.exit_code == 0, table.output
+    assert "64 requests in flight, 128 in / 128 out" in table.stdout
+    assert "time to first token" in table.stdout and "output tokens/s" in table.stdout
+
+
+def test_toolkit_plan_refuses_a_concurrency_below_one():
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["plan", "-m", "llama-3.1-8b-instruct", "-c", "0"])
+    assert result.exit_code != 0 and "--concurrency" in result.output

@@ -414,3 +414,22 @@ def _limit(decode: StepTime, cycle: Cycle) -> str:
     if decode.compute_bound:
         return "compute"
     return "kv cache" if decode.attention > decode.linear else "weights"
+
+
+def planned_concurrency(plan: MemoryPlan) -> int:
+    """The requests the engine runs at once at its target lengths: max_batch_size, or fewer when the
+    KV pool holds fewer requests of that size."""
+    per_request = plan.target_input_len + plan.target_output_len
+    return max(1, min(plan.max_batch_size, plan.kv_cache_tokens // per_request))
+
+
+def estimate_for_plan(
+    facts: ModelFacts, plan: MemoryPlan, concurrency: int | None = None
+) -> PerformanceEstimate:
+    """The estimate of a memory plan's engine on its GPU, at its target lengths and `concurrency`
+    requests in flight (default: planned_concurrency)."""
+    from toolkit.plan.gpus import get_gpu
+
+    requests = concurrency if concurrency is not None else planned_concurrency(plan)
+    workload = Workload(requests, plan.target_input_len, plan.target_output_len)
+    return estimate_performance(facts, get_gpu(plan.gpu), plan, workload)
