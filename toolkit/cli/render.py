@@ -48,7 +48,16 @@ def plan_rows(plan: MemoryPlan) -> list[tuple[str, str]]:
             "KV cache per token",
             f"{plan.kv_bytes_per_token:,} bytes ({plan.kv_bytes_per_token_per_gpu:,} per GPU)",
         ),
-        ("KV pool", f"{gb(plan.kv_pool_bytes)} per GPU = {plan.kv_cache_tokens:,} tokens"),
+        (
+            "KV pool (planned)",
+            f"{gb(plan.kv_pool_bytes)} per GPU = {plan.kv_cache_tokens:,} tokens",
+        ),
+        (
+            "KV pool the runtime takes",
+            f"{plan.runtime_kv_cache_tokens:,} tokens: {plan.kv_cache_free_gpu_mem_fraction:g} of what "
+            f"{gb(plan.weights_bytes_per_gpu)} of weights and {gb(plan.runtime_reserve_bytes)} of runtime "
+            "buffers leave (no token cap)",
+        ),
         (
             "sequences of max_seq_len",
             f"{plan.max_sequences_at_max_seq_len:,} x {plan.max_seq_len:,} tokens",

@@ -34,11 +34,13 @@ _NOT_ENGINE_INPUTS = ("engine_dir", "decoupled")
 class EngineRuntime:
     """What the tensorrtllm backend is told at serve time (its config.pbtxt parameters), decided at build time."""
 
-    kv_cache_tokens: int  # max_tokens_in_paged_kv_cache
     kv_cache_free_gpu_mem_fraction: float
     enable_kv_cache_reuse: bool
     enable_chunked_context: bool
     batch_scheduler_policy: str
+    # None: no cap, the runtime takes kv_cache_free_gpu_mem_fraction of its free memory (the backend
+    # otherwise takes the smaller of the two: a planned cap would bound the pool twice).
+    max_tokens_in_paged_kv_cache: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -107,9 +109,7 @@ def plan_engine_build(
     `display_dir` stands in for a checkpoint that is not downloaded yet (dry runs of hub models).
     """
     runtime = EngineRuntime(
-        kv_cache_tokens=memory.kv_cache_tokens,
-        kv_cache_free_gpu_mem_fraction=settings.kv_cache_free_gpu_mem_fraction
-        or memory.kv_cache_free_gpu_mem_fraction,
+        kv_cache_free_gpu_mem_fraction=memory.kv_cache_free_gpu_mem_fraction,
         enable_kv_cache_reuse=_on(settings.enable_kv_cache_reuse),
         enable_chunked_context=_on(settings.enable_chunked_context),
         batch_scheduler_policy=settings.batch_scheduler_policy or DEFAULT_BATCH_SCHEDULER_POLICY,

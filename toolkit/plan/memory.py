@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from toolkit.errors import PlanError
 from toolkit.model.architectures import ParameterSplit
 from toolkit.model.facts import ModelFacts
-from toolkit.plan.gpus import GB, GpuProfile
+from toolkit.plan.gpus import GB, MIB, GpuProfile
 from toolkit.plan.precisions import (
     KV_DTYPES,
     KV_PRECISIONS,
@@ -31,6 +31,14 @@ ACTIVATION_RESERVE_FRACTION = 0.10
 # The share of the memory left after weights and activations that the runtime gives to the KV
 # pool (the tensorrtllm backend's kv_cache_free_gpu_mem_fraction; its own default is 0.9).
 KV_CACHE_FREE_GPU_MEM_FRACTION = 0.9
+# What the runtime itself holds on each GPU before it sizes its KV pool (the pool is its fraction of what
+# is then free): CUDA context, cuBLAS / TensorRT workspaces and runtime buffers, and NCCL's for TP > 1.
+# AIConfigurator 0.12.0's H100 SXM system spec (misc.other_mem, misc.nccl_mem by TP; recorded in
+# tests/data/reference/aiconfigurator_h100_sxm.json, source.system_spec).
+RUNTIME_OTHER_BYTES = 3584 * MIB
+RUNTIME_NCCL_BYTES = {1: 0, 2: 358_612_992, 4: 411_041_792, 8: 411_041_792}
+# Logits of the last token of every sequence in a step, fp32 (the engine's logits_dtype default).
+LOGITS_BYTES = 4
 TOKENS_PER_BLOCK = 64  # paged KV block size passed to trtllm-build (--tokens_per_block)
 DEFAULT_MAX_SEQ_LEN = 8192
 # The typical request the batch limits are sized for, as trtllm-bench's --target_input_len /
@@ -86,6 +94,11 @@ class MemoryPlan:
     fits: bool
     min_tp_that_fits: int | None = None
     architecture: str = ""  # config.json's, e.g. Qwen2ForCausalLM: picks the checkpoint converter
+    # What the runtime will take: kv_cache_free_gpu_mem_fraction of the memory the engine leaves free
+    # (weights and the runtime's own reserve out), per GPU. The engine is built with no token cap, so
+    # this is the pool it serves with; kv_cache_tokens above is the planner's own, more cautious one.
+    runtime_reserve_bytes: int = 0
+    runtime_kv_cache_tokens: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -161,6 +174,7 @@ def compute_plan(
     max_num_tokens: int | None = None,
     target_input_len: int | None = None,
     target_output_len: int | None = None,
+    kv_cache_free_gpu_mem_fraction: float | None = None,
 ) -> MemoryPlan:
     """Every number of the plan, whether it fits or not (see plan_memory for the checked version)."""
     _check_choices(gpu, dtype, kv_dtype)
@@ -177,6 +191,11 @@ def compute_plan(
     tuned_batch, tuned_tokens = batch_limits(tokens, isl, osl, pp)
     batch = max_batch_size or tuned_batch
     num_tokens = max_num_tokens or tuned_tokens
+    fraction = kv_cache_free_gpu_mem_fraction or KV_CACHE_FREE_GPU_MEM_FRACTION
+    runtime_reserve = runtime_reserve_bytes(facts, tp, num_tokens, batch)
+    runtime_tokens = runtime_kv_cache_tokens(
+        gpu.memory_bytes - w_gpu - runtime_reserve, fraction, kv_gpu
+    )
     given = [
         name
         for name, value in (("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens))
@@ -219,7 +238,7 @@ def compute_plan(
         max_num_tokens=num_tokens,
         batch_limits_from=source.rstrip("; "),
         kv_tokens_per_request_at_max_batch=tokens // batch,
-        kv_cache_free_gpu_mem_fraction=KV_CACHE_FREE_GPU_MEM_FRACTION,
+        kv_cache_free_gpu_mem_fraction=fraction,
         decode_step_ms_lower_bound=step_ms,
         decode_tokens_per_s_per_stream_ceiling=1e3 / step_ms,
         decode_step_ms_at_max_batch=batch_step_ms,
@@ -228,7 +247,28 @@ def compute_plan(
         prefill_ms_lower_bound=num_tokens / prefill_tps * 1e3,
         fits=sequences >= 1,
         architecture=facts.architecture,
+        runtime_reserve_bytes=runtime_reserve,
+        runtime_kv_cache_tokens=runtime_tokens,
     )
+
+
+def runtime_reserve_bytes(
+    facts: ModelFacts, tp: int, max_num_tokens: int, max_batch_size: int
+) -> int:
+    """What the runtime holds on a GPU besides weights and KV cache: its fixed share (RUNTIME_OTHER_BYTES,
+    NCCL's), the activations TensorRT sizes at build time for max_num_tokens (per token: the hidden
+    states in and out of a layer and the gate/up output, bf16; TensorRT-LLM docs, reference/memory.md),
+    and the fp32 logits of max_batch_size sequences (a TP shard of the vocabulary)."""
+    per_token = UNQUANTIZED_BYTES * (2 * facts.hidden_size + 2 * facts.intermediate_size / tp)
+    logits = max_batch_size * facts.vocab_size / tp * LOGITS_BYTES
+    nccl = RUNTIME_NCCL_BYTES.get(tp, RUNTIME_NCCL_BYTES[8])
+    return int(RUNTIME_OTHER_BYTES + nccl + max_num_tokens * per_token + logits)
+
+
+def runtime_kv_cache_tokens(free_bytes: int, fraction: float, kv_bytes_per_token: int) -> int:
+    """Tokens of the pool the runtime allocates: its fraction of the free memory, in whole blocks."""
+    pool = max(0, int(fraction * free_bytes))
+    return pool // kv_bytes_per_token // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
 
 
 def batch_limits(kv_tokens: int, isl: int, osl: int, pp: int = 1) -> tuple[int, int]:

@@ -80,14 +80,16 @@ class TrtllmEngine:
         config.instance_group.append(
             mc.ModelInstanceGroup(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
         )
+        # The runtime sizes the KV pool from its free-memory share; a token cap, when one is planned,
+        # would bound it too (it takes the smaller of the two).
+        cap = self.runtime.get("max_tokens_in_paged_kv_cache")
         configs.set_parameters(
             config,
             {
                 "gpt_model_type": "inflight_fused_batching",
                 "gpt_model_path": self.engine_dir,
                 "max_beam_width": 1,
-                # Both bounds: the runtime uses the smaller of the token count and the free-memory share.
-                "max_tokens_in_paged_kv_cache": self.runtime["kv_cache_tokens"],
+                **({} if cap is None else {"max_tokens_in_paged_kv_cache": cap}),
                 "kv_cache_free_gpu_mem_fraction": self.runtime["kv_cache_free_gpu_mem_fraction"],
                 "enable_kv_cache_reuse": self.runtime["enable_kv_cache_reuse"],
                 "enable_chunked_context": self.runtime["enable_chunked_context"],
@@ -177,6 +179,7 @@ class GpuTarget(Target):
             max_num_tokens=settings.max_num_tokens,
             target_input_len=settings.target_input_len,
             target_output_len=settings.target_output_len,
+            kv_cache_free_gpu_mem_fraction=settings.kv_cache_free_gpu_mem_fraction,
         )
 
     def plan(self, settings: BuildSettings, model) -> TargetPlan:
