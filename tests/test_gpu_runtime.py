@@ -71,3 +71,34 @@ def test_a_recipe_free_memory_fraction_changes_the_pool_the_runtime_takes():
         ]
         == "0.95"
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "dtype", "tp", "lengths"),
+    [
+        ("llama-3.1-8b-instruct", "fp8", 1, (1024, 512)),
+        ("llama-3.1-8b-instruct", "bf16", 1, (128, 128)),
+        ("llama-3.1-70b-instruct", "fp8", 1, (1024, 512)),
+        ("llama-3.1-70b-instruct", "fp8", 4, (2048, 2048)),
+        ("qwen2.5-7b-instruct", "bf16", 2, (1024, 512)),
+    ],
+)
+def test_the_batch_is_what_the_runtime_pool_holds_since_the_backend_has_no_batch_tuner(
+    model, dtype, tp, lengths
+):
+    """trtllm-bench rounds its batch up past what the KV pool holds (768 for ~674 requests of 1024 + 512
+    tokens, 8B FP8) because its runtime tunes the batch; the pinned backend builds its scheduler from
+    the policy alone and runs the engine's max_batch_size. So the plan's batch is what the runtime's
+    pool holds at the target lengths."""
+    assert UPSTREAM["scheduler_config"]["constructed_with"] == ["capacity_scheduler_policy"]
+    assert "std::nullopt" in UPSTREAM["runtime_batch_limits"]["note"]
+    isl, osl = lengths
+    request = BuildRequest.make(
+        model=model, target="h100-sxm", dtype=dtype, kv_dtype=dtype, tp=tp,
+        target_input_len=isl, target_output_len=osl,
+    )  # fmt: skip
+    memory = plan_build(request).planned.memory
+    held = memory.runtime_kv_cache_tokens // (isl + osl)
+    assert memory.max_batch_size <= held
+    assert memory.max_batch_size >= min(held, 4096) - 8  # no more room left unused than a step of 8
+    assert "runtime" in memory.batch_limits_from

@@ -418,9 +418,10 @@ def _limit(decode: StepTime, cycle: Cycle) -> str:
 
 def planned_concurrency(plan: MemoryPlan) -> int:
     """The requests the engine runs at once at its target lengths: max_batch_size, or fewer when the
-    KV pool holds fewer requests of that size."""
+    runtime's KV pool holds fewer requests of that size."""
     per_request = plan.target_input_len + plan.target_output_len
-    return max(1, min(plan.max_batch_size, plan.kv_cache_tokens // per_request))
+    pool = plan.runtime_kv_cache_tokens or plan.kv_cache_tokens
+    return max(1, min(plan.max_batch_size, pool // per_request))
 
 
 def estimate_for_plan(
