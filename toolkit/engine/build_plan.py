@@ -16,6 +16,7 @@ from toolkit.engine.commands import (
     needs_quantizer,
     trtllm_build_argv,
 )
+from toolkit.engine.fusions import check_fusions, chosen_fusions
 from toolkit.engine.trtllm_flags import check_argv
 from toolkit.errors import EngineBuildError
 from toolkit.plan.memory import MemoryPlan
@@ -116,6 +117,7 @@ def plan_engine_build(
     )
     check_precisions(memory)
     check_context_fits(memory, runtime)
+    check_fusions(memory, settings, gpu_sm)
     step_names = ("quantize" if needs_quantizer(memory) else "convert", "trtllm-build")
     engine_dir = (
         Path(output_dir).expanduser().resolve()
@@ -132,6 +134,7 @@ def plan_engine_build(
         timing_cache=work_dir / "timing.cache",
         calib_size=settings.calib_size or DEFAULT_CALIB_SIZE,
         awq_block_size=settings.awq_block_size or DEFAULT_AWQ_BLOCK_SIZE,
+        fusions=chosen_fusions(settings),
     )
     return EngineBuildPlan(
         model=model,

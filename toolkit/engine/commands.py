@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.engine.fusions import fusion_argv
 from toolkit.engine.trtllm_flags import QUANTIZE_SCRIPT
 from toolkit.model.architectures import family_named
 from toolkit.plan.memory import MemoryPlan
@@ -33,6 +34,7 @@ class StepSettings:
     timing_cache: Path
     calib_size: int = 512
     awq_block_size: int = 128
+    fusions: tuple[str, ...] = ()  # toolkit.engine.fusions settings that are on
 
 
 def needs_quantizer(plan: MemoryPlan) -> bool:
@@ -141,4 +143,4 @@ def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmToo
         argv += ["--use_fused_mlp", "enable"]
     if plan.dtype == "fp8" and plan.kv_dtype == "fp8":
         argv += ["--use_fp8_context_fmha", "enable"]  # FP8 attention in the context phase on Hopper
-    return argv
+    return argv + fusion_argv(settings.fusions)

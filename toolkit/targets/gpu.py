@@ -11,6 +11,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from toolkit.build_settings import CPU_PRECISION, SETTINGS, BuildSettings
 from toolkit.capabilities import Capabilities
+from toolkit.engine.fusions import FUSIONS
 from toolkit.errors import RecipeError, RepositoryError, ServerError
 from toolkit.plan.gpus import GpuProfile
 from toolkit.plan.precisions import (
@@ -39,6 +40,7 @@ GPU_START_S = 180
 # Checkpoints on the hub are bf16, 2 bytes per parameter (the memory plan counts the parameters).
 CHECKPOINT_BYTES_PER_PARAMETER = 2
 NOT_YET = "the OpenAI API does not pass it to the tensorrtllm backend yet"
+FUSION_SETTINGS = tuple(f.setting for f in FUSIONS)
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,7 @@ class GpuTarget(Target):
             kv_cache_free_gpu_mem_fraction=runtime.kv_cache_free_gpu_mem_fraction,
             enable_kv_cache_reuse=runtime.enable_kv_cache_reuse,
             enable_chunked_context=runtime.enable_chunked_context,
+            **{name: name in engine_build.steps.fusions for name in FUSION_SETTINGS},
             engine_dir=Path(engine_build.engine_dir),
             decoupled=True if settings.decoupled is None else settings.decoupled,
         )
