@@ -225,3 +225,43 @@ def test_serve_refuses_an_engine_from_another_trtllm_version(monkeypatch, tmp_pa
     )
     assert result.exit_code == 1
     assert "0.18.0" in result.output and "rebuild" in result.output.lower()
+
+
+def _no_download(monkeypatch) -> list:
+    """Record any checkpoint download the build would start (there must be none before the preflight)."""
+    downloads: list = []
+
+    def resolve(spec, **_):
+        downloads.append(spec)
+        raise RuntimeError("the build downloaded the checkpoint before its preflight")
+
+    monkeypatch.setattr("toolkit.build.resolve_model", resolve)
+    return downloads
+
+
+def test_a_gpu_build_without_tensorrt_llm_is_refused_before_it_downloads_anything(
+    monkeypatch, tmp_path
+):
+    """16 GB (141 GB for 70B) of checkpoint before the 'use the container' error, before this fix."""
+    install_fake_trtllm(monkeypatch, tmp_path, trtllm=False)
+    downloads = _no_download(monkeypatch)
+    args = ["build", "--target", "h100-sxm", "--model", "hf:meta-llama/Llama-3.1-8B-Instruct"]
+    result = invoke(*args, "--output", str(tmp_path / "repo"))
+    assert downloads == [] and result.exit_code == 1
+    assert "TensorRT-LLM is not installed" in result.stderr
+    assert "tritonserver:25.06-trtllm-python-py3" in result.stderr
+
+
+def test_a_gpu_build_needing_more_gpus_than_the_machine_has_is_refused_before_it_downloads(
+    monkeypatch, tmp_path
+):
+    install_fake_trtllm(monkeypatch, tmp_path)
+    monkeypatch.setenv("FAKE_GPU_COUNT", "1")
+    downloads = _no_download(monkeypatch)
+    args = ["build", "--target", "h100-sxm", "--model", "hf:meta-llama/Llama-3.1-8B-Instruct"]
+    result = invoke(*args, "--tp", "2", "--output", str(tmp_path / "repo"))
+    assert downloads == [] and result.exit_code == 1
+    assert "needs 2 GPUs" in result.stderr and "1" in result.stderr
+    monkeypatch.setenv("FAKE_GPU_SM", "8.0")
+    result = invoke(*args, "--output", str(tmp_path / "repo"))
+    assert downloads == [] and result.exit_code == 1 and "SM 8.0" in result.stderr

@@ -95,7 +95,7 @@ def test_the_batch_is_what_the_runtime_pool_holds_since_the_backend_has_no_batch
     isl, osl = lengths
     request = BuildRequest.make(
         model=model, target="h100-sxm", dtype=dtype, kv_dtype=dtype, tp=tp,
-        target_input_len=isl, target_output_len=osl,
+        target_input_len=isl, target_output_len=osl, calib_gpus=max(tp, 2),
     )  # fmt: skip
     memory = plan_build(request).planned.memory
     held = memory.runtime_kv_cache_tokens // (isl + osl)

@@ -193,6 +193,23 @@ class BuildSettings:
         default="512",
         minimum=1,
     )
+    calib_dataset: Path | None = setting(
+        "GPU: calibration set for fp8 / int4-awq, a local folder (a `text` column in its train split, "
+        "read with datasets.load_dataset); the quantizer then runs offline.",
+        kind=Path,
+        targets=_GPU,
+        recipe="quantization.calib_dataset",
+        default="cnn_dailymail, downloaded from the Hugging Face hub",
+    )
+    calib_gpus: int | None = setting(
+        "GPU: GPUs the calibration spreads the bf16 checkpoint over (the build machine needs them).",
+        kind=int,
+        targets=_GPU,
+        recipe="quantization.calib_gpus",
+        default="TP x PP",
+        minimum=1,
+        maximum=64,
+    )
     awq_block_size: int | None = setting(
         "GPU: int4-awq group size.",
         kind=int,

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from toolkit.build_settings import BuildSettings
+from toolkit.engine.calibration import OFFLINE_ENVIRONMENT, CalibrationPlan, plan_calibration
 from toolkit.engine.commands import (
     StepSettings,
     checkpoint_argv,
@@ -66,6 +67,14 @@ class EngineBuildPlan:
     steps: StepSettings
     trtllm_version_pinned: str = PINNED_TRTLLM_VERSION
     container: str = TRITON_TRTLLM_CONTAINER
+    calibration: CalibrationPlan | None = None  # fp8 / int4-awq builds
+    # Per step, the environment variables it runs with besides ours (name, value).
+    step_environment: tuple[tuple[tuple[str, str], ...], ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the build machine needs: the engine's ranks, or more for calibration."""
+        return max(self.world_size, self.calibration.gpus if self.calibration else 1)
 
     @property
     def world_size(self) -> int:
@@ -118,6 +127,7 @@ def plan_engine_build(
     check_precisions(memory)
     check_context_fits(memory, runtime)
     check_fusions(memory, settings, gpu_sm)
+    calibration = plan_calibration(memory, settings)
     step_names = ("quantize" if needs_quantizer(memory) else "convert", "trtllm-build")
     engine_dir = (
         Path(output_dir).expanduser().resolve()
@@ -135,6 +145,11 @@ def plan_engine_build(
         calib_size=settings.calib_size or DEFAULT_CALIB_SIZE,
         awq_block_size=settings.awq_block_size or DEFAULT_AWQ_BLOCK_SIZE,
         fusions=chosen_fusions(settings),
+        calib_dataset=Path(calibration.dataset) if calibration and calibration.offline else None,
+    )
+    offline = calibration is not None and calibration.offline
+    environment = tuple(
+        OFFLINE_ENVIRONMENT if offline and name == "quantize" else () for name in step_names
     )
     return EngineBuildPlan(
         model=model,
@@ -150,6 +165,8 @@ def plan_engine_build(
         step_names=step_names,
         runtime=runtime,
         steps=steps,
+        calibration=calibration,
+        step_environment=environment,
     )
 
 

@@ -35,6 +35,7 @@ class StepSettings:
     calib_size: int = 512
     awq_block_size: int = 128
     fusions: tuple[str, ...] = ()  # toolkit.engine.fusions settings that are on
+    calib_dataset: Path | None = None  # a local calibration set (None: quantize.py's, from the hub)
 
 
 def needs_quantizer(plan: MemoryPlan) -> bool:
@@ -87,11 +88,16 @@ def quantize_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) 
         WEIGHT_PRECISIONS[plan.dtype].qformat or FULL_PRECISION_QFORMAT,
         "--calib_size",
         str(settings.calib_size),
+        # the bf16 checkpoint over every GPU the build has (transformers' device_map; quantize.py's default)
+        "--device_map",
+        "auto",
         "--tp_size",
         str(plan.tp_size),
         "--pp_size",
         str(plan.pp_size),
     ]
+    if settings.calib_dataset is not None:
+        argv += ["--calib_dataset", str(settings.calib_dataset)]
     if plan.dtype == "int4-awq":
         argv += ["--awq_block_size", str(settings.awq_block_size)]
     if plan.kv_dtype == "fp8":

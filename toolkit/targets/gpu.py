@@ -209,10 +209,13 @@ class GpuTarget(Target):
     def _resolved(self, settings: BuildSettings, memory, limits, engine_build) -> BuildSettings:
         """The settings as planned: every value the build will use, so a rebuild makes the same engine."""
         runtime = engine_build.runtime
+        calibration = engine_build.calibration
         return BuildSettings(
             dtype=memory.dtype,
             kv_dtype=memory.kv_dtype,
             calib_size=engine_build.steps.calib_size,
+            calib_dataset=engine_build.steps.calib_dataset,
+            calib_gpus=calibration.gpus if calibration else None,
             awq_block_size=engine_build.steps.awq_block_size,
             tp=memory.tp_size,
             pp=memory.pp_size,
@@ -232,6 +235,20 @@ class GpuTarget(Target):
             engine_dir=Path(engine_build.engine_dir),
             decoupled=True if settings.decoupled is None else settings.decoupled,
         )
+
+    def preflight_build(self, plan: TargetPlan) -> None:
+        """TensorRT-LLM of the pinned release, a GPU of this profile's SM and enough of them, and a
+        calibration set the quantizer can read: checked before the checkpoint's download."""
+        from toolkit.engine.calibration import check_calibration_source
+        from toolkit.engine.tools import require_gpu_sm, require_gpus, require_trtllm
+
+        build = plan.engine_build
+        if build is None:
+            raise TypeError(f"a {self.name} plan names its engine build")
+        require_trtllm()
+        require_gpu_sm(self.profile.sm, self.name)
+        require_gpus(build.gpus, _gpus_why(build))
+        check_calibration_source(build.calibration)
 
     def build_engine(self, plan: TargetPlan, model, progress) -> tuple[TrtllmEngine, Any]:
         from toolkit.engine.build import execute_engine_build
@@ -316,6 +333,13 @@ class GpuTarget(Target):
 
     def build_resources(self, checkpoint_bytes: int, world_size: int) -> Resources:
         return Resources(GPU_HOST_OVERHEAD_BYTES + 2 * checkpoint_bytes, 4 + 2 * world_size)
+
+
+def _gpus_why(build) -> str:
+    why = f"TP x PP = {build.world_size}"
+    if build.calibration is not None and build.calibration.gpus > build.world_size:
+        why += f", calibration over {build.calibration.gpus}"
+    return why
 
 
 def _display_checkpoint(model) -> str:
