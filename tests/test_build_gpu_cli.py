@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from toolkit.bench.sweep import Roofline, roofline_of
+from toolkit.bench.sweep import Expected, LoadPoint, plan_sweep
 from toolkit.cli.main import cli
 from toolkit.errors import ServerError
+from toolkit.plan.estimate import estimate_for_plan
 from toolkit.repository.configs import parse_pbtxt
 from toolkit.serve.binary import find_tritonserver
 from toolkit.serve.launcher import (
@@ -162,8 +163,19 @@ def test_build_packages_the_engine_and_serve_preflights_it(
         repository.memory_plan.decode_step_ms_lower_bound
         == data["plan"]["decode_step_ms_lower_bound"]
     )
-    assert roofline_of(repository) == Roofline(
-        data["plan"]["decode_step_ms_lower_bound"], data["plan"]["max_batch_size"]
+    # toolkit bench compares each concurrency point with the plan's estimate there
+    points = (
+        LoadPoint("concurrency", 1),
+        LoadPoint("concurrency", 64),
+        LoadPoint("request_rate", 2),
+    )
+    sweep = plan_sweep(
+        "h:1", points, input_tokens=256, output_tokens=128, out_dir=tmp_path, repo=repo
+    )
+    facts, memory = repository.manifest.model.facts, repository.memory_plan
+    assert sweep.expected == (
+        *(Expected.from_estimate(estimate_for_plan(facts, memory, c, 256, 128)) for c in (1, 64)),
+        None,
     )
     engine = parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
     assert engine.backend == "tensorrtllm" and engine.model_transaction_policy.decoupled

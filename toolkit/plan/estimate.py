@@ -425,12 +425,18 @@ def planned_concurrency(plan: MemoryPlan) -> int:
 
 
 def estimate_for_plan(
-    facts: ModelFacts, plan: MemoryPlan, concurrency: int | None = None
+    facts: ModelFacts,
+    plan: MemoryPlan,
+    concurrency: int | None = None,
+    input_len: int | None = None,
+    output_len: int | None = None,
 ) -> PerformanceEstimate:
-    """The estimate of a memory plan's engine on its GPU, at its target lengths and `concurrency`
-    requests in flight (default: planned_concurrency)."""
+    """The estimate of a memory plan's engine on its GPU, at `concurrency` requests in flight (default:
+    planned_concurrency) of `input_len` + `output_len` tokens (default: the plan's target lengths)."""
     from toolkit.plan.gpus import get_gpu
 
     requests = concurrency if concurrency is not None else planned_concurrency(plan)
-    workload = Workload(requests, plan.target_input_len, plan.target_output_len)
+    workload = Workload(
+        requests, input_len or plan.target_input_len, output_len or plan.target_output_len
+    )
     return estimate_performance(facts, get_gpu(plan.gpu), plan, workload)
