@@ -336,3 +336,31 @@ def test_a_fusion_upstream_would_turn_off_is_refused_naming_the_condition(option
     flag = "--" + rule.replace("_", "-")
     assert flag in err.value.message and said in err.value.message
     assert err.value.hint
+
+
+def test_the_fusion_conditions_are_the_upstream_records():
+    """What toolkit.engine.fusions checks is what trtllm_tools.json transcribes, not a list of our own."""
+    from toolkit.engine import fusions
+
+    rules = _rules()
+    assert tuple(rules["reduce_fusion"]["architectures"]) == fusions.REDUCE_FUSION_ARCHITECTURES
+    assert rules["reduce_fusion"]["requires_tp_above"] == 1
+    assert rules["user_buffer"]["requires"] == ["reduce_fusion"]
+    emitted = {f.flag[2:]: f.value for f in fusions.FUSIONS}
+    for name, value in emitted.items():
+        assert value in upstream_flags("trtllm-build")[name]["choices"]
+        if "plugin_dtypes" in rules[name]:
+            assert value in rules[name]["plugin_dtypes"]
+    assert fusions.HOPPER_SM in rules["gemm_swiglu_plugin"]["sm"]
+    # every family we build: accepted exactly where the record's architectures allow
+    for model, arch in (
+        (LLAMA_70B, "LlamaForCausalLM"),
+        ("qwen2.5-72b-instruct", "Qwen2ForCausalLM"),
+        ("mistral-7b-instruct-v0.3", "MistralForCausalLM"),
+    ):
+        options = {"dtype": "fp8", "tp": 2, "reduce_fusion": True}
+        if arch in rules["reduce_fusion"]["architectures"]:
+            assert "--reduce_fusion" in _build_argv(gpu_engine_plan(model, "h100-sxm", **options))
+        else:
+            with pytest.raises(EngineBuildError, match=arch):
+                gpu_engine_plan(model, "h100-sxm", **options)
