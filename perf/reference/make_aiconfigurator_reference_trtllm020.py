@@ -179,7 +179,7 @@ def main(argv=None) -> int:
             "python": platform.python_version(),
             "numpy": md.version("numpy"),
             "runtime_s": round(time.time() - started, 1),
-            "generator": "perf/reference/make_aiconfigurator_reference_trtllm020.py (this folder)",
+            "generator": "perf/reference/make_aiconfigurator_reference_trtllm020.py",
         },
         "field_meaning": "as in aiconfigurator_h100_sxm.json: agg-mode ttft_ms/tpot_ms, output_tokens_per_s for "
         "the whole engine (all tp GPUs, prefill steps included); static.context_latency_ms = one "
