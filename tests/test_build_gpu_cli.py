@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from toolkit.bench.sweep import Roofline, roofline_of
+from toolkit.bench.sweep import Expected, LoadPoint, plan_sweep
 from toolkit.cli.main import cli
 from toolkit.errors import ServerError
+from toolkit.plan.estimate import estimate_for_plan
 from toolkit.repository.configs import parse_pbtxt
 from toolkit.serve.binary import find_tritonserver
 from toolkit.serve.launcher import (
@@ -142,8 +143,19 @@ def test_build_packages_the_engine_and_serve_preflights_it(
         repository.memory_plan.decode_step_ms_lower_bound
         == data["plan"]["decode_step_ms_lower_bound"]
     )
-    assert roofline_of(repository) == Roofline(
-        data["plan"]["decode_step_ms_lower_bound"], data["plan"]["max_batch_size"]
+    # toolkit bench compares each concurrency point with the plan's estimate there
+    points = (
+        LoadPoint("concurrency", 1),
+        LoadPoint("concurrency", 64),
+        LoadPoint("request_rate", 2),
+    )
+    sweep = plan_sweep(
+        "h:1", points, input_tokens=256, output_tokens=128, out_dir=tmp_path, repo=repo
+    )
+    facts, memory = repository.manifest.model.facts, repository.memory_plan
+    assert sweep.expected == (
+        *(Expected.from_estimate(estimate_for_plan(facts, memory, c, 256, 128)) for c in (1, 64)),
+        None,
     )
     engine = parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
     assert engine.backend == "tensorrtllm" and engine.model_transaction_policy.decoupled
@@ -192,3 +204,43 @@ def test_serve_refuses_an_engine_from_another_trtllm_version(monkeypatch, tmp_pa
     )
     assert result.exit_code == 1
     assert "0.18.0" in result.output and "rebuild" in result.output.lower()
+
+
+def _no_download(monkeypatch) -> list:
+    """Record any checkpoint download the build would start (there must be none before the preflight)."""
+    downloads: list = []
+
+    def resolve(spec, **_):
+        downloads.append(spec)
+        raise RuntimeError("the build downloaded the checkpoint before its preflight")
+
+    monkeypatch.setattr("toolkit.build.resolve_model", resolve)
+    return downloads
+
+
+def test_a_gpu_build_without_tensorrt_llm_is_refused_before_it_downloads_anything(
+    monkeypatch, tmp_path
+):
+    """16 GB (141 GB for 70B) of checkpoint before the 'use the container' error, before this fix."""
+    install_fake_trtllm(monkeypatch, tmp_path, trtllm=False)
+    downloads = _no_download(monkeypatch)
+    args = ["build", "--target", "h100-sxm", "--model", "hf:meta-llama/Llama-3.1-8B-Instruct"]
+    result = invoke(*args, "--output", str(tmp_path / "repo"))
+    assert downloads == [] and result.exit_code == 1
+    assert "TensorRT-LLM is not installed" in result.stderr
+    assert "tritonserver:25.06-trtllm-python-py3" in result.stderr
+
+
+def test_a_gpu_build_needing_more_gpus_than_the_machine_has_is_refused_before_it_downloads(
+    monkeypatch, tmp_path
+):
+    install_fake_trtllm(monkeypatch, tmp_path)
+    monkeypatch.setenv("FAKE_GPU_COUNT", "1")
+    downloads = _no_download(monkeypatch)
+    args = ["build", "--target", "h100-sxm", "--model", "hf:meta-llama/Llama-3.1-8B-Instruct"]
+    result = invoke(*args, "--tp", "2", "--output", str(tmp_path / "repo"))
+    assert downloads == [] and result.exit_code == 1
+    assert "needs 2 GPUs" in result.stderr and "1" in result.stderr
+    monkeypatch.setenv("FAKE_GPU_SM", "8.0")
+    result = invoke(*args, "--output", str(tmp_path / "repo"))
+    assert downloads == [] and result.exit_code == 1 and "SM 8.0" in result.stderr

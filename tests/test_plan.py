@@ -48,18 +48,26 @@ def test_llama_8b_bf16_on_h100_sxm():
     assert plan.kv_pool_bytes == pool
     assert plan.kv_cache_tokens == int(pool // 131072) // 64 * 64 == 464_640
     assert plan.max_sequences_at_max_seq_len == 464_640 // 8192 == 56
-    # trtllm-bench's rule for 1024 in / 512 out: 464640 / 1536 = 302.5 requests -> 128 * ceil(302.5 / 128);
-    # step tokens 302.5 * (1 + 1024 / 512) = 907.5 -> at least 2048.
-    assert plan.max_seq_len == 8192 and plan.max_batch_size == 384 and plan.max_num_tokens == 2048
+    # The runtime's reserve: 3.5 GiB, activations of trtllm-bench's 2048-token step (hidden in and out and
+    # gate/up, bf16) and fp32 logits of its 384-request batch (464640 / 1536 = 302.5 -> 128 * ceil);
+    # it takes 0.9 of the rest: 448,704 tokens, which hold 292 requests of 1024 + 512 tokens.
+    runtime_reserve = 3584 * 2**20 + 2048 * 2 * (2 * 4096 + 2 * 14336) + 384 * 128256 * 4
+    assert plan.runtime_reserve_bytes == runtime_reserve == 4_106_092_544
+    free = card - 16_060_522_496 - runtime_reserve
+    assert plan.runtime_kv_cache_tokens == int(0.9 * free) // 131072 // 64 * 64 == 448_704
+    # the batch the runtime holds (no runtime tuner); step tokens 292 * (1 + 1024 / 512) -> at least 2048
+    assert plan.max_seq_len == 8192 and plan.max_batch_size == 448_704 // 1536 == 292
+    assert plan.max_num_tokens == 2048
     assert (
-        "trtllm-bench" in plan.batch_limits_from and "1024 in / 512 out" in plan.batch_limits_from
+        "runtime's KV pool" in plan.batch_limits_from
+        and "1024 in / 512 out" in plan.batch_limits_from
     )
-    assert plan.kv_tokens_per_request_at_max_batch == 464_640 // 384
+    assert plan.kv_tokens_per_request_at_max_batch == 448_704 // 292
     assert plan.decode_step_ms_lower_bound == pytest.approx(16_060_522_496 / 3.35e12 * 1e3)
     assert plan.decode_step_ms_lower_bound == pytest.approx(4.79, abs=0.01)
     assert plan.decode_tokens_per_s_per_stream_ceiling == pytest.approx(208.6, abs=0.1)
-    # the pool holds 302 requests of the target size, fewer than the batch
-    running = 464_640 // 1536
+    # the batch: the runtime's pool holds exactly that many requests of the target size
+    running = 292
     step = (16_060_522_496 + running * (1024 + 256) * 131072) / 3.35e12 * 1e3
     assert plan.decode_step_ms_at_max_batch == pytest.approx(step)
     assert plan.decode_tokens_per_s_ceiling == pytest.approx(running * 1e3 / step)
@@ -152,8 +160,8 @@ def test_smollm2_numbers():
     pool = card - (134_515_008 + 49152 * 576) * 2 - int(0.1 * card)
     assert plan.kv_cache_tokens == pool // 23040 // 64 * 64
     assert plan.max_sequences_at_max_seq_len == plan.kv_cache_tokens // 8192 == 406
-    raw = plan.kv_cache_tokens / (1024 + 512)  # requests of the target size the pool holds
-    assert plan.max_batch_size == 256 * -(-raw // 256) == 2304
+    # requests of the target size the runtime's pool holds
+    assert plan.max_batch_size == plan.runtime_kv_cache_tokens // (1024 + 512) == 2058
 
 
 def test_llama_70b_bf16_on_one_h100_is_refused_with_options():

@@ -27,10 +27,12 @@ from chart import (
     LLAMA_8B,
     RELEASE,
     build_container,
+    container,
     deploy,
     find,
     flag,
     gateway_seconds,
+    hub_variant,
     invoke,
     render,
     server_deployment,
@@ -271,3 +273,22 @@ def test_the_init_containers_wait_ends_at_once_on_sigterm(tmp_path):
         process.kill()
     assert time.monotonic() - sent < 3
     assert process.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in stderr, stderr
+
+
+def test_the_build_job_has_the_gpus_calibration_needs_beyond_the_engines_ranks(
+    helm, gpu_repo, tmp_path
+):
+    """A build whose calibration spreads the bf16 checkpoint over more GPUs than the engine has ranks
+    (--calib-gpus, recorded in the manifest) gets them in its Job; the replicas keep the engine's."""
+    repo = hub_variant(gpu_repo, tmp_path)
+    manifest = json.loads((repo / "manifest.json").read_text())
+    assert manifest["settings"]["calib_gpus"] == 2  # resolved: the engine's TP x PP
+    manifest["settings"]["calib_gpus"] = 4
+    (repo / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    values = deploy(repo, tmp_path / "d")
+    assert values["build"]["gpuCount"] == 4 and values["gpu"]["count"] == 2
+    assert "--calib-gpus" in values["build"]["args"]
+    docs = render(helm, tmp_path / "d")
+    assert build_container(docs)["resources"]["limits"]["nvidia.com/gpu"] == 4
+    triton = container(server_deployment(docs)["spec"]["template"]["spec"], "triton")
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == 2

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from toolkit.deploy.probe import TIMEOUT_S as PROBE_TIMEOUT_S
+from toolkit.plan.estimate import estimate_for_plan
 from toolkit.repository.reader import open_repository
 
 from chart import (
@@ -131,7 +132,9 @@ def test_load_and_drain_times_come_from_the_engine_files_and_the_plan(gpu_render
         == math.ceil((180 + hashed / 1e9 + loaded / 200e6) / 10) * 10
     )
     plan, limits = repository.memory_plan, repository.limits
-    stream = limits.max_output_len * plan.decode_step_ms_at_max_batch / 1000 * 2
+    # a stream at full batch takes the plan's estimated TPOT there, with the estimate's tolerance (+25 %)
+    full = estimate_for_plan(repository.manifest.model.facts, plan, limits.max_batch_size)
+    stream = limits.max_output_len * full.tpot_ms * 1.25 / 1000
     # Up to max_queue_size admitted requests wait for a batch slot, max_batch_size at a time.
     queued = math.ceil(limits.max_queue_size / limits.max_batch_size) * stream
     longest = math.ceil(queued + stream)

@@ -10,7 +10,6 @@ from rich.table import Table
 
 from toolkit.bench.report import write_report
 from toolkit.bench.sweep import (
-    Roofline,
     SweepResult,
     default_metrics_url,
     parse_points,
@@ -74,12 +73,6 @@ from toolkit.serve.launcher import read_server_record
     help="Triton metrics endpoint [default: recorded, else http://HOST:8002/metrics].",
 )
 @click.option(
-    "--decode-step-ms",
-    type=float,
-    default=None,
-    help="Roofline decode step (ms) to compare against [default: the GPU repository's plan].",
-)
-@click.option(
     "--out",
     "out_dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -101,7 +94,6 @@ def command(
     repo,
     tokenizer,
     metrics_url,
-    decode_step_ms,
     out_dir,
     timeout,
     seed,
@@ -123,7 +115,6 @@ def command(
         repo=repo,
         tokenizer=tokenizer,
         metrics_url=metrics_url or record.get("metrics") or default_metrics_url(url),
-        roofline=Roofline(decode_step_ms) if decode_step_ms else None,
         timeout_s=timeout,
         seed=seed,
     )
@@ -176,12 +167,10 @@ def _print_summary(result: SweepResult) -> None:
         "latency ms\np50/p99",
     ):
         table.add_column(header, justify="right")
-    with_bound = any(
-        p.throughput_bound_fraction is not None or p.itl_bound_fraction is not None
-        for p in result.points
-    )
-    if with_bound:
-        table.add_column("of\nbound", justify="right")
+    # A GPU repository's plan estimates each concurrency point: measured tokens/s over it.
+    with_expected = any(p.tokens_per_s_of_expected is not None for p in result.points)
+    if with_expected:
+        table.add_column("of\nplan", justify="right")
     for p in result.points:
         m = p.metrics
         row = [
@@ -193,12 +182,8 @@ def _print_summary(result: SweepResult) -> None:
             f"{m.itl_ms.p50:.1f}/{m.itl_ms.p99:.1f}",
             f"{m.latency_ms.p50:.0f}/{m.latency_ms.p99:.0f}",
         ]
-        if with_bound:
-            fraction = (
-                p.throughput_bound_fraction
-                if p.throughput_bound_fraction is not None
-                else p.itl_bound_fraction
-            )
+        if with_expected:
+            fraction = p.tokens_per_s_of_expected
             row.append("-" if fraction is None else f"{fraction:.0%}")
         table.add_row(*row)
     stdout_console.print(table)

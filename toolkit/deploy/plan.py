@@ -322,6 +322,7 @@ def _derived_values(
             "enabled": True,
             "args": build_arguments(repository),
             "resources": sizing.build_resources(repository, world_size, shm_bytes),
+            "gpuCount": sizing.build_gpu_count(repository, world_size) if gpu else 0,
         }
     else:
         values["build"] = {"enabled": False, "args": []}

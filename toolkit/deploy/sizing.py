@@ -179,6 +179,13 @@ def build_resources(repository: Repository, world_size: int, shm_bytes: int) -> 
     return {"requests": {"cpu": str(needs.cpus), "memory": f"{math.ceil(memory / GIB)}Gi"}}
 
 
+def build_gpu_count(repository: Repository, world_size: int) -> int:
+    """GPUs the build Job needs: the engine's ranks, or more where its calibration spreads the bf16
+    checkpoint over more (--calib-gpus, recorded in the manifest's settings)."""
+    calibration = repository.manifest.settings.calib_gpus or 0
+    return max(world_size, calibration)
+
+
 def clamp(value: float, low: int, high: int) -> int:
     return int(min(high, max(low, math.ceil(value))))
 

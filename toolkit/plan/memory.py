@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from toolkit.errors import PlanError
 from toolkit.model.architectures import ParameterSplit
 from toolkit.model.facts import ModelFacts
-from toolkit.plan.gpus import GB, GpuProfile
+from toolkit.plan.gpus import GB, MIB, GpuProfile
 from toolkit.plan.precisions import (
     KV_DTYPES,
     KV_PRECISIONS,
@@ -31,6 +31,14 @@ ACTIVATION_RESERVE_FRACTION = 0.10
 # The share of the memory left after weights and activations that the runtime gives to the KV
 # pool (the tensorrtllm backend's kv_cache_free_gpu_mem_fraction; its own default is 0.9).
 KV_CACHE_FREE_GPU_MEM_FRACTION = 0.9
+# What the runtime itself holds on each GPU before it sizes its KV pool (the pool is its fraction of what
+# is then free): CUDA context, cuBLAS / TensorRT workspaces and runtime buffers, and NCCL's for TP > 1.
+# AIConfigurator 0.12.0's H100 SXM system spec (misc.other_mem, misc.nccl_mem by TP; recorded in
+# tests/data/reference/aiconfigurator_h100_sxm.json, source.system_spec).
+RUNTIME_OTHER_BYTES = 3584 * MIB
+RUNTIME_NCCL_BYTES = {1: 0, 2: 358_612_992, 4: 411_041_792, 8: 411_041_792}
+# Logits of the last token of every sequence in a step, fp32 (the engine's logits_dtype default).
+LOGITS_BYTES = 4
 TOKENS_PER_BLOCK = 64  # paged KV block size passed to trtllm-build (--tokens_per_block)
 DEFAULT_MAX_SEQ_LEN = 8192
 # The typical request the batch limits are sized for, as trtllm-bench's --target_input_len /
@@ -41,7 +49,12 @@ DEFAULT_TARGET_OUTPUT_LEN = 512
 # requests the pool holds, capped at 4096 per pipeline stage; step tokens capped at 32768.
 BATCH_CAP = 4096
 NUM_TOKENS_CAP = 32768
-BATCH_RULE = "trtllm-bench (tensorrt_llm/bench/build/tuning.py finetune_setting)"
+BENCH_RULE = "trtllm-bench (tensorrt_llm/bench/build/tuning.py finetune_setting)"
+# trtllm-bench rounds its batch up past what the pool holds, for its runtime's batch tuner to trim; the
+# pinned backend has none (it builds its scheduler from the policy alone and runs the engine's
+# max_batch_size: tests/data/upstream/triton_backend.json, executor_config), so the batch is what the
+# runtime's pool holds.
+BATCH_RULE = "requests the runtime's KV pool holds"
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,11 @@ class MemoryPlan:
     fits: bool
     min_tp_that_fits: int | None = None
     architecture: str = ""  # config.json's, e.g. Qwen2ForCausalLM: picks the checkpoint converter
+    # What the runtime will take: kv_cache_free_gpu_mem_fraction of the memory the engine leaves free
+    # (weights and the runtime's own reserve out), per GPU. The engine is built with no token cap, so
+    # this is the pool it serves with; kv_cache_tokens above is the planner's own, more cautious one.
+    runtime_reserve_bytes: int = 0
+    runtime_kv_cache_tokens: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -161,6 +179,7 @@ def compute_plan(
     max_num_tokens: int | None = None,
     target_input_len: int | None = None,
     target_output_len: int | None = None,
+    kv_cache_free_gpu_mem_fraction: float | None = None,
 ) -> MemoryPlan:
     """Every number of the plan, whether it fits or not (see plan_memory for the checked version)."""
     _check_choices(gpu, dtype, kv_dtype)
@@ -174,22 +193,31 @@ def compute_plan(
     kv_gpu = kv_bytes_per_token_per_gpu(facts, kv_dtype, tp, pp)
     tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
     sequences = tokens // seq
-    tuned_batch, tuned_tokens = batch_limits(tokens, isl, osl, pp)
-    batch = max_batch_size or tuned_batch
-    num_tokens = max_num_tokens or tuned_tokens
+    # trtllm-bench's rule on the planned pool bounds the batch and step from above: it sizes the
+    # runtime's reserve (activations, logits), then the batch is what the runtime's pool holds.
+    bench_batch, bench_tokens = batch_limits(tokens, isl, osl, pp)
+    fraction = kv_cache_free_gpu_mem_fraction or KV_CACHE_FREE_GPU_MEM_FRACTION
+    runtime_reserve = runtime_reserve_bytes(
+        facts, tp, max_num_tokens or bench_tokens, max_batch_size or bench_batch
+    )
+    runtime_tokens = runtime_kv_cache_tokens(
+        gpu.memory_bytes - w_gpu - runtime_reserve, fraction, kv_gpu
+    )
+    batch = max_batch_size or held_batch(runtime_tokens, isl, osl, pp)
+    num_tokens = max_num_tokens or step_tokens(batch, isl, osl)
     given = [
         name
         for name, value in (("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens))
         if value
     ]
-    rule = f"{BATCH_RULE} for {isl} in / {osl} out tokens"
+    rule = f"{BATCH_RULE} at {isl} in / {osl} out tokens; max_num_tokens: its prefill share ({BENCH_RULE})"
     source = (
         rule
         if not given
         else f"{' and '.join(given)} given; " + ("the rest: " + rule if len(given) < 2 else "")
     )
     step_ms = w_gpu / gpu.bandwidth_bytes_per_s * 1e3
-    running = max(1, min(batch, tokens // (isl + osl))) if tokens else 1
+    running = max(1, min(batch, runtime_tokens // (isl + osl))) if runtime_tokens else 1
     batch_step_ms = (w_gpu + running * (isl + osl // 2) * kv_gpu) / gpu.bandwidth_bytes_per_s * 1e3
     prefill_tps = _prefill_tokens_per_s(facts, gpu, dtype, tp)
     return MemoryPlan(
@@ -218,8 +246,8 @@ def compute_plan(
         max_batch_size=batch,
         max_num_tokens=num_tokens,
         batch_limits_from=source.rstrip("; "),
-        kv_tokens_per_request_at_max_batch=tokens // batch,
-        kv_cache_free_gpu_mem_fraction=KV_CACHE_FREE_GPU_MEM_FRACTION,
+        kv_tokens_per_request_at_max_batch=runtime_tokens // batch,
+        kv_cache_free_gpu_mem_fraction=fraction,
         decode_step_ms_lower_bound=step_ms,
         decode_tokens_per_s_per_stream_ceiling=1e3 / step_ms,
         decode_step_ms_at_max_batch=batch_step_ms,
@@ -228,16 +256,55 @@ def compute_plan(
         prefill_ms_lower_bound=num_tokens / prefill_tps * 1e3,
         fits=sequences >= 1,
         architecture=facts.architecture,
+        runtime_reserve_bytes=runtime_reserve,
+        runtime_kv_cache_tokens=runtime_tokens,
     )
+
+
+def runtime_reserve_bytes(
+    facts: ModelFacts, tp: int, max_num_tokens: int, max_batch_size: int
+) -> int:
+    """What the runtime holds on a GPU besides weights and KV cache: its fixed share (RUNTIME_OTHER_BYTES,
+    NCCL's), the activations TensorRT sizes at build time for max_num_tokens (per token: the hidden
+    states in and out of a layer and the gate/up output, bf16; TensorRT-LLM docs, reference/memory.md),
+    and the fp32 logits of max_batch_size sequences (a TP shard of the vocabulary)."""
+    per_token = UNQUANTIZED_BYTES * (2 * facts.hidden_size + 2 * facts.intermediate_size / tp)
+    logits = max_batch_size * facts.vocab_size / tp * LOGITS_BYTES
+    nccl = RUNTIME_NCCL_BYTES.get(tp, RUNTIME_NCCL_BYTES[8])
+    return int(RUNTIME_OTHER_BYTES + nccl + max_num_tokens * per_token + logits)
+
+
+def runtime_kv_cache_tokens(free_bytes: int, fraction: float, kv_bytes_per_token: int) -> int:
+    """Tokens of the pool the runtime allocates: its fraction of the free memory, in whole blocks."""
+    pool = max(0, int(fraction * free_bytes))
+    return pool // kv_bytes_per_token // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+
+
+def held_batch(runtime_tokens: int, isl: int, osl: int, pp: int = 1) -> int:
+    """Requests of `isl` + `osl` tokens the runtime's pool holds, per pipeline stage (capped as
+    trtllm-bench caps them), never rounded up: no runtime tuner trims it to what fits."""
+    return max(1, int(min(runtime_tokens / (isl + osl), BATCH_CAP) / pp))
+
+
+def step_tokens(batch: int, isl: int, osl: int) -> int:
+    """max_num_tokens for `batch` requests: their prefill share per step, rounded up as trtllm-bench
+    rounds it (at least 2048)."""
+    return _round_tokens(min(batch * (1 + isl / osl), NUM_TOKENS_CAP))
+
+
+def _round_tokens(raw_tokens: float) -> int:
+    if raw_tokens < 4096:
+        return max(2048, 256 * math.ceil(raw_tokens / 256))
+    if raw_tokens < 8192:
+        return 512 * math.ceil(raw_tokens / 512)
+    return 1024 * math.ceil(raw_tokens / 1024)
 
 
 def batch_limits(kv_tokens: int, isl: int, osl: int, pp: int = 1) -> tuple[int, int]:
     """max_batch_size and max_num_tokens as trtllm-bench sizes an engine for `isl` in / `osl` out tokens:
     as many requests as the KV pool holds (capped), rounded up to its steps; step tokens for their prefill.
-
-    NVIDIA's performance guide: "Set high enough max_batch_size when building the engine so that it
-    does not become the bottleneck of the throughput"; the scheduler keeps the KV pool from running over.
-    """
+    Its runtime then tunes the batch down to what fits; the plan uses this rule only as the upper bound
+    that sizes the runtime's reserve (held_batch is the batch it builds)."""
     raw_batch = min(kv_tokens / (isl + osl), BATCH_CAP) / pp
     raw_tokens = min(raw_batch * (1 + isl / osl), NUM_TOKENS_CAP)
     if raw_batch < 256:
@@ -246,13 +313,7 @@ def batch_limits(kv_tokens: int, isl: int, osl: int, pp: int = 1) -> tuple[int, 
         batch = 128 * math.ceil(raw_batch / 128)
     else:
         batch = 256 * math.ceil(raw_batch / 256)
-    if raw_tokens < 4096:
-        num_tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
-    elif raw_tokens < 8192:
-        num_tokens = 512 * math.ceil(raw_tokens / 512)
-    else:
-        num_tokens = 1024 * math.ceil(raw_tokens / 1024)
-    return batch, num_tokens
+    return batch, _round_tokens(raw_tokens)
 
 
 def plan_memory(facts: ModelFacts, gpu: GpuProfile, **options) -> MemoryPlan:
