@@ -387,3 +387,48 @@ def test_cpu_refuses_a_prequantized_checkpoint_by_its_format(tmp_path):
     folder = prequantized(tmp_path, LLAMA_8B, MODELOPT_FP8)
     result = invoke("build", "-t", "cpu", "-m", str(folder), "--dry-run")
     assert result.exit_code == 1 and "pre-quantized as ModelOpt FP8" in result.stderr
+
+
+def test_the_estimate_reads_routed_experts_and_multiplies_only_those():
+    """toolkit.plan.estimate, for MoE: a batch-1 step reads attention, routers and 2 of 8 experts per layer;
+    64 tokens touch nearly all (1 - (6/8)^64); every token's GEMMs multiply only its 2."""
+    from dataclasses import replace
+
+    from toolkit.plan.estimate import (
+        GEMMS_PER_LAYER,
+        HOPPER_TRTLLM,
+        US,
+        Step,
+        Workload,
+        engine_shape,
+        estimate_performance,
+        step_time,
+    )
+
+    facts = load_model_for_plan("mixtral-8x7b-instruct").facts
+    plan = gpu_engine_plan(
+        "mixtral-8x7b-instruct", "h100-sxm", dtype="fp8", kv_dtype="fp8", tp=2
+    ).memory
+    shape = engine_shape(facts, plan)
+    expert = 3 * 4096 * 14336 / 2  # one expert's gate/up/down, one TP shard
+    assert shape.expert_params == pytest.approx(8 * expert)
+    assert shape.linear_params_read(1) == pytest.approx(shape.linear_params - 6 * expert)
+    assert shape.linear_params_per_token == pytest.approx(shape.linear_params - 6 * expert)
+    assert shape.linear_params_read(64) == pytest.approx(shape.linear_params, rel=1e-7)
+    gpu = get_gpu("h100-sxm")
+    dense = replace(shape, expert_params=0.0)  # every expert read and multiplied, as if dense
+    routed, everything = (
+        step_time(shape, gpu, Step(decode=1)),
+        step_time(dense, gpu, Step(decode=1)),
+    )
+    read_share = shape.linear_params_read(1) / shape.linear_params  # ~0.30 of the layers' bytes
+    # Past the fixed per-GEMM launch cost, the layers' time is the bytes they read.
+    fixed = shape.layers * GEMMS_PER_LAYER * HOPPER_TRTLLM.gemm_fixed_us["fp8"] * US
+    assert routed.linear - fixed == pytest.approx((everything.linear - fixed) * read_share)
+    assert read_share == pytest.approx(0.2717, abs=1e-4)
+    busy = Step(decode=64)
+    assert step_time(shape, gpu, busy).linear == pytest.approx(
+        step_time(dense, gpu, busy).linear, rel=0.01
+    )
+    one = estimate_performance(facts, gpu, plan, Workload(1, 1024, 512))
+    assert one.decode_step_terms_ms["linear"] == pytest.approx(routed.linear * 1e3)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
@@ -34,7 +35,7 @@ from toolkit.repository.reader import open_repository
 
 __all__ = ["ApiSettings", "create_app"]
 
-ERRORS = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse}
     for status in (400, 401, 404, 405, 408, 413, 429, 500, 502, 503, 504)
 }

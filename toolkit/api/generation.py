@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from toolkit.api.metrics import ApiMetrics
@@ -51,7 +51,7 @@ class Generation:
         self.finish_reason = "length"
         self.done = False
 
-    async def texts(self) -> AsyncIterator[str]:
+    async def texts(self) -> AsyncGenerator[str, None]:
         """Text pieces (possibly empty) in order; one per engine response, then the held-back tail."""
         job, metrics = self.job, self.metrics
         scanner = StopScanner(list(job.stops))
@@ -140,7 +140,7 @@ class Coalesced:
     ASGI send chain and one socket write for all of them. Pieces still concatenate to the full text.
     """
 
-    def __init__(self, source: AsyncIterator[str]):
+    def __init__(self, source: AsyncGenerator[str, None]):
         self.source = source
         self.buffer: list[str] = []
         self.done = False
@@ -175,9 +175,8 @@ class Coalesced:
                 raise StopAsyncIteration
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
-            await asyncio.sleep(
-                0
-            )  # one more turn of the loop: pieces already on their way join this chunk
+            # one more turn of the loop: pieces already on their way join this chunk
+            await asyncio.sleep(0)
         text = self.buffer[0] if len(self.buffer) == 1 else "".join(self.buffer)
         self.buffer.clear()
         return text

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.engine.fusions import fusion_argv
 from toolkit.engine.trtllm_flags import QUANTIZE_SCRIPT
 from toolkit.errors import EngineBuildError
 from toolkit.model.architectures import ConverterCli, family_named
@@ -34,6 +35,8 @@ class StepSettings:
     timing_cache: Path
     calib_size: int = 512
     awq_block_size: int = 128
+    fusions: tuple[str, ...] = ()  # toolkit.engine.fusions settings that are on
+    calib_dataset: Path | None = None  # a local calibration set (None: quantize.py's, from the hub)
     # MoE: ranks that hold whole experts (expert parallel); the rest of the TP ranks shard each expert.
     moe_ep_size: int = 1
 
@@ -123,11 +126,16 @@ def quantize_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) 
         WEIGHT_PRECISIONS[plan.dtype].qformat or FULL_PRECISION_QFORMAT,
         "--calib_size",
         str(settings.calib_size),
+        # the bf16 checkpoint over every GPU the build has (transformers' device_map; quantize.py's default)
+        "--device_map",
+        "auto",
         "--tp_size",
         str(plan.tp_size),
         "--pp_size",
         str(plan.pp_size),
     ]
+    if settings.calib_dataset is not None:
+        argv += ["--calib_dataset", str(settings.calib_dataset)]
     if plan.dtype == "int4-awq":
         argv += ["--awq_block_size", str(settings.awq_block_size)]
     if plan.kv_dtype == "fp8":
@@ -179,4 +187,4 @@ def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmToo
         argv += ["--use_fused_mlp", "enable"]
     if plan.dtype == "fp8" and plan.kv_dtype == "fp8":
         argv += ["--use_fp8_context_fmha", "enable"]  # FP8 attention in the context phase on Hopper
-    return argv
+    return argv + fusion_argv(settings.fusions)

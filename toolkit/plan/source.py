@@ -20,9 +20,8 @@ class PlannedModel:
     spec: ModelSpec
     facts: ModelFacts
     config_from: str  # where the config came from: a path, "catalog (hub id ...)", "hub cache"
-    checkpoint_dir: (
-        Path | None
-    )  # the local folder of a local model; None until a hub model is downloaded
+    # the local folder of a local model; None until a hub model is downloaded
+    checkpoint_dir: Path | None
 
     @property
     def source(self) -> str:

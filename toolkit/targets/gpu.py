@@ -11,6 +11,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from toolkit.build_settings import CPU_PRECISION, SETTINGS, BuildSettings
 from toolkit.capabilities import Capabilities
+from toolkit.engine.fusions import FUSIONS
 from toolkit.errors import RecipeError, RepositoryError, ServerError
 from toolkit.plan.gpus import GpuProfile
 from toolkit.plan.precisions import KV_PRECISIONS, WEIGHT_PRECISIONS
@@ -26,14 +27,16 @@ if TYPE_CHECKING:
 
 # Plus CUDA, MPI and TensorRT-LLM's host buffers.
 GPU_HOST_OVERHEAD_BYTES = 8 * GIB
-# Measured decode steps run slower than the planner's roofline bound (a lower bound) under load.
-ROOFLINE_MARGIN = 2.0
+# The performance estimate holds within +-20 % of NVIDIA's model (tests/test_estimate.py): a stream
+# may run 1 / 0.8 = 1.25 x slower than it says.
+ESTIMATE_MARGIN = 1.25
 # Container start, MPI ranks, CUDA contexts, the Python models, the KV pool allocation and CUDA
 # graph capture, besides loading the weights.
 GPU_START_S = 180
 # Checkpoints on the hub are bf16, 2 bytes per parameter (the memory plan counts the parameters).
 CHECKPOINT_BYTES_PER_PARAMETER = 2
 NOT_YET = "the OpenAI API does not pass it to the tensorrtllm backend yet"
+FUSION_SETTINGS = tuple(f.setting for f in FUSIONS)
 
 
 @dataclass(frozen=True)
@@ -75,14 +78,16 @@ class TrtllmEngine:
         config.instance_group.append(
             mc.ModelInstanceGroup(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
         )
+        # The runtime sizes the KV pool from its free-memory share; a token cap, when one is planned,
+        # would bound it too (it takes the smaller of the two).
+        cap = self.runtime.get("max_tokens_in_paged_kv_cache")
         configs.set_parameters(
             config,
             {
                 "gpt_model_type": "inflight_fused_batching",
                 "gpt_model_path": self.engine_dir,
                 "max_beam_width": 1,
-                # Both bounds: the runtime uses the smaller of the token count and the free-memory share.
-                "max_tokens_in_paged_kv_cache": self.runtime["kv_cache_tokens"],
+                **({} if cap is None else {"max_tokens_in_paged_kv_cache": cap}),
                 "kv_cache_free_gpu_mem_fraction": self.runtime["kv_cache_free_gpu_mem_fraction"],
                 "enable_kv_cache_reuse": self.runtime["enable_kv_cache_reuse"],
                 "enable_chunked_context": self.runtime["enable_chunked_context"],
@@ -175,6 +180,7 @@ class GpuTarget(Target):
             max_num_tokens=settings.max_num_tokens,
             target_input_len=settings.target_input_len,
             target_output_len=settings.target_output_len,
+            kv_cache_free_gpu_mem_fraction=settings.kv_cache_free_gpu_mem_fraction,
         )
 
     def plan(self, settings: BuildSettings, model) -> TargetPlan:
@@ -202,10 +208,13 @@ class GpuTarget(Target):
     def _resolved(self, settings: BuildSettings, memory, limits, engine_build) -> BuildSettings:
         """The settings as planned: every value the build will use, so a rebuild makes the same engine."""
         runtime = engine_build.runtime
+        calibration = engine_build.calibration
         return BuildSettings(
             dtype=memory.dtype,
             kv_dtype=memory.kv_dtype,
             calib_size=engine_build.steps.calib_size,
+            calib_dataset=engine_build.steps.calib_dataset,
+            calib_gpus=calibration.gpus if calibration else None,
             awq_block_size=engine_build.steps.awq_block_size,
             tp=memory.tp_size,
             moe_ep_size=engine_build.steps.moe_ep_size if memory.num_experts else None,
@@ -222,18 +231,32 @@ class GpuTarget(Target):
             kv_cache_free_gpu_mem_fraction=runtime.kv_cache_free_gpu_mem_fraction,
             enable_kv_cache_reuse=runtime.enable_kv_cache_reuse,
             enable_chunked_context=runtime.enable_chunked_context,
+            **{name: name in engine_build.steps.fusions for name in FUSION_SETTINGS},
             engine_dir=Path(engine_build.engine_dir),
             decoupled=True if settings.decoupled is None else settings.decoupled,
         )
+
+    def preflight_build(self, plan: TargetPlan) -> None:
+        """TensorRT-LLM of the pinned release, a GPU of this profile's SM and enough of them, and a
+        calibration set the quantizer can read: checked before the checkpoint's download."""
+        from toolkit.engine.calibration import check_calibration_source
+        from toolkit.engine.tools import require_gpu_sm, require_gpus, require_trtllm
+
+        build = plan.engine_build
+        if build is None:
+            raise TypeError(f"a {self.name} plan names its engine build")
+        require_trtllm()
+        require_gpu_sm(self.profile.sm, self.name)
+        require_gpus(build.gpus, _gpus_why(build))
+        check_calibration_source(build.calibration)
 
     def build_engine(self, plan: TargetPlan, model, progress) -> tuple[TrtllmEngine, Any]:
         from toolkit.engine.build import execute_engine_build
         from toolkit.engine.info import read_engine_info
 
         if plan.engine_build is None:
-            raise TypeError(
-                f"a {self.name} plan names its engine build"
-            )  # a plan of another target
+            # a plan of another target
+            raise TypeError(f"a {self.name} plan names its engine build")
         engine_plan = plan.engine_build.with_checkpoint(model.path)
         result = execute_engine_build(engine_plan, progress=progress)
         engine = TrtllmEngine.from_engine(self.name, read_engine_info(Path(result.engine_dir)))
@@ -302,7 +325,13 @@ class GpuTarget(Target):
                 f"{repository.path} is a GPU repository without a memory plan in its manifest",
                 hint=f"rebuild it: {repository.rebuild_command}",
             )
-        return 1000 / (plan.decode_step_ms_at_max_batch * ROOFLINE_MARGIN)
+        from toolkit.plan.estimate import estimate_for_plan
+
+        # every batch slot of every pipeline stage busy, at the plan's target lengths
+        full = estimate_for_plan(
+            repository.manifest.model.facts, plan, plan.max_batch_size * plan.pp_size
+        )
+        return 1000 / (full.tpot_ms * ESTIMATE_MARGIN)
 
     def resources(self, repository, load_bytes: int, world_size: int) -> Resources:
         return Resources(GPU_HOST_OVERHEAD_BYTES + load_bytes, 2 + 2 * world_size)
@@ -317,6 +346,13 @@ def _attention_window(runtime: dict) -> dict:
     int32_t>>, utils::csvStrToVecInt), as the Gemma 3 README's --max_attention_window_size 512 ... 3100."""
     windows = runtime.get("max_attention_window_size") or ()
     return {"max_attention_window_size": ",".join(str(w) for w in windows)} if windows else {}
+
+
+def _gpus_why(build) -> str:
+    why = f"TP x PP = {build.world_size}"
+    if build.calibration is not None and build.calibration.gpus > build.world_size:
+        why += f", calibration over {build.calibration.gpus}"
+    return why
 
 
 def _display_checkpoint(model) -> str:

@@ -105,9 +105,8 @@ class TritonPythonModel:
             checkpoint, dtype=torch.float32, attn_implementation="sdpa"
         )
         self.vocab_size = model.config.vocab_size
-        self.embedding_rows = (
-            model.get_input_embeddings().num_embeddings
-        )  # valid input ids: [0, rows)
+        # valid input ids: [0, rows)
+        self.embedding_rows = model.get_input_embeddings().num_embeddings
         unblock_after_cancellation()
         # Defaults only make transformers create the temperature / top-k / top-p processors;
         # every request overrides all three (greedy is top_k=1).
@@ -213,9 +212,8 @@ class TritonPythonModel:
         for stream in streams:
             if self._drop(stream.request_id):
                 self.manager.cancel_request(stream.request_id)
-                self._respond(
-                    stream, final=True
-                )  # what it generated so far, as a normal final response
+                # what it generated so far, as a normal final response
+                self._respond(stream, final=True)
         sender.send(flags=_final())
 
     def _admit(self, request, sender) -> None:
@@ -225,9 +223,8 @@ class TritonPythonModel:
             self._check_queue()
             self._streams[stream.request_id] = stream
             self.in_flight.set(len(self._streams))
-        eos = (
-            stream.end_id if stream.min_tokens == 0 else -1
-        )  # with min_tokens we stop at end_id ourselves
+        # with min_tokens we stop at end_id ourselves
+        eos = stream.end_id if stream.min_tokens == 0 else -1
         try:
             added = self.manager.add_request(
                 stream.prompt,
@@ -248,9 +245,8 @@ class TritonPythonModel:
             return
         with self._lock:
             reaped = stream.request_id not in self._streams
-        if (
-            reaped
-        ):  # the client cancelled between registration and add_request: stop it in the engine too
+        # the client cancelled between registration and add_request: stop it in the engine too
+        if reaped:
             self.manager.cancel_request(stream.request_id)
 
     def _check_queue(self) -> None:
@@ -393,9 +389,8 @@ class TritonPythonModel:
             message = f"CPU engine: a generation step failed ({error}); the engine restarted, retry the request"
             for stream in streams:
                 if self._drop(stream.request_id):
-                    self.manager.cancel_request(
-                        stream.request_id
-                    )  # queued after the crash: nobody waits for it now
+                    # queued after the crash: nobody waits for it now
+                    self.manager.cancel_request(stream.request_id)
                     stream.sender.send(_error(message), flags=_final())
         finally:
             self.manager.start()
