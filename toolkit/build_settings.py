@@ -227,6 +227,15 @@ class BuildSettings:
         default="the smallest that fits",
         choices=TP_CHOICES,
     )
+    moe_ep_size: int | None = setting(
+        "GPU, mixture-of-experts models: expert-parallel ranks (whole experts per rank); the TP ranks left "
+        "shard each expert (TensorRT-LLM's --moe_ep_size / --moe_tp_size).",
+        kind=int,
+        targets=_GPU,
+        recipe="parallelism.moe_ep",
+        default="1 (experts sharded over the TP ranks)",
+        choices=TP_CHOICES,
+    )
     pp: int | None = setting(
         "GPU: pipeline-parallel ranks.",
         kind=int,

@@ -223,6 +223,13 @@ class SseFormatter:
         piece = json.dumps(text, ensure_ascii=False)
         return f"data: {self._text_prefix}{piece}{self._text_suffix}{self._usage_null}\n\n".encode()
 
+    def delta(self, field: str, text: str) -> bytes:
+        """A chat chunk whose delta sets `field` (content, or a reasoning model's reasoning_content)."""
+        if field == "content":
+            return self.text(text)
+        choice = {"index": 0, "delta": {field: text}, "logprobs": None, "finish_reason": None}
+        return self._event({**self._head, "choices": [choice], **self._usage_field()})
+
     def end(self, generation: Generation) -> bytes:
         if self.job.kind == "chat":
             choice = {

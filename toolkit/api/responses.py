@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from toolkit.api.errors import ApiError, log
 from toolkit.api.generation import Coalesced, Generation, Job, SseFormatter
+from toolkit.api.reasoning import ReasoningParser, ReasoningStream
 from toolkit.api.state import ApiState
 from toolkit.api.triton import (
     EngineFault,
@@ -39,10 +40,11 @@ class ClientGone(Exception):
 async def respond(state: ApiState, job: Job, stream: bool, request: Request):
     generation = Generation(job, state.backend, state.metrics, state.codec.count_generated)
     texts = generation.texts()
+    reasoning = state.reasoning if job.kind == "chat" else None
     try:
         if not stream:
             text = await until_disconnect(request, _collect(texts))
-            return JSONResponse(_whole_body(job, text, generation))
+            return JSONResponse(_whole_body(job, text, generation, reasoning))
         # Wait for the engine's first response before answering, so that an engine error is an HTTP status.
         first = await until_disconnect(request, anext(texts, None))
     except ClientGone:
@@ -55,7 +57,9 @@ async def respond(state: ApiState, job: Job, stream: bool, request: Request):
         await texts.aclose()
         raise engine_error(exc) from exc
     return _EventStream(
-        _sse(job, generation, texts, first), media_type="text/event-stream", headers=SSE_HEADERS
+        _sse(job, generation, texts, first, reasoning),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
 
 
@@ -81,21 +85,29 @@ async def _collect(texts: AsyncGenerator[str, None]) -> str:
 
 
 async def _sse(
-    job: Job, generation: Generation, texts: AsyncGenerator[str, None], first: str | None
+    job: Job,
+    generation: Generation,
+    texts: AsyncGenerator[str, None],
+    first: str | None,
+    reasoning: ReasoningParser | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The event stream; cancelled (client gone) at an await, which closes `texts` and cancels Triton."""
     sse = SseFormatter(job)
+    split = reasoning.stream() if reasoning is not None else None
     pieces = None
     try:
         opening = sse.first()
         if opening:
             yield opening
-        if first:
-            yield sse.text(first)
+        if first and (chunk := _chunks(sse, split, first)):
+            yield chunk
         # what arrives while a chunk is being written goes out together in the next
         pieces = Coalesced(texts)
         async for text in pieces:
-            yield sse.text(text)
+            if chunk := _chunks(sse, split, text):
+                yield chunk  # a reasoning model's piece may be held back: a tag cut in two
+        if split is not None and (rest := split.flush()):
+            yield b"".join(sse.delta(field, text) for field, text in rest)
         yield sse.end(generation)
     except (TritonUnavailable, InferenceFailed) as exc:
         code = STREAM_ERROR_CODES.get(type(exc), "engine_error")
@@ -118,11 +130,23 @@ async def _sse(
         await (pieces.aclose() if pieces is not None else texts.aclose())
 
 
-def _whole_body(job: Job, text: str, generation: Generation) -> dict:
+def _chunks(sse: SseFormatter, split: ReasoningStream | None, text: str) -> bytes:
+    """The events of one streamed piece: its text, or (reasoning models) its reasoning and content parts."""
+    if split is None:
+        return sse.text(text)
+    return b"".join(sse.delta(field, part) for field, part in split.feed(text))
+
+
+def _whole_body(
+    job: Job, text: str, generation: Generation, reasoning: ReasoningParser | None = None
+) -> dict:
     if job.kind == "chat":
+        message = {"role": "assistant", "content": text, "refusal": None}
+        if reasoning is not None:  # vLLM's field for the <think> part (toolkit.api.reasoning)
+            message["reasoning_content"], message["content"] = reasoning.split(text)
         choice = {
             "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
+            "message": message,
             "logprobs": None,
             "finish_reason": generation.finish_reason,
         }

@@ -6,6 +6,7 @@ import importlib.util
 
 import click
 
+from toolkit.api.reasoning import CHOICES as REASONING_CHOICES
 from toolkit.cli.options import (
     api_key_options,
     api_limit_options,
@@ -46,6 +47,14 @@ from toolkit.settings import api_keys as read_api_keys
     default=None,
     help="The model id clients send; default: the repository's model name.",
 )
+@click.option(
+    "--reasoning-parser",
+    default="auto",
+    type=click.Choice(REASONING_CHOICES),
+    help="How chat answers carry a reasoning model's <think> part (returned as reasoning_content, as vLLM's "
+    "parser of that name): auto takes the repository's model's (DeepSeek-R1 distills: deepseek_r1), none "
+    "leaves it in content.",
+)
 @max_in_flight_option
 @api_limit_options
 @click.option(
@@ -83,6 +92,7 @@ def command(
     api_key,
     model_name,
     served_model_name,
+    reasoning_parser,
     max_in_flight,
     limits,
     event_loop,
@@ -107,7 +117,14 @@ def command(
     keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
     settings = ApiSettings(
-        triton_url, repo, model_name, served_model_name, keys, max_in_flight, limits=limits
+        triton_url,
+        repo,
+        model_name,
+        served_model_name,
+        keys,
+        max_in_flight,
+        limits=limits,
+        reasoning_parser=reasoning_parser,
     )
     if dry_run:
         emit_json(
@@ -118,6 +135,7 @@ def command(
                 "port": port,
                 "model_name": model_name,
                 "served_model_name": served_model_name,
+                "reasoning_parser": reasoning_parser,
                 "api_keys": len(keys),
                 "max_in_flight": max_in_flight,
                 "header_timeout_s": limits.header_timeout_s,

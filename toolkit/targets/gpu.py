@@ -14,12 +14,7 @@ from toolkit.capabilities import Capabilities
 from toolkit.engine.fusions import FUSIONS
 from toolkit.errors import RecipeError, RepositoryError, ServerError
 from toolkit.plan.gpus import GpuProfile
-from toolkit.plan.precisions import (
-    DEFAULT_DTYPE,
-    DEFAULT_KV_DTYPE,
-    KV_PRECISIONS,
-    WEIGHT_PRECISIONS,
-)
+from toolkit.plan.precisions import KV_PRECISIONS, WEIGHT_PRECISIONS
 from toolkit.repository import configs
 from toolkit.repository import contract as c
 from toolkit.repository.engine import CANCELLATION_CHECK_PERIOD_MS, EngineSection
@@ -99,6 +94,7 @@ class TrtllmEngine:
                 "batch_scheduler_policy": self.runtime["batch_scheduler_policy"],
                 "exclude_input_in_output": True,
                 "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,
+                **_attention_window(self.runtime),
             },
         )
         return config
@@ -167,13 +163,15 @@ class GpuTarget(Target):
     def plan_memory(self, settings: BuildSettings, planned: PlannedModel) -> MemoryPlan:
         """The memory plan of `planned` on this GPU with these settings (toolkit plan shows it)."""
         from toolkit.plan.memory import plan_memory
+        from toolkit.targets.gpu_models import check_buildable, kv_dtype, weight_dtype
 
+        check_buildable(planned.facts, settings)
         return plan_memory(
             planned.facts,
             self.profile,
             model=planned.name,
-            dtype=settings.dtype or DEFAULT_DTYPE,
-            kv_dtype=settings.kv_dtype or DEFAULT_KV_DTYPE,
+            dtype=weight_dtype(planned.facts, settings),
+            kv_dtype=kv_dtype(planned.facts, settings),
             tp=settings.tp,
             pp=settings.pp or 1,
             max_seq_len=settings.max_seq_len,
@@ -219,6 +217,7 @@ class GpuTarget(Target):
             calib_gpus=calibration.gpus if calibration else None,
             awq_block_size=engine_build.steps.awq_block_size,
             tp=memory.tp_size,
+            moe_ep_size=engine_build.steps.moe_ep_size if memory.num_experts else None,
             pp=memory.pp_size,
             max_seq_len=memory.max_seq_len,
             max_input_len=memory.max_input_len,
@@ -339,6 +338,14 @@ class GpuTarget(Target):
 
     def build_resources(self, checkpoint_bytes: int, world_size: int) -> Resources:
         return Resources(GPU_HOST_OVERHEAD_BYTES + 2 * checkpoint_bytes, 4 + 2 * world_size)
+
+
+def _attention_window(runtime: dict) -> dict:
+    """max_attention_window_size when some layer attends through a sliding window: the backend reads it as
+    a comma-separated list of int32, one per layer (model_instance_state.cc: GetParameter<std::vector<
+    int32_t>>, utils::csvStrToVecInt), as the Gemma 3 README's --max_attention_window_size 512 ... 3100."""
+    windows = runtime.get("max_attention_window_size") or ()
+    return {"max_attention_window_size": ",".join(str(w) for w in windows)} if windows else {}
 
 
 def _gpus_why(build) -> str:
