@@ -84,9 +84,8 @@ def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
     result = {}
     for label, proc in processes.items():
         times = proc.cpu_times()
-        result[label] = (
-            times.user + times.system
-        )  # the process's own threads; children are listed on their own
+        # the process's own threads; children are listed on their own
+        result[label] = times.user + times.system
     return result
 
 
@@ -143,9 +142,8 @@ def api_load(api_url: str, args):
 
 def run_phase(server, phase: str, model: str, send, args, extra: dict | None = None) -> PhaseResult:
     procs = {**server_processes(server.pid), **(extra or {})}
-    send(
-        args.concurrency * 2, "warmup"
-    )  # stubs, channels and allocator pools reach steady state before we count
+    # stubs, channels and allocator pools reach steady state before we count
+    send(args.concurrency * 2, "warmup")
     before_stats, before_cpu, t0 = (
         model_stats(server.http_url),
         cpu_seconds(procs),

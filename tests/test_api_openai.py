@@ -13,6 +13,8 @@ import pytest
 from toolkit.api import ApiSettings, run_api_in_background
 from toolkit.serve.net import free_port
 
+from sse_events import chunk_text, sse_events
+
 pytestmark = pytest.mark.server
 
 KEY = "sk-test-key"
@@ -220,8 +222,8 @@ def _open_stream(url: str, model: str, max_tokens: int, headers: dict | None = N
     assert response.status_code == 200, response.read()
     lines = response.iter_lines()
     seen = 0
-    for line in lines:
-        if line.startswith("data: ") and '"text"' in line:
+    for event in sse_events(lines):
+        if chunk_text(event) is not None:
             seen += 1
             if seen >= 3:
                 break
@@ -264,9 +266,8 @@ def test_client_disconnect_cancels_the_engine_request(api, client, model_id, ser
     cancelled_before = engine_metric(served_repo, "toolkit_engine_requests_cancelled_total")
     http, response, lines = _open_stream(api.url, model_id, 200, {"Authorization": f"Bearer {KEY}"})
     time.sleep(1.0)
-    assert (
-        engine_metric(served_repo, "toolkit_engine_requests_cancelled_total") == cancelled_before
-    )  # still generating
+    # still generating
+    assert engine_metric(served_repo, "toolkit_engine_requests_cancelled_total") == cancelled_before
     response.close()
     http.close()
     deadline = time.monotonic() + 20

@@ -24,6 +24,8 @@ from toolkit.repository.reader import open_repository
 from toolkit.settings import api_keys
 
 from repos import config_only_checkpoint, write_test_repository
+from sse_events import sse_events
+from toy_tokenizers import CHATML_EOS, chatml_tokenizer_files, word_level
 
 UNREACHABLE = "127.0.0.1:1"
 WORDS = [
@@ -42,30 +44,17 @@ WORDS = [
     "assistant",
     "\n",
 ]
-TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 MAX_INPUT = 24
 
 
 def _write_tiny_repo(root: Path) -> Path:
     """A synthetic-engine repository (written by the toolkit's writer) over a tiny word-level tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = word_level(WORDS)
     checkpoint = config_only_checkpoint(
         root / "checkpoint",
-        {
-            "tokenizer.json": tokenizer.to_str(),
-            "tokenizer_config.json": json.dumps(
-                {"chat_template": TEMPLATE, "eos_token": "<|im_end|>"}
-            ),
-        },
-        vocab_size=len(vocab),
-        eos_token_id=vocab["<|im_end|>"],
+        chatml_tokenizer_files(tokenizer),
+        vocab_size=tokenizer.get_vocab_size(),
+        eos_token_id=tokenizer.token_to_id(CHATML_EOS),
     )
     return write_test_repository(
         checkpoint,
@@ -153,10 +142,11 @@ def test_metrics_expose_the_promised_series(client):
     [
         ({"n": 2}, "n"),
         ({"n": True}, "n"),  # True == 1 in Python; not to us
+        # without stream: OpenAI refuses it too
         (
             {"stream_options": {"include_usage": True}},
             "stream_options",
-        ),  # without stream: OpenAI refuses it too
+        ),
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         # tool_choice auto (the default) needs a tool-call parser; this tokenizer has no family's markers
@@ -377,13 +367,11 @@ def test_stop_scanner_equals_cutting_the_whole_text(text, stops, data):
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=6)))
     pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
     found = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]
-    expected = (
-        text[: min(found)[1]] if found else text
-    )  # cut where the first stop to complete starts
+    # cut where the first stop to complete starts
+    expected = text[: min(found)[1]] if found else text
     assert _scan(pieces, stops) == (expected, bool(found))
-    assert _scan(pieces, stops) == _scan(
-        [raw[i : i + 1] for i in range(len(raw))], stops
-    )  # however the bytes are grouped
+    # however the bytes are grouped
+    assert _scan(pieces, stops) == _scan([raw[i : i + 1] for i in range(len(raw))], stops)
 
 
 def test_the_stop_that_completes_first_wins_whatever_the_grouping():
@@ -525,8 +513,8 @@ def test_sse_chunks_follow_openai_chunk_format():
     generation.completion_tokens, generation.finish_reason = 2, "stop"
     events.append(sse.end(generation))
     lines = [line for event in events for line in event.decode().split("\n\n") if line]
-    assert lines[-1] == "data: [DONE]"
-    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+    chunks = list(sse_events(lines[:-1]))
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert (
         chunks[1]["choices"][0]["delta"] == {"content": 'say "hi"\n'}
@@ -733,7 +721,7 @@ def test_a_client_cancel_survives_the_watchdog_failing_the_stream(client_cancels
         assert isinstance(task.exception(), EngineFault)
 
 
-# --- review fixes --------------------------------------------------------------------------------
+# --- finish reasons, pipelined requests, refusals by name, seeds, limits on the command line -----
 def test_the_text_models_finish_reason_is_stop_only_when_the_api_can_know():
     """The text models return no token count. "stop": a stop string, a text too short (in bytes) for
     max_tokens tokens, or a re-tokenized count clearly (10 %) under max_tokens; "length" when the count

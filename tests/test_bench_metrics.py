@@ -10,7 +10,15 @@ import pytest
 
 from toolkit.bench.metrics import Distribution, flat_row, parse_profile_export, point_metrics
 from toolkit.bench.scrape import parse_samples, summarize
-from toolkit.bench.sweep import LoadPoint, Roofline, SweepPlan, parse_points, perf_analyzer_args
+from toolkit.bench.sweep import (
+    Expected,
+    LoadPoint,
+    PointResult,
+    SweepPlan,
+    compared,
+    parse_points,
+    perf_analyzer_args,
+)
 from toolkit.errors import BenchError
 
 MS = 1_000_000  # ns
@@ -164,13 +172,37 @@ def test_perf_analyzer_args_stream_over_grpc_with_a_fixed_count(tmp_path: Path):
     assert args[args.index("--profile-export-file") + 1] == str(tmp_path / "pe.json")
 
 
-def test_roofline_bound():
-    roof = Roofline(decode_step_ms=2.0, max_batch_size=8)
-    assert roof.tokens_per_s(LoadPoint("concurrency", 4)) == pytest.approx(2000.0)
-    assert roof.tokens_per_s(LoadPoint("concurrency", 16)) == pytest.approx(
-        4000.0
-    )  # capped at the batch size
-    assert roof.tokens_per_s(LoadPoint("request_rate", 1)) is None
+def test_a_point_is_compared_with_the_plans_estimate_at_its_concurrency(tmp_path):
+    """A healthy engine at high concurrency measures what the plan estimates there (100 %); the old
+    comparison, batch-1 decode speed x concurrency, read it as a small fraction."""
+    from toolkit.bench.metrics import Distribution, PointMetrics
+    from toolkit.model.catalog import catalog_entry
+    from toolkit.model.facts import facts_from_config
+    from toolkit.plan.estimate import estimate_for_plan
+    from toolkit.plan.gpus import get_gpu
+    from toolkit.plan.memory import compute_plan
+
+    facts = facts_from_config(catalog_entry("llama-3.1-8b-instruct").config)
+    plan = compute_plan(facts, get_gpu("h100-sxm"), dtype="fp8", kv_dtype="fp8")
+    estimate = estimate_for_plan(facts, plan, 512, 1024, 512)
+    ttft, itl = (Distribution(v, v, v, v, v, v) for v in (estimate.ttft_ms, 1.1 * estimate.tpot_ms))
+    measured = PointMetrics(
+        "concurrency", 512, 4096, 60.0, 4096 * 512, estimate.output_tokens_per_s, 68.0,
+        ttft, itl, ttft, ttft,
+    )  # fmt: skip
+    result = compared(
+        PointResult(LoadPoint("concurrency", 512), measured, None, tmp_path / "x.json"),
+        Expected.from_estimate(estimate),
+    )
+    assert result.tokens_per_s_of_expected == pytest.approx(1.0)
+    assert result.itl_of_expected == pytest.approx(
+        1.1
+    ) and result.ttft_of_expected == pytest.approx(1.0)
+    batch_one_times_streams = min(512, plan.max_batch_size) * 1e3 / plan.decode_step_ms_lower_bound
+    assert estimate.output_tokens_per_s / batch_one_times_streams < 0.3  # what it used to report
+    assert result.expected.concurrency == 512
+    untouched = PointResult(LoadPoint("request_rate", 2), measured, None, tmp_path / "x.json")
+    assert compared(untouched, None) == untouched
 
 
 METRICS_T0 = """# TYPE nv_inference_request_success counter
@@ -193,9 +225,8 @@ def test_scrape_summary_differences_counters_and_summarizes_gauges():
     )
     summary = summarize([parse_samples(METRICS_T0), parse_samples(t1)])
     assert summary.samples == 2
-    assert summary.queue_us_per_request == {
-        "ensemble": pytest.approx(200.0)
-    }  # 4000 us over 20 requests
+    # 4000 us over 20 requests
+    assert summary.queue_us_per_request == {"ensemble": pytest.approx(200.0)}
     assert summary.pending_max == {"tensorrt_llm": 6.0} and summary.pending_mean == {
         "tensorrt_llm": 4.0
     }
@@ -222,7 +253,7 @@ def test_the_bench_summary_fits_80_columns_with_large_numbers(monkeypatch, tmp_p
             ),
             server=None,
             export_file=tmp_path / "x.json",
-            throughput_bound_fraction=0.81,
+            tokens_per_s_of_expected=0.81,
         )
         for c in (1, 64, 1024)
     )

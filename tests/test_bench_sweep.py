@@ -52,9 +52,8 @@ def test_two_point_sweep_writes_sane_results(served_repo, tmp_path):
     for point in data["points"]:
         m = point["metrics"]
         assert m["requests"] == 2
-        assert (
-            m["output_len"]["min"] == m["output_len"]["max"] == OUTPUT_TOKENS
-        )  # the length was forced
+        # the length was forced
+        assert m["output_len"]["min"] == m["output_len"]["max"] == OUTPUT_TOKENS
         assert 0 < m["ttft_ms"]["max"] <= m["latency_ms"]["max"]
         assert m["ttft_ms"]["p50"] <= m["latency_ms"]["p50"]
         assert m["itl_ms"]["mean"] > 0 and m["output_tokens_per_s"] > 0 and m["requests_per_s"] > 0

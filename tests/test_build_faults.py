@@ -143,9 +143,8 @@ def test_a_disk_that_fills_during_the_write_gives_an_error_and_keeps_the_old_rep
     with open(filler, "wb") as handle:  # leave less than a second repository needs
         free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
         handle.write(b"\0" * max(free - 64 * 1024, 0))
-    monkeypatch.setattr(
-        writer, "check_free_space", lambda *a, **k: None
-    )  # the race: space went after it
+    # the race: space went after it
+    monkeypatch.setattr(writer, "check_free_space", lambda *a, **k: None)
     result = build("-t", "synthetic", "-m", str(tiny), "-o", str(repo), "--max-batch-size", "4")
     assert_clean_error(result, "is full", "nothing was changed")
     assert tree(repo) == before
@@ -188,7 +187,8 @@ def test_leftovers_of_killed_builds_are_removed_by_the_next_build(tiny, tmp_path
     left = list(tmp_path.glob(".repo.building-*"))
     (
         tmp_path / ".repo.old-12345-abc"
-    ).mkdir()  # a retired repository a kill left between the renames
+        # a retired repository a kill left between the renames
+    ).mkdir()
     assert caught == 3, "builds were not caught mid-write (the test would test nothing)"
     assert len(left) == 1  # each build first removes what killed ones left: leftovers never pile up
     assert build("-t", "cpu", "-m", str(tiny), "-o", str(repo)).exit_code == 0

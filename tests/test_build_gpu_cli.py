@@ -4,15 +4,15 @@ build -> package -> serve pre-flight path through the fake TensorRT-LLM tools (n
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from toolkit.bench.sweep import Roofline, roofline_of
+from toolkit.bench.sweep import Expected, LoadPoint, plan_sweep
 from toolkit.cli.main import cli
 from toolkit.errors import ServerError
+from toolkit.plan.estimate import estimate_for_plan
 from toolkit.repository.configs import parse_pbtxt
 from toolkit.serve.binary import find_tritonserver
 from toolkit.serve.launcher import (
@@ -24,8 +24,7 @@ from toolkit.serve.launcher import (
 from toolkit.serve.net import free_port
 from toolkit.targets import target_for
 
-from fakes import fake_checkpoint, install_fake_trtllm
-from tiny import make_tiny_checkpoint
+from fakes import fake_checkpoint_with_tokenizer, install_fake_trtllm
 
 LLAMA_8B = Path(__file__).parent / "data" / "llama-3.1-8b-instruct" / "config.json"
 
@@ -34,23 +33,16 @@ def invoke(*args: str):
     return CliRunner().invoke(cli, list(args))
 
 
+def build_h100(model: Path, *flags: str):
+    """`toolkit build --target h100-sxm --model MODEL FLAGS...` through the CLI."""
+    return invoke("build", "--target", "h100-sxm", "--model", str(model), *flags)
+
+
 @pytest.mark.parametrize(
     ("dtype", "kv_bytes", "first_tool"), [("bf16", 131072, "python3"), ("fp8", 65536, "python3")]
 )
 def test_dry_run_json_for_llama_8b_on_h100(dtype, kv_bytes, first_tool):
-    result = invoke(
-        "build",
-        "--target",
-        "h100-sxm",
-        "--model",
-        str(LLAMA_8B),
-        "--dtype",
-        dtype,
-        "--kv-dtype",
-        dtype,
-        "--dry-run",
-        "--json",
-    )
+    result = build_h100(LLAMA_8B, "--dtype", dtype, "--kv-dtype", dtype, "--dry-run", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["plan"]["kv_bytes_per_token"] == kv_bytes
@@ -73,9 +65,8 @@ def test_a_recipe_without_tp_plans_the_smallest_that_fits_and_tp_on_the_command_
     )
     assert planned.exit_code == 0, planned.output
     plan = json.loads(planned.stdout)["plan"]
-    assert (
-        plan["tp_size"] == plan["min_tp_that_fits"] == 2
-    )  # 70.6 GB of weights per card of 85.5 GB
+    # 70.6 GB of weights per card of 85.5 GB
+    assert plan["tp_size"] == plan["min_tp_that_fits"] == 2
     given = invoke("build", "--recipe", recipe, "--tp", "2", "--dry-run", "--json")
     assert given.exit_code == 0, given.output
     data = json.loads(given.stdout)
@@ -84,9 +75,7 @@ def test_a_recipe_without_tp_plans_the_smallest_that_fits_and_tp_on_the_command_
 
 
 def test_an_fp8_kv_cache_with_bf16_weights_is_refused_before_anything_runs():
-    result = invoke(
-        "build", "--target", "h100-sxm", "--model", str(LLAMA_8B), "--kv-dtype", "fp8", "--dry-run"
-    )
+    result = build_h100(LLAMA_8B, "--kv-dtype", "fp8", "--dry-run")
     assert result.exit_code == 1
     assert "Error: --kv-dtype fp8 with --dtype bf16" in result.stderr
     assert "--dtype fp8" in result.stderr and "--kv-dtype bf16" in result.stderr
@@ -97,10 +86,9 @@ def test_build_refuses_an_engine_dir_holding_other_files(monkeypatch, tmp_path, 
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    result = invoke(
-        "build", "--target", "h100-sxm", "--model", str(gpu_checkpoint),
-        "--output", str(tmp_path / "repo"), "--engine-dir", str(mine),
-    )  # fmt: skip
+    result = build_h100(
+        gpu_checkpoint, "--output", str(tmp_path / "repo"), "--engine-dir", str(mine)
+    )
     assert result.exit_code == 1
     assert f"Error: --engine-dir {mine} holds files this toolkit did not write" in result.stderr
     assert (mine / "notes.txt").read_text() == "keep me" and sorted(mine.iterdir()) == [
@@ -122,10 +110,7 @@ def test_gpu_flags_are_named_when_used_on_cpu():
 
 @pytest.fixture
 def gpu_checkpoint(tmp_path):
-    folder = fake_checkpoint(tmp_path, LLAMA_8B)
-    tiny = make_tiny_checkpoint(tmp_path / "tiny")
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(tiny / name, folder / name)
+    folder = fake_checkpoint_with_tokenizer(tmp_path, LLAMA_8B)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
     return folder
 
@@ -137,12 +122,8 @@ def test_build_packages_the_engine_and_serve_preflights_it(
 ):
     install_fake_trtllm(monkeypatch, tmp_path)
     repo = tmp_path / "repo"
-    result = invoke(
-        "build",
-        "--target",
-        "h100-sxm",
-        "--model",
-        str(gpu_checkpoint),
+    result = build_h100(
+        gpu_checkpoint,
         "--dtype",
         "fp8",
         "--kv-dtype",
@@ -162,8 +143,19 @@ def test_build_packages_the_engine_and_serve_preflights_it(
         repository.memory_plan.decode_step_ms_lower_bound
         == data["plan"]["decode_step_ms_lower_bound"]
     )
-    assert roofline_of(repository) == Roofline(
-        data["plan"]["decode_step_ms_lower_bound"], data["plan"]["max_batch_size"]
+    # toolkit bench compares each concurrency point with the plan's estimate there
+    points = (
+        LoadPoint("concurrency", 1),
+        LoadPoint("concurrency", 64),
+        LoadPoint("request_rate", 2),
+    )
+    sweep = plan_sweep(
+        "h:1", points, input_tokens=256, output_tokens=128, out_dir=tmp_path, repo=repo
+    )
+    facts, memory = repository.manifest.model.facts, repository.memory_plan
+    assert sweep.expected == (
+        *(Expected.from_estimate(estimate_for_plan(facts, memory, c, 256, 128)) for c in (1, 64)),
+        None,
     )
     engine = parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
     assert engine.backend == "tensorrtllm" and engine.model_transaction_policy.decoupled
@@ -190,20 +182,7 @@ def test_build_packages_the_engine_and_serve_preflights_it(
 def test_serve_refuses_an_engine_from_another_trtllm_version(monkeypatch, tmp_path, gpu_checkpoint):
     install_fake_trtllm(monkeypatch, tmp_path)
     repo = tmp_path / "repo"
-    assert (
-        invoke(
-            "build",
-            "--target",
-            "h100-sxm",
-            "--model",
-            str(gpu_checkpoint),
-            "--dtype",
-            "bf16",
-            "--output",
-            str(repo),
-        ).exit_code
-        == 0
-    )
+    assert build_h100(gpu_checkpoint, "--dtype", "bf16", "--output", str(repo)).exit_code == 0
     engine_dir = Path(
         parse_pbtxt((repo / "tensorrt_llm" / "config.pbtxt").read_text())
         .parameters["gpt_model_path"]
@@ -225,3 +204,43 @@ def test_serve_refuses_an_engine_from_another_trtllm_version(monkeypatch, tmp_pa
     )
     assert result.exit_code == 1
     assert "0.18.0" in result.output and "rebuild" in result.output.lower()
+
+
+def _no_download(monkeypatch) -> list:
+    """Record any checkpoint download the build would start (there must be none before the preflight)."""
+    downloads: list = []
+
+    def resolve(spec, **_):
+        downloads.append(spec)
+        raise RuntimeError("the build downloaded the checkpoint before its preflight")
+
+    monkeypatch.setattr("toolkit.build.resolve_model", resolve)
+    return downloads
+
+
+def test_a_gpu_build_without_tensorrt_llm_is_refused_before_it_downloads_anything(
+    monkeypatch, tmp_path
+):
+    """16 GB (141 GB for 70B) of checkpoint before the 'use the container' error, before this fix."""
+    install_fake_trtllm(monkeypatch, tmp_path, trtllm=False)
+    downloads = _no_download(monkeypatch)
+    args = ["build", "--target", "h100-sxm", "--model", "hf:meta-llama/Llama-3.1-8B-Instruct"]
+    result = invoke(*args, "--output", str(tmp_path / "repo"))
+    assert downloads == [] and result.exit_code == 1
+    assert "TensorRT-LLM is not installed" in result.stderr
+    assert "tritonserver:25.06-trtllm-python-py3" in result.stderr
+
+
+def test_a_gpu_build_needing_more_gpus_than_the_machine_has_is_refused_before_it_downloads(
+    monkeypatch, tmp_path
+):
+    install_fake_trtllm(monkeypatch, tmp_path)
+    monkeypatch.setenv("FAKE_GPU_COUNT", "1")
+    downloads = _no_download(monkeypatch)
+    args = ["build", "--target", "h100-sxm", "--model", "hf:meta-llama/Llama-3.1-8B-Instruct"]
+    result = invoke(*args, "--tp", "2", "--output", str(tmp_path / "repo"))
+    assert downloads == [] and result.exit_code == 1
+    assert "needs 2 GPUs" in result.stderr and "1" in result.stderr
+    monkeypatch.setenv("FAKE_GPU_SM", "8.0")
+    result = invoke(*args, "--output", str(tmp_path / "repo"))
+    assert downloads == [] and result.exit_code == 1 and "SM 8.0" in result.stderr

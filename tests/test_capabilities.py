@@ -4,7 +4,6 @@ and the Python engines refuse from. A GPU repository is not refused what its bac
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from toolkit.repository.configs import parse_pbtxt
 from toolkit.repository.reader import open_repository
 from toolkit.targets import get_target
 
-from fakes import fake_checkpoint, install_fake_trtllm
+from fakes import build_with_fake_trtllm, fake_checkpoint_with_tokenizer
 from repos import write_test_repository
 from tiny import make_tiny_checkpoint
 
@@ -31,17 +30,8 @@ UNREACHABLE = "127.0.0.1:1"
 def gpu_repo(tmp_path_factory) -> Path:
     """An H100 repository built by `toolkit build` through the fake TensorRT-LLM tools."""
     tmp = tmp_path_factory.mktemp("gpu")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TOOLKIT_HOME", str(tmp / "home"))
-        install_fake_trtllm(mp, tmp)
-        checkpoint = fake_checkpoint(tmp, LLAMA_8B)
-        tiny = make_tiny_checkpoint(tmp / "tiny")
-        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-            shutil.copy(tiny / name, checkpoint / name)
-        result = CliRunner().invoke(
-            cli,
-            ["build", "-t", "h100-sxm", "-m", str(checkpoint), "-o", str(tmp / "repo")],
-        )
+    checkpoint = fake_checkpoint_with_tokenizer(tmp, LLAMA_8B)
+    result = build_with_fake_trtllm(tmp, "-t", "h100-sxm", "-m", checkpoint, "-o", tmp / "repo")
     assert result.exit_code == 0, result.output
     return tmp / "repo"
 

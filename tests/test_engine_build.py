@@ -144,9 +144,8 @@ def test_a_qwen2_checkpoint_builds_through_the_qwen_converter(fakes, tmp_path):
     checkpoint = fake_checkpoint(tmp_path, config)
     plan = gpu_engine_plan(str(checkpoint), "h100-sxm", dtype="bf16")
     assert plan.commands[0][1].endswith("examples/models/core/qwen/convert_checkpoint.py")
-    engine = Path(
-        execute_engine_build(plan).engine_dir
-    )  # the fake converter parsed it: upstream's flags
+    # the fake converter parsed it: upstream's flags
+    engine = Path(execute_engine_build(plan).engine_dir)
     config = json.loads((engine / "config.json").read_text())
     assert config["pretrained_config"]["architecture"] == "Qwen2ForCausalLM"
 
@@ -266,7 +265,8 @@ def test_tensorrt_llm_model_config_parses_and_matches_the_plan(fakes, checkpoint
     assert [o.name for o in parsed.output] == [t.name for t in c.ENGINE_OUTPUTS]
     assert params["gpt_model_type"] == "inflight_fused_batching"
     assert params["gpt_model_path"] == str(engine.resolve())
-    assert params["max_tokens_in_paged_kv_cache"] == str(plan.memory.kv_cache_tokens)
+    # the runtime sizes the pool (test_gpu_runtime)
+    assert "max_tokens_in_paged_kv_cache" not in params
     assert params["kv_cache_free_gpu_mem_fraction"] == "0.9"
     assert params["enable_kv_cache_reuse"] == "true" and params["enable_chunked_context"] == "true"
     assert (

@@ -67,8 +67,7 @@ def test_a_failing_step_fails_its_request_and_the_engine_serves_the_next(poisone
                 server.grpc_url,
                 GenerateRequest(prompt=POISON_PROMPT, max_tokens=8, temperature=1.0),
             )
-        assert (
-            generate_grpc(server.grpc_url, clean).text == before
-        )  # the same seed, the same text: a healthy engine
+        # the same seed, the same text: a healthy engine
+        assert generate_grpc(server.grpc_url, clean).text == before
 
     assert "restarting the generation loop" in log.read_text()

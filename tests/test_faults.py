@@ -29,6 +29,7 @@ from toolkit.serve.net import free_port
 from toolkit.subprocs import children_of, process_alive
 
 from repos import write_test_repository
+from sse_events import DONE, sse_events
 from tiny import make_bigram_checkpoint
 
 pytestmark = pytest.mark.server
@@ -232,13 +233,12 @@ class ApiStream:
                 if response.status_code != 200:
                     self.ended = f"status {response.status_code}: {response.read().decode()}"
                     return
-                for line in response.iter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        self.events.append(json.loads(line[6:]))
-                        self.first.set()
-                    elif line == "data: [DONE]":
+                for event in sse_events(response.iter_lines()):
+                    if event == DONE:
                         self.ended = "done"
                         return
+                    self.events.append(event)
+                    self.first.set()
             self.ended = "closed without [DONE]"
         except httpx.HTTPError as exc:
             self.ended = f"connection error: {type(exc).__name__}"
@@ -302,9 +302,8 @@ def test_kill_9_of_the_engine_stub_ends_streams_with_an_error_and_serve_exits_na
 def test_kill_9_of_tritonserver_leaves_no_stub_behind_and_serve_says_so(serving, bigram_repo):
     serve = serving()
     stubs = set(python_stubs(serve.triton_pid))
-    assert (
-        len(stubs) == 4
-    )  # tensorrt_llm, preprocessing, postprocessing, BLS (the ensemble has none)
+    # tensorrt_llm, preprocessing, postprocessing, BLS (the ensemble has none)
+    assert len(stubs) == 4
     api_stream = ApiStream(serve.api, "loop", 2000)
     assert api_stream.first.wait(60)
     os.kill(serve.triton_pid, signal.SIGKILL)
@@ -323,9 +322,8 @@ def test_sigterm_mid_stream_finishes_the_streams_and_refuses_new_requests(servin
     assert api_stream.first.wait(60)
     serve.process.send_signal(signal.SIGTERM)
     time.sleep(1.0)
-    with pytest.raises(
-        httpx.HTTPError
-    ):  # the API stopped listening: a new request is refused at once
+    # the API stopped listening: a new request is refused at once
+    with pytest.raises(httpx.HTTPError):
         httpx.post(
             f"{serve.api}/v1/completions", json={"model": "x", "prompt": "stop1"}, timeout=5
         ).raise_for_status()

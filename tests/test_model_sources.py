@@ -142,6 +142,7 @@ def test_an_unreachable_hub_fails_at_once_naming_why_and_the_offline_catalog(tmp
     env.update({"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path / "hf")})
     started = time.monotonic()
     done = subprocess.run(
+        # not in the catalog
         [
             sys.executable,
             "-m",
@@ -149,7 +150,7 @@ def test_an_unreachable_hub_fails_at_once_naming_why_and_the_offline_catalog(tmp
             "plan",
             "-m",
             "hf:Qwen/Qwen2.5-14B-Instruct",
-        ],  # not in the catalog
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -162,9 +163,8 @@ def test_an_unreachable_hub_fails_at_once_naming_why_and_the_offline_catalog(tmp
         and "not in the local Hugging Face cache" in done.stderr
     )
     assert "fix:" in done.stderr
-    assert elapsed < 30, (
-        f"took {elapsed:.0f} s"
-    )  # a hang bound, not a speed target: the CLI's startup dominates
+    # a hang bound, not a speed target: the CLI's startup dominates
+    assert elapsed < 30, f"took {elapsed:.0f} s"
     plan = subprocess.run(
         [sys.executable, "-m", "toolkit.cli.main", "plan", "-m", "llama-3.1-8b-instruct", "--json"],
         capture_output=True,

@@ -82,9 +82,8 @@ def test_stubs_under_mpirun_are_watched_and_stopped(tmp_path):
             time.sleep(0.05)
         assert list(found.values()) == ["preprocessing"]
         (stub_pid,) = found
-        assert (
-            os.getpgid(stub_pid) != leader.pid
-        )  # outside mpirun's group: only the session holds it
+        # outside mpirun's group: only the session holds it
+        assert os.getpgid(stub_pid) != leader.pid
     finally:
         stop_process(leader, 5)
     deadline = time.monotonic() + 10

@@ -48,25 +48,31 @@ def test_llama_8b_bf16_on_h100_sxm():
     assert plan.kv_pool_bytes == pool
     assert plan.kv_cache_tokens == int(pool // 131072) // 64 * 64 == 464_640
     assert plan.max_sequences_at_max_seq_len == 464_640 // 8192 == 56
-    # trtllm-bench's rule for 1024 in / 512 out: 464640 / 1536 = 302.5 requests -> 128 * ceil(302.5 / 128);
-    # step tokens 302.5 * (1 + 1024 / 512) = 907.5 -> at least 2048.
-    assert plan.max_seq_len == 8192 and plan.max_batch_size == 384 and plan.max_num_tokens == 2048
+    # The runtime's reserve: 3.5 GiB, activations of trtllm-bench's 2048-token step (hidden in and out and
+    # gate/up, bf16) and fp32 logits of its 384-request batch (464640 / 1536 = 302.5 -> 128 * ceil);
+    # it takes 0.9 of the rest: 448,704 tokens, which hold 292 requests of 1024 + 512 tokens.
+    runtime_reserve = 3584 * 2**20 + 2048 * 2 * (2 * 4096 + 2 * 14336) + 384 * 128256 * 4
+    assert plan.runtime_reserve_bytes == runtime_reserve == 4_106_092_544
+    free = card - 16_060_522_496 - runtime_reserve
+    assert plan.runtime_kv_cache_tokens == int(0.9 * free) // 131072 // 64 * 64 == 448_704
+    # the batch the runtime holds (no runtime tuner); step tokens 292 * (1 + 1024 / 512) -> at least 2048
+    assert plan.max_seq_len == 8192 and plan.max_batch_size == 448_704 // 1536 == 292
+    assert plan.max_num_tokens == 2048
     assert (
-        "trtllm-bench" in plan.batch_limits_from and "1024 in / 512 out" in plan.batch_limits_from
+        "runtime's KV pool" in plan.batch_limits_from
+        and "1024 in / 512 out" in plan.batch_limits_from
     )
-    assert plan.kv_tokens_per_request_at_max_batch == 464_640 // 384
+    assert plan.kv_tokens_per_request_at_max_batch == 448_704 // 292
     assert plan.decode_step_ms_lower_bound == pytest.approx(16_060_522_496 / 3.35e12 * 1e3)
     assert plan.decode_step_ms_lower_bound == pytest.approx(4.79, abs=0.01)
     assert plan.decode_tokens_per_s_per_stream_ceiling == pytest.approx(208.6, abs=0.1)
-    running = (
-        464_640 // 1536
-    )  # the pool holds 302 requests of the target size, fewer than the batch
+    # the batch: the runtime's pool holds exactly that many requests of the target size
+    running = 292
     step = (16_060_522_496 + running * (1024 + 256) * 131072) / 3.35e12 * 1e3
     assert plan.decode_step_ms_at_max_batch == pytest.approx(step)
     assert plan.decode_tokens_per_s_ceiling == pytest.approx(running * 1e3 / step)
-    matmul_params = (
-        8_030_261_248 - 128256 * 4096 - 65 * 4096
-    )  # all but the embedding table and norms
+    # all but the embedding table and norms
+    matmul_params = 8_030_261_248 - 128256 * 4096 - 65 * 4096
     assert plan.prefill_tokens_per_s_upper_bound == pytest.approx(989.5e12 / (2 * matmul_params))
     assert plan.min_tp_that_fits == 1 and plan.fits
 
@@ -74,16 +80,18 @@ def test_llama_8b_bf16_on_h100_sxm():
 def test_batch_limits_follow_trtllm_bench_and_never_the_full_length_sequence_count():
     from toolkit.plan.memory import batch_limits
 
+    # capped at 4096 requests; 8192 step tokens
     assert batch_limits(1_000_000, 128, 128) == (
         4096,
         8192,
-    )  # capped at 4096 requests; 8192 step tokens
+    )
     assert batch_limits(10_000, 1024, 512) == (64, 2048)  # floors: 64 requests, 2048 tokens
     assert batch_limits(600_000, 1000, 1000) == (384, 2048)
+    # 150 per stage -> 32 * ceil(150 / 32)
     assert batch_limits(600_000, 1000, 1000, pp=2) == (
         160,
         2048,
-    )  # 150 per stage -> 32 * ceil(150 / 32)
+    )
     plan = plan_memory(facts(LLAMA_8B), get_gpu("h100-sxm"), dtype="fp8", kv_dtype="fp8")
     assert plan.max_batch_size > 4 * plan.max_sequences_at_max_seq_len
 
@@ -141,9 +149,8 @@ def test_pipeline_stages_hold_the_embedding_first_and_the_lm_head_last():
 def test_smollm2_numbers():
     f = facts(SMOL)
     per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576
-    assert (
-        f.parameter_count == 49152 * 576 + 30 * per_layer + 576 == 134_515_008
-    )  # tied: no LM head
+    # tied: no LM head
+    assert f.parameter_count == 49152 * 576 + 30 * per_layer + 576 == 134_515_008
     plan = plan_memory(f, get_gpu("h100-sxm"))
     assert plan.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23040
     assert plan.weights_bytes == 134_515_008 * 2
@@ -153,8 +160,8 @@ def test_smollm2_numbers():
     pool = card - (134_515_008 + 49152 * 576) * 2 - int(0.1 * card)
     assert plan.kv_cache_tokens == pool // 23040 // 64 * 64
     assert plan.max_sequences_at_max_seq_len == plan.kv_cache_tokens // 8192 == 406
-    raw = plan.kv_cache_tokens / (1024 + 512)  # requests of the target size the pool holds
-    assert plan.max_batch_size == 256 * -(-raw // 256) == 2304
+    # requests of the target size the runtime's pool holds
+    assert plan.max_batch_size == plan.runtime_kv_cache_tokens // (1024 + 512) == 2058
 
 
 def test_llama_70b_bf16_on_one_h100_is_refused_with_options():

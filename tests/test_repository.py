@@ -191,9 +191,8 @@ def test_serve_refuses_a_repository_whose_files_were_replaced_and_names_them(tin
     post = repo / "postprocessing" / "1" / "model.py"
     stat = post.stat()
     post.write_text(post.read_text().replace("TritonPythonModel", "TritonPythonModeL"))
-    os.utime(
-        post, ns=(stat.st_atime_ns, stat.st_mtime_ns)
-    )  # same size and mtime: only the hash tells
+    # same size and mtime: only the hash tells
+    os.utime(post, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     weights = next((repo / "tensorrt_llm" / "1").rglob("*.safetensors"))
     with weights.open("r+b") as handle:
         handle.truncate(16)
@@ -208,15 +207,18 @@ def test_serve_refuses_a_repository_whose_files_were_replaced_and_names_them(tin
     assert result.exit_code == 1 and "postprocessing/1/model.py" in result.output
 
 
-def test_serve_refuses_a_port_in_use(tiny, tmp_path):
-    build(tiny, tmp_path / "repo")
+def serve_on_a_busy_port(repo: Path, option: str):
+    """`toolkit serve --repo REPO OPTION PORT` while a listening socket holds PORT: (PORT, result)."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = CliRunner().invoke(
-            cli, ["serve", "--repo", str(tmp_path / "repo"), "--grpc-port", str(port)]
-        )
+        return port, CliRunner().invoke(cli, ["serve", "--repo", str(repo), option, str(port)])
+
+
+def test_serve_refuses_a_port_in_use(tiny, tmp_path):
+    build(tiny, tmp_path / "repo")
+    port, result = serve_on_a_busy_port(tmp_path / "repo", "--grpc-port")
     assert result.exit_code == 1
     assert (
         f"port {port} on 127.0.0.1 (--grpc-port) is in use" in result.output
@@ -230,13 +232,7 @@ def test_a_busy_openai_port_is_named_before_tritonserver_starts(tiny, tmp_path, 
     build(tiny, tmp_path / "repo")
     started = []
     monkeypatch.setattr(lifecycle, "launch_server", lambda *a, **k: started.append(a))
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        result = CliRunner().invoke(
-            cli, ["serve", "--repo", str(tmp_path / "repo"), "--openai-port", str(port)]
-        )
+    port, result = serve_on_a_busy_port(tmp_path / "repo", "--openai-port")
     assert result.exit_code == 1 and not started
     assert f"port {port} on 127.0.0.1 (--openai-port) is in use" in result.output
     assert "pass a free port with --openai-port" in result.output

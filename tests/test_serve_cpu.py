@@ -31,6 +31,12 @@ def chat(served_repo, question: str) -> str:
     )
 
 
+def capital_of_france(served_repo) -> str:
+    """The engine's answer (16 tokens) to QUESTIONS[0]: it names Paris while the engine is well."""
+    request = GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16)
+    return generate_grpc(served_repo.grpc_url, request).text
+
+
 def reference_ids(reference_model, prompt: str, max_tokens: int) -> list[int]:
     model, tokenizer = reference_model
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
@@ -255,20 +261,13 @@ def test_bad_requests_get_a_clear_error_and_the_server_keeps_serving(
 ):
     args = {"prompt": "hello", **request_args}
     request = GenerateRequest(**args)
-    object.__setattr__(
-        request, "validate", lambda: None
-    )  # skip the client's own check: the server must refuse too
+    # skip the client's own check: the server must refuse too
+    object.__setattr__(request, "validate", lambda: None)
     with pytest.raises(ClientError, match=message.replace("(", r"\(")):
         generate_grpc(served_repo.grpc_url, request)
     with pytest.raises(ClientError, match=message.replace("(", r"\(")):
         generate_http(served_repo.http_url, request)
-    assert (
-        "Paris"
-        in generate_grpc(
-            served_repo.grpc_url,
-            GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16),
-        ).text
-    )
+    assert "Paris" in capital_of_france(served_repo)
 
 
 def _engine_error(served_repo, tensors) -> str | None:
@@ -341,13 +340,7 @@ def test_malformed_engine_requests_are_refused_without_hurting_the_engine(
     ]
     error = _engine_error(served_repo, sent)
     assert error is not None and message in error, error
-    assert (
-        "Paris"
-        in generate_grpc(
-            served_repo.grpc_url,
-            GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16),
-        ).text
-    )
+    assert "Paris" in capital_of_france(served_repo)
 
 
 def _metric(served_repo, name: str) -> float:
@@ -382,16 +375,9 @@ def test_a_client_that_goes_away_cancels_its_request(served_repo):
     assert _metric(served_repo, "toolkit_engine_requests_cancelled_total") == before + 1
     generated = _metric(served_repo, "toolkit_engine_generated_tokens_total")
     time.sleep(1.0)
-    assert (
-        _metric(served_repo, "toolkit_engine_generated_tokens_total") == generated
-    )  # it stopped generating
-    assert (
-        "Paris"
-        in generate_grpc(
-            served_repo.grpc_url,
-            GenerateRequest(prompt=chat(served_repo, QUESTIONS[0]), max_tokens=16),
-        ).text
-    )
+    # it stopped generating
+    assert _metric(served_repo, "toolkit_engine_generated_tokens_total") == generated
+    assert "Paris" in capital_of_france(served_repo)
 
 
 def test_toolkit_generate_answers_paris_over_grpc_and_http(served_repo):

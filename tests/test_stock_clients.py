@@ -14,6 +14,7 @@ Patterns reproduced, each from the tensorrtllm_backend source at the last revisi
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -184,9 +185,8 @@ def test_stop_after_ms_with_a_request_id_stops_the_running_request(streaming_ser
         first, error = results.get(timeout=60)
         assert error is None, error
         time.sleep(0.2)
-        stopper, stop_results = _engine_stream(
-            server.grpc_url, [0], 0, "42", stop=True
-        )  # prepare_stop_signals: input_ids [1,1], input_lengths [[0]], request_output_len [[0]], stop [[True]]
+        # prepare_stop_signals: input_ids [1,1], input_lengths [[0]], request_output_len [[0]], stop [[True]]
+        stopper, stop_results = _engine_stream(server.grpc_url, [0], 0, "42", stop=True)
         stop_answer, stop_error = stop_results.get(timeout=30)
         assert stop_error is None, stop_error
         assert stop_answer.as_numpy("output_ids") is None  # "Got cancellation response from server"
@@ -199,9 +199,8 @@ def test_stop_after_ms_with_a_request_id_stops_the_running_request(streaming_ser
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break
         assert time.monotonic() - started < 10
-        assert (
-            tokens + 1 < 2000
-        )  # the first response held one token: it stopped short of max_tokens
+        # the first response held one token: it stopped short of max_tokens
+        assert tokens + 1 < 2000
     finally:
         for c in (client, stopper):
             if c is not None:
@@ -362,17 +361,22 @@ def test_toolkit_generate_works_on_a_unary_repository(unary_server):
         assert result.output.strip() == "two"
 
 
-def test_the_api_answers_on_a_unary_repository(unary_server):
+@contextlib.contextmanager
+def openai_client(repo, server):
+    """The openai package's client of the OpenAI API (run here, in-process) over `server`."""
     import openai
 
     from toolkit.api import ApiSettings, run_api_in_background
 
-    repo, server = unary_server
     handle = run_api_in_background(ApiSettings(server.grpc_url, repo), port=free_port())
     try:
-        client = openai.OpenAI(
-            base_url=f"{handle.url}/v1", api_key="none", max_retries=0, timeout=60
-        )
+        yield openai.OpenAI(base_url=f"{handle.url}/v1", api_key="none", max_retries=0, timeout=60)
+    finally:
+        handle.stop()
+
+
+def test_the_api_answers_on_a_unary_repository(unary_server):
+    with openai_client(*unary_server) as client:
         model = client.models.list().data[0].id
         answer = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}]
@@ -387,29 +391,16 @@ def test_the_api_answers_on_a_unary_repository(unary_server):
         assert (
             "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == " hello world"
         )
-    finally:
-        handle.stop()
 
 
 @pytest.mark.parametrize(("word", "answer"), sorted(ANSWERS.items()))
 def test_the_api_stops_on_every_end_token_with_finish_reason_stop(streaming_server, word, answer):
-    import openai
-
-    from toolkit.api import ApiSettings, run_api_in_background
-
-    repo, server = streaming_server
-    handle = run_api_in_background(ApiSettings(server.grpc_url, repo), port=free_port())
-    try:
-        client = openai.OpenAI(
-            base_url=f"{handle.url}/v1", api_key="none", max_retries=0, timeout=60
-        )
+    with openai_client(*streaming_server) as client:
         model = client.models.list().data[0].id
         done = client.completions.create(model=model, prompt=word, max_tokens=10)
         assert done.choices[0].text == answer and done.choices[0].finish_reason == "stop"
         looped = client.completions.create(model=model, prompt="loop", max_tokens=5)
         assert looped.choices[0].finish_reason == "length" and looped.usage.completion_tokens == 5
-    finally:
-        handle.stop()
 
 
 def test_stock_clients_run_concurrently_without_crossing(streaming_server):

@@ -86,9 +86,8 @@ def test_streaming_sends_one_token_per_response_and_the_last_is_final(served):
     assert all(r[1] == [[1]] for r in responses)
     tokens = [r[0][0][0][0] for r in responses]
     assert set(tokens) <= set(token_ids)
-    assert (
-        tokens[1] == token_ids[(token_ids.index(tokens[0]) + 1) % len(token_ids)]
-    )  # cycles through the ids
+    # cycles through the ids
+    assert tokens[1] == token_ids[(token_ids.index(tokens[0]) + 1) % len(token_ids)]
 
 
 def test_non_streaming_returns_every_token_at_once_with_or_without_the_prompt(engine_url):

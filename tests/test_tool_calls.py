@@ -93,13 +93,6 @@ def test_llama3_json_calls_come_without_a_marker_too_and_several_split_by_semico
     assert sent == "The answer is 4." and calls == [] and held == ""
 
 
-def test_the_cli_offers_every_parser():
-    from toolkit.api.tool_parsers import CHOICES
-    from toolkit.cli.cmd_api import TOOL_PARSER_CHOICES
-
-    assert TOOL_PARSER_CHOICES == CHOICES
-
-
 # --- synthetic repositories scripted to call a tool ---------------------------------------------------
 @pytest.fixture(scope="module", params=sorted(SCRIPTS))
 def scripted(request, tmp_path_factory):

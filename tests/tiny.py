@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from toy_tokenizers import CHATML_EOS, CHATML_TEMPLATE, byte_level_bpe, word_level
+
 CORPUS = [
     "The capital of France is Paris.",
     "Hello world, this is a tiny tokenizer.",
@@ -14,29 +16,24 @@ CORPUS = [
 ]
 
 
-def make_tiny_checkpoint(path: Path, *, weights: str = "safetensors") -> Path:
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def write_tiny_tokenizer(path: Path):
+    """The tiny checkpoint's tokenizer files in `path` (a byte-level BPE trained on CORPUS, the ChatML
+    template in chat_template.jinja); returns the tokenizer."""
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(CORPUS * 5, trainer)
+    tokenizer = byte_level_bpe(CORPUS)
     tokenizer.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": "<|im_end|>", "bos_token": "<|im_start|>"})
+        json.dumps({"eos_token": CHATML_EOS, "bos_token": "<|im_start|>"})
     )
-    (path / "chat_template.jinja").write_text(
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
+    (path / "chat_template.jinja").write_text(CHATML_TEMPLATE)
+    return tokenizer
+
+
+def make_tiny_checkpoint(path: Path, *, weights: str = "safetensors") -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = write_tiny_tokenizer(path)
     config = LlamaConfig(
         vocab_size=tokenizer.get_vocab_size(),
         hidden_size=32,
@@ -111,13 +108,16 @@ def make_bigram_checkpoint(path: Path) -> Path:
     generation_config.json lists [2, 3, 4] (<|end_of_text|>, <|eom_id|>, <|eot_id|>) as Llama-3.1-Instruct does.
     Attention and MLP are zero and each embedding is a one-hot, so the LM head maps the last token to the next."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import decoders, pre_tokenizers, processors
     from transformers import LlamaConfig, LlamaForCausalLM
 
     path.mkdir(parents=True, exist_ok=True)
-    vocab = {token: i for i, token in enumerate(LLAMA3_SPECIAL + [f"▁{w}" for w in BIGRAM_WORDS])}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    # LLAMA3_SPECIAL[0] is word_level's UNK (id 0): the special tokens take ids 0-6, the words 7 on
+    tokenizer = word_level(
+        LLAMA3_SPECIAL[1:] + [f"▁{w}" for w in BIGRAM_WORDS],
+        pre_tokenizer=pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always"),
+    )
+    vocab = tokenizer.get_vocab()
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     tokenizer.add_special_tokens(LLAMA3_SPECIAL[1:])
     tokenizer.post_processor = processors.TemplateProcessing(

@@ -119,6 +119,7 @@ def build_repository(
     """
     plan = plan_build(request)
     check_output_folder(request.output, discard_changes=request.discard_changes)
+    plan.target.preflight_build(plan.planned)  # before any download: a GPU build needs its tools
     progress(f"model {plan.model.source}")
     model = resolve_model(plan.model, allow_pickle=request.allow_pickle, progress=bars)
     repo_plan, built = _package(plan.target, plan.planned, model, request.output, progress)

@@ -193,6 +193,23 @@ class BuildSettings:
         default="512",
         minimum=1,
     )
+    calib_dataset: Path | None = setting(
+        "GPU: calibration set for fp8 / int4-awq, a local folder (a `text` column in its train split, "
+        "read with datasets.load_dataset); the quantizer then runs offline.",
+        kind=Path,
+        targets=_GPU,
+        recipe="quantization.calib_dataset",
+        default="cnn_dailymail, downloaded from the Hugging Face hub",
+    )
+    calib_gpus: int | None = setting(
+        "GPU: GPUs the calibration spreads the bf16 checkpoint over (the build machine needs them).",
+        kind=int,
+        targets=_GPU,
+        recipe="quantization.calib_gpus",
+        default="TP x PP",
+        minimum=1,
+        maximum=64,
+    )
     awq_block_size: int | None = setting(
         "GPU: int4-awq group size.",
         kind=int,
@@ -208,6 +225,15 @@ class BuildSettings:
         targets=_GPU,
         recipe="parallelism.tp",
         default="the smallest that fits",
+        choices=TP_CHOICES,
+    )
+    moe_ep_size: int | None = setting(
+        "GPU, mixture-of-experts models: expert-parallel ranks (whole experts per rank); the TP ranks left "
+        "shard each expert (TensorRT-LLM's --moe_ep_size / --moe_tp_size).",
+        kind=int,
+        targets=_GPU,
+        recipe="parallelism.moe_ep",
+        default="1 (experts sharded over the TP ranks)",
         choices=TP_CHOICES,
     )
     pp: int | None = setting(
@@ -370,6 +396,39 @@ class BuildSettings:
         recipe="engine.synthetic_output",
         default="plain words",
     )
+    # FP8 / tensor-parallel fusions (trtllm-build flags; their upstream conditions: toolkit.engine.fusions)
+    reduce_fusion: bool | None = setting(
+        "GPU: fuse each all-reduce with the residual add and norm after it (TP > 1, Llama).",
+        kind=bool,
+        targets=_GPU,
+        recipe="engine.reduce_fusion",
+        default="off",
+        negation="no-reduce-fusion",
+    )
+    user_buffer: bool | None = setting(
+        "GPU: all-reduce from user buffers, one copy less (needs --reduce-fusion; FP8 Llama).",
+        kind=bool,
+        targets=_GPU,
+        recipe="engine.user_buffer",
+        default="off",
+        negation="no-user-buffer",
+    )
+    gemm_swiglu_plugin: bool | None = setting(
+        "GPU: one FP8 kernel for the gate/up GEMM and SwiGLU (Hopper; drops one quantization scale).",
+        kind=bool,
+        targets=_GPU,
+        recipe="engine.gemm_swiglu_plugin",
+        default="off",
+        negation="no-gemm-swiglu-plugin",
+    )
+    low_latency_gemm_plugin: bool | None = setting(
+        "GPU: FP8 low-latency GEMM kernels (pays with --gemm-swiglu-plugin, NVIDIA's FP8 study).",
+        kind=bool,
+        targets=_GPU,
+        recipe="engine.low_latency_gemm_plugin",
+        default="off",
+        negation="no-low-latency-gemm-plugin",
+    )
     engine_dir: Path | None = setting(
         "GPU: where the engine goes.",
         kind=Path,
@@ -402,7 +461,7 @@ class BuildSettings:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "the manifest") -> BuildSettings:
         """Settings a manifest recorded; RecipeError for an unknown name or a wrong value."""
-        values = {}
+        values: dict[str, Any] = {}
         for name, value in data.items():
             row = SETTINGS.get(name)
             if row is None:
@@ -413,7 +472,7 @@ class BuildSettings:
                 )
             values[name] = Path(value) if row.kind is Path and value is not None else value
         settings = cls(**values)
-        check_values(settings, where)
+        check_values(settings, where, key=lambda row: row.manifest_key)
         return settings
 
     def rebuild_arguments(self) -> list[str]:

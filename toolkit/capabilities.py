@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from toolkit.errors import UnsupportedFeatureError
-
 # Guided-decoding kinds, by the names the OpenAI API and TensorRT-LLM's guided decoding use.
 GUIDE_KINDS = ("json_object", "json_schema", "regex", "ebnf")
 MAX_N = 128  # OpenAI's bound on n
@@ -84,11 +82,6 @@ class Capabilities:
         how = self.enable.get(feature, "no build setting enables it on this target")
         extra = f" ({detail})" if detail else ""
         return f"{what}{extra} is not supported by this repository (target {self.target}): {how}"
-
-    def require(self, feature: str, detail: str = "", value: Any = None) -> None:
-        """UnsupportedFeatureError unless `feature` is honoured."""
-        if not self.supports(feature):
-            raise UnsupportedFeatureError(self.refusal(feature, detail), value=value)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

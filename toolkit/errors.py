@@ -65,7 +65,3 @@ class BenchError(ToolkitError, RuntimeError):
 
 class DeployError(ToolkitError, ValueError):
     """A deployment that cannot run where asked: its repository, its values, or its output folder."""
-
-
-class UnsupportedFeatureError(ToolkitError, ValueError):
-    """A request feature the built repository does not honour (toolkit.capabilities names the setting)."""

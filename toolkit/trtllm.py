@@ -20,9 +20,6 @@ import re
 
 PINNED_TRTLLM_VERSION = "0.20.0"
 TRITON_TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3"
-# Releases whose trtllm-build still writes TensorRT engines the tensorrtllm backend serves (major, minor).
-# Serving accepts an engine of any of them (in its own container); `toolkit build` runs the pinned one only.
-SUPPORTED_TRTLLM_RANGE = ((0, 17), (1, 2))
 # The first Triton TRT-LLM container (`<tag>-trtllm-python-py3`) that carries each TensorRT-LLM release, by
 # the exact version the package reports: an engine only loads in the release that built it. Source: the
 # "trtllm-python-py3" table of triton-inference-server/server docs/introduction/compatibility.md at commit
@@ -50,12 +47,6 @@ _VERSION = re.compile(r"^(\d+)\.(\d+)")
 def version_tuple(version: str) -> tuple[int, int] | None:
     match = _VERSION.match(version.strip())
     return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def supported(version: str) -> bool:
-    parsed = version_tuple(version)
-    low, high = SUPPORTED_TRTLLM_RANGE
-    return parsed is not None and low <= parsed <= high
 
 
 def container_for(version: str) -> str | None:

@@ -153,9 +153,8 @@ class EngineMetrics:
             self._set(ifb, label, value)
         self._set("nv_trt_llm_runtime_memory_metrics", "cpu", _resident_bytes())
         self._set("nv_trt_llm_general_metrics", "iteration_counter", self.iterations)
-        self._set(
-            "nv_trt_llm_general_metrics", "timestamp", time.time_ns() // 1000
-        )  # microseconds, as the backend
+        # microseconds, as the backend
+        self._set("nv_trt_llm_general_metrics", "timestamp", time.time_ns() // 1000)
 
     def request_finished(self, input_tokens: int, output_tokens: int) -> None:
         self.histograms["nv_llm_input_token_len"].observe(input_tokens)

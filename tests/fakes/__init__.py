@@ -46,3 +46,27 @@ def fake_checkpoint(tmp_path: Path, config: Path) -> Path:
     shutil.copy(config, folder / "config.json")
     (folder / "model.safetensors").write_bytes(b"\x00" * 64)
     return folder
+
+
+def fake_checkpoint_with_tokenizer(tmp_path: Path, config: Path) -> Path:
+    """fake_checkpoint with the tiny checkpoint's real tokenizer files (tests/tiny.py), which a built
+    repository's preprocessing and postprocessing need."""
+    from tiny import write_tiny_tokenizer
+
+    folder = fake_checkpoint(tmp_path, config)
+    write_tiny_tokenizer(folder)
+    return folder
+
+
+def build_with_fake_trtllm(tmp_path: Path, *args):
+    """`toolkit build ARGS` through the CLI with the fakes on the seams and TOOLKIT_HOME under
+    `tmp_path`, outside any test's monkeypatch (for module and session fixtures); the click result."""
+    import pytest
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOOLKIT_HOME", str(tmp_path / "home"))
+        install_fake_trtllm(mp, tmp_path)
+        return CliRunner().invoke(cli, ["build", *(str(a) for a in args)])

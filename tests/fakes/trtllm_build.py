@@ -33,9 +33,8 @@ PLUGIN_KEYS = (
 
 
 def main() -> None:
-    args = upstream_parser("trtllm-build").parse_args(
-        sys.argv[1:]
-    )  # the upstream record, not our lists
+    # the upstream record, not our lists
+    args = upstream_parser("trtllm-build").parse_args(sys.argv[1:])
     calls = os.environ.get("FAKE_TRTLLM_CALLS")
     if calls:
         with open(calls, "a") as log:
@@ -51,9 +50,8 @@ def main() -> None:
     plugins = {key: getattr(args, key) for key in PLUGIN_KEYS}
     for key in ("gpt_attention_plugin", "gemm_plugin"):
         if plugins[key] == "auto":
-            plugins[key] = pretrained[
-                "dtype"
-            ]  # the real builder resolves "auto" to the model dtype
+            # the real builder resolves "auto" to the model dtype
+            plugins[key] = pretrained["dtype"]
     if _paged_context_fmha_turned_off(pretrained.get("quantization") or {}):
         plugins["use_paged_context_fmha"] = "disable"
     build_config = {

@@ -24,9 +24,8 @@ def upstream_parser(tool: str) -> argparse.ArgumentParser:
         if flag.get("action") == "store_true":
             parser.add_argument(*names, action="store_true")
             continue
-        if (
-            flag.get("type") == "KVCacheType"
-        ):  # a pybind enum built from the string, any letter case
+        # a pybind enum built from the string, any letter case
+        if flag.get("type") == "KVCacheType":
             choices = flag["choices"]
             kwargs["type"] = lambda value, choices=choices: _case_insensitive(value, choices)
         else:

@@ -10,12 +10,14 @@ import contextlib
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from toolkit.api.errors import ApiError, install_error_handlers
 from toolkit.api.gate import ARRIVAL, Gate
+from toolkit.api.generation import Job
 from toolkit.api.jobs import plan_job, refuse_unsupported, render_chat, request_features
 from toolkit.api.responses import respond
 from toolkit.api.schemas import (
@@ -44,7 +46,7 @@ from toolkit.repository.reader import open_repository
 
 __all__ = ["ApiSettings", "create_app"]
 
-ERRORS = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse}
     for status in (400, 401, 404, 405, 408, 413, 429, 500, 502, 503, 504)
 }
@@ -120,7 +122,7 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
         state.check_model(body.model)
         refuse_unsupported(state, body)
         features, _ = request_features(state, body)
-        jobs = []
+        jobs: list[Job] = []
         for i, prompt in enumerate(body.prompts()):  # each prompt its own engine request
             param = "prompt" if isinstance(body.prompt, str) else f"prompt.{i}"
             job = await plan_job(

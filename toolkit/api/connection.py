@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import TYPE_CHECKING, Any
 
 from toolkit.api.errors import error_body
 
@@ -35,7 +36,25 @@ MAX_HEADER_BYTES = 64 * 1024  # request line and headers; h11's own bound is 16 
 log = logging.getLogger("toolkit.api")
 
 
-class _Bounds:
+if TYPE_CHECKING:
+
+    class _UvicornProtocol(asyncio.Protocol):
+        """What the mixin uses of the uvicorn protocol it is mixed into (for the type checker)."""
+
+        transport: asyncio.Transport
+        cycle: Any
+        loop: asyncio.AbstractEventLoop
+        client: tuple[str, int] | None
+
+        def on_message_begin(self) -> None: ...
+
+        def on_response_complete(self) -> None: ...
+
+else:
+    _UvicornProtocol = object
+
+
+class _Bounds(_UvicornProtocol):
     """Mixed into a uvicorn HTTP protocol: headers_complete is seen as `self.cycle` changing (both
     protocols make a new RequestResponseCycle when a request's headers are complete); a stalled write
     as the transport's pause_writing not followed by resume_writing."""

@@ -368,9 +368,8 @@ class Coalesced:
                 raise StopAsyncIteration
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
-            await asyncio.sleep(
-                0
-            )  # one more turn of the loop: pieces already on their way join this chunk
+            # one more turn of the loop: pieces already on their way join this chunk
+            await asyncio.sleep(0)
         items = self.buffer[:]
         self.buffer.clear()
         return _joined(items)
@@ -483,6 +482,16 @@ class SseFormatter:
     def text(self, text: str) -> bytes:
         piece = json.dumps(text, ensure_ascii=False)
         return f"data: {self._text_prefix}{piece}{self._text_suffix}{self._usage_null}\n\n".encode()
+
+    def reasoning(self, index: int, text: str) -> bytes:
+        """A chat chunk of a reasoning model's <think> part (toolkit.api.reasoning), as reasoning_content."""
+        choice = {
+            "index": index,
+            "delta": {"reasoning_content": text},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        return self._event({**self._head, "choices": [choice], **self._usage_field()})
 
     def delta(self, delta: Delta) -> bytes:
         if delta.index == 0 and not delta.logprobs and not delta.tool_calls:

@@ -214,9 +214,8 @@ async def plan_job(
             code="context_length_exceeded",
         )
     if kind == "completion" and (requested is None or "max_tokens" not in body.model_fields_set):
-        max_tokens = min(
-            requested or COMPLETION_DEFAULT_MAX_TOKENS, limit
-        )  # OpenAI's default (16), also for an explicit null
+        # OpenAI's default (16), also for an explicit null
+        max_tokens = min(requested or COMPLETION_DEFAULT_MAX_TOKENS, limit)
     else:
         max_tokens = requested if requested is not None else limit
     if max_tokens > limit:

@@ -20,6 +20,7 @@ from toolkit.api.generation import (
     merged,
 )
 from toolkit.api.logprobs import chat_logprobs, completion_logprobs
+from toolkit.api.reasoning import ReasoningParser, ReasoningStream
 from toolkit.api.state import ApiState
 from toolkit.api.triton import (
     EngineFault,
@@ -34,7 +35,10 @@ RETRY_AFTER_S = 1
 # is the engine's failure (502).
 REFUSAL = re.compile(r"\[refused:([a-z_]+)\] ")
 # The error event's code when a stream ends early: a dead engine, a hung one, anything else.
-STREAM_ERROR_CODES = {EngineFault: "engine_unavailable", EngineStalled: "engine_timeout"}
+STREAM_ERROR_CODES: dict[type[Exception], str] = {
+    EngineFault: "engine_unavailable",
+    EngineStalled: "engine_timeout",
+}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -49,12 +53,13 @@ async def respond(state: ApiState, jobs: Job | list[Job], stream: bool, request:
         Generation(job, state.backend, state.metrics, state.codec.count_generated) for job in jobs
     ]
     render = _logprob_renderer(state, jobs[0])
+    reasoning = state.reasoning if jobs[0].kind == "chat" else None
     sources = [g.deltas() for g in generations]
     deltas = merged(sources)
     try:
         if not stream:
             await until_disconnect(request, _drain(deltas))
-            return JSONResponse(_whole_body(jobs, generations, render))
+            return JSONResponse(_whole_body(jobs, generations, render, reasoning))
         # Wait for the engine's first response before answering, so that an engine error is an HTTP status.
         first = await until_disconnect(request, anext(deltas, None))
     except ClientGone:
@@ -68,7 +73,9 @@ async def respond(state: ApiState, jobs: Job | list[Job], stream: bool, request:
         raise engine_error(exc) from exc
     sse = SseFormatter(jobs[0], render, choices=sum(job.n for job in jobs))
     return _EventStream(
-        _sse(sse, generations, deltas, first), media_type="text/event-stream", headers=SSE_HEADERS
+        _sse(sse, generations, deltas, first, reasoning),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
 
 
@@ -98,11 +105,15 @@ class _EventStream(StreamingResponse):
     generator at a `yield`, to be closed whenever it is collected: closing it here cancels the engine
     request at once."""
 
+    def __init__(self, events: AsyncGenerator[bytes, None], **kw):
+        super().__init__(events, **kw)
+        self.events = events
+
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.body_iterator.aclose()
+            await self.events.aclose()
 
 
 async def _drain(deltas: AsyncGenerator[Delta, None]) -> None:
@@ -115,9 +126,11 @@ async def _sse(
     generations: list[Generation],
     deltas: AsyncGenerator[Delta, None],
     first: Delta | None,
+    reasoning: ReasoningParser | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The event stream; cancelled (client gone) at an await, which closes `deltas` and cancels Triton."""
     job = generations[0].job
+    splits: dict[int, ReasoningStream] = {}  # a reasoning model's choices, each split on its own
     pieces = None
     try:
         opening = sse.first()
@@ -126,12 +139,17 @@ async def _sse(
         for generation in generations:
             if generation.job.echo:  # completions' echo: the prompt first
                 yield sse.delta(Delta(generation.job.first_index, generation.job.echo))
-        if first:
-            yield sse.delta(first)
+        if first and (chunk := _events(sse, reasoning, splits, first)):
+            yield chunk
         # What arrives while a chunk is being written goes out together in the next.
         pieces = Coalesced(deltas)
         async for batch in pieces:
-            yield b"".join(sse.delta(delta) for delta in batch)
+            # a reasoning model's piece may be held back: a tag cut in two
+            if chunk := b"".join(_events(sse, reasoning, splits, delta) for delta in batch):
+                yield chunk
+        for index, split in splits.items():
+            for field, text in split.flush():
+                yield _part(sse, index, field, text)
         yield sse.end(generations, combined_usage(generations))
     except (TritonUnavailable, InferenceFailed) as exc:
         code = STREAM_ERROR_CODES.get(type(exc), "engine_error")
@@ -154,12 +172,37 @@ async def _sse(
         await (pieces.aclose() if pieces is not None else deltas.aclose())
 
 
-def _whole_body(jobs: list[Job], generations: list[Generation], render) -> dict:
+def _events(
+    sse: SseFormatter,
+    reasoning: ReasoningParser | None,
+    splits: dict[int, ReasoningStream],
+    delta: Delta,
+) -> bytes:
+    """The events of one delta: as it is, or (reasoning models) its reasoning and content parts."""
+    if reasoning is None:
+        return sse.delta(delta)
+    split = splits.setdefault(delta.index, reasoning.stream())
+    parts = split.feed(delta.text) if delta.text else []
+    events = [_part(sse, delta.index, field, text) for field, text in parts]
+    if delta.logprobs or delta.tool_calls:  # what is not text goes with an empty content delta
+        events.append(sse.delta(Delta(delta.index, "", delta.logprobs, delta.tool_calls)))
+    return b"".join(events)
+
+
+def _part(sse: SseFormatter, index: int, field: str, text: str) -> bytes:
+    if field == "content":
+        return sse.delta(Delta(index, text))
+    return sse.reasoning(index, text)
+
+
+def _whole_body(
+    jobs: list[Job], generations: list[Generation], render, reasoning: ReasoningParser | None = None
+) -> dict:
     job = jobs[0]
     choices = []
     for generation in generations:
         for choice in generation.choices:
-            choices.append(_choice(generation.job, choice, render))
+            choices.append(_choice(generation.job, choice, render, reasoning))
     return {
         "id": job.id,
         "object": "chat.completion" if job.kind == "chat" else "text_completion",
@@ -171,7 +214,7 @@ def _whole_body(jobs: list[Job], generations: list[Generation], render) -> dict:
     }
 
 
-def _choice(job: Job, choice, render) -> dict:
+def _choice(job: Job, choice, render, reasoning: ReasoningParser | None = None) -> dict:
     index = choice.index + job.first_index
     text = "".join(choice.shown)
     logprobs = render(index, choice.logprobs) if render is not None else None
@@ -183,6 +226,8 @@ def _choice(job: Job, choice, render) -> dict:
             "finish_reason": choice.finish_reason,
         }
     message: dict = {"role": "assistant", "content": text, "refusal": None}
+    if reasoning is not None:  # vLLM's field for the <think> part (toolkit.api.reasoning)
+        message["reasoning_content"], message["content"] = reasoning.split(text)
     if choice.tool_calls:
         message["content"] = text or None
         message["tool_calls"] = [call.to_dict() for call in choice.tool_calls]
@@ -229,7 +274,10 @@ async def until_disconnect(request: Request, awaitable):
     stream's relay work): in a trace at 16 streams the two hops this used to take cost 1.0 and
     0.6 ms (p50) of time-to-first-token (perf/results/api_overhead.md).
     """
-    task = asyncio.current_task()
+    current = asyncio.current_task()
+    if current is None:  # only ever awaited inside the request's task
+        raise RuntimeError("until_disconnect runs outside a task")
+    task: asyncio.Task = current
     gone = False
     waiting = True
 

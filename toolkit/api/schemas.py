@@ -86,9 +86,8 @@ class OtherPart(BaseModel):
     @field_validator("type")
     @classmethod
     def _not_text(cls, value: str) -> str:
-        if (
-            value == "text"
-        ):  # a malformed text part: TextPart's own error says what is wrong with it
+        # a malformed text part: TextPart's own error says what is wrong with it
+        if value == "text":
             raise ValueError("a text part is a TextPart")
         return value
 

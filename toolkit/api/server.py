@@ -8,12 +8,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from toolkit.api.app import ApiSettings, create_app
 from toolkit.api.connection import bounded_protocol
 from toolkit.errors import ServerError
 from toolkit.settings import EXIT_TIMEOUT_S
 from toolkit.signals import STOP_SIGNALS, replace, restore
+
+if TYPE_CHECKING:
+    import uvicorn
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9000
@@ -86,7 +90,7 @@ class ApiServerHandle:
     """A running API on a background thread; `stop()` shuts it down gracefully."""
 
     url: str
-    server: object
+    server: uvicorn.Server
     thread: threading.Thread
 
     def stop(self, timeout_s: float = 10.0) -> None:

@@ -11,6 +11,7 @@ from toolkit.api.errors import ApiError
 from toolkit.api.logprobs import TokenTexts
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.prompt import PromptCodec
+from toolkit.api.reasoning import reasoning_parser
 from toolkit.api.tools import resolve_tool_parser
 from toolkit.api.triton import ENGINE_MODEL, TritonBackend
 from toolkit.repository.reader import Repository
@@ -35,6 +36,8 @@ class ApiSettings:
     retry_after_s: int = 1
     # Header, body and send timeouts; body size and read budget; the engine's stall timeout.
     limits: ApiLimits = ApiLimits()
+    # How chat answers carry their reasoning (toolkit.api.reasoning): auto takes the model's, none turns it off.
+    reasoning_parser: str = "auto"
     # How tool calls are read from the output: auto (from the model's tokenizer), a family, or none.
     tool_parser: str = "auto"
 
@@ -47,6 +50,9 @@ class ApiState:
         self.codec = PromptCodec(repository)
         decoder = self.codec if settings.model_name == ENGINE_MODEL else None
         self.capabilities = repository.capabilities
+        self.reasoning = reasoning_parser(
+            settings.reasoning_parser, repository.manifest.model.facts.reasoning_parser
+        )
         self.vocab_size = repository.manifest.model.facts.vocab_size
         self.backend = TritonBackend(
             settings.triton_url,

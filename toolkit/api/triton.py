@@ -12,8 +12,9 @@ import contextlib
 import itertools
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import numpy as np
@@ -71,7 +72,7 @@ class EngineStalled(InferenceFailed):
 class _Stream:
     """One open generation, as the watchdog sees it."""
 
-    call: object
+    call: Any  # the gRPC stream call
     last: float  # loop time of its last response (or of its start)
     # Set, and the call cancelled, when the engine is found dead (EngineFault) or hung (EngineStalled).
     failure: InferenceFailed | None = None
@@ -129,10 +130,8 @@ class Sampling:
                 )
             )
         if self.greedy:
-            return [
-                *out,
-                (top_k, np.array([[1]], np.int32), "INT32"),
-            ]  # top_k 1: TensorRT-LLM's greedy
+            # top_k 1: TensorRT-LLM's greedy
+            return [*out, (top_k, np.array([[1]], np.int32), "INT32")]
         # OpenAI's seed is signed 64-bit; the engine's UINT64 takes a negative one as its two's complement.
         seed = secrets.randbits(63) if self.seed is None else self.seed % 2**64
         temperature = 1.0 if self.temperature is None else self.temperature
@@ -277,12 +276,18 @@ class TritonBackend:
             self._probe = asyncio.ensure_future(self._run_probe())
         return self._probe
 
+    @property
+    def _tokens(self) -> TokenFacts:
+        """The end tokens the engine contract needs (checked present at construction)."""
+        if self.tokens is None:
+            raise ClientError(
+                "the engine contract needs the repository's end tokens", hint="pass tokens="
+            )
+        return self.tokens
+
     async def _run_probe(self) -> None:
-        ids = (
-            [self.tokens.bos_id if self.tokens.bos_id is not None else self.tokens.end_id]
-            if self.engine
-            else []
-        )
+        tokens = self._tokens if self.engine else None
+        ids = [tokens.end_id if tokens.bos_id is None else tokens.bos_id] if tokens else []
         try:
             await asyncio.wait_for(
                 self._consume(self.generate("a", ids, 1, _GREEDY, watched=False)),
@@ -298,7 +303,7 @@ class TritonBackend:
             log.exception("checking the engine of %s failed", self.model_name)
 
     @staticmethod
-    async def _consume(pieces: AsyncIterator[Piece]) -> None:
+    async def _consume(pieces: AsyncGenerator[Piece, None]) -> None:
         async for _ in pieces:
             pass
 
@@ -433,8 +438,8 @@ class TritonBackend:
             ("input_ids", np.array([prompt_ids], np.int32), "INT32"),
             ("input_lengths", np.array([[len(prompt_ids)]], np.int32), "INT32"),
             ("request_output_len", np.array([[max_tokens]], np.int32), "INT32"),
-            ("end_id", np.array([[self.tokens.end_id]], np.int32), "INT32"),
-            ("pad_id", np.array([[self.tokens.pad_id]], np.int32), "INT32"),
+            ("end_id", np.array([[self._tokens.end_id]], np.int32), "INT32"),
+            ("pad_id", np.array([[self._tokens.pad_id]], np.int32), "INT32"),
             ("streaming", np.array([[self.decoupled]], bool), "BOOL"),
             ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
             *sampling.tensors(engine=True, names=self.names),
@@ -442,12 +447,10 @@ class TritonBackend:
         ]
         if sampling.logit_bias:
             tensors.append(("embedding_bias", self._embedding_bias(sampling.logit_bias), "FP32"))
-        if (
-            self.tokens.stop_ids and not sampling.min_tokens
-        ):  # the model's other end tokens, as preprocessing adds them
-            tensors.append(
-                ("stop_words_list", pack_word_lists([[[i] for i in self.tokens.stop_ids]]), "INT32")
-            )
+        # The model's other end tokens, as preprocessing adds them.
+        stop_ids = self._tokens.stop_ids
+        if stop_ids and not sampling.min_tokens:
+            tensors.append(("stop_words_list", pack_word_lists([[[i] for i in stop_ids]]), "INT32"))
         return self._request(tensors, ["output_ids", "sequence_length", *features.outputs()])
 
     def _embedding_bias(self, biases: tuple[tuple[int, float], ...]) -> np.ndarray:

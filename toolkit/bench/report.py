@@ -30,10 +30,14 @@ def write_report(result: SweepResult) -> SweepResult:
 
 
 def csv_row(p: PointResult) -> dict:
+    expected = p.expected
     extra = {
-        "bound_tokens_per_s": p.bound_tokens_per_s,
-        "throughput_bound_fraction": p.throughput_bound_fraction,
-        "itl_bound_fraction": p.itl_bound_fraction,
+        "expected_output_tokens_per_s": expected.output_tokens_per_s if expected else None,
+        "expected_tpot_ms": expected.tpot_ms if expected else None,
+        "expected_ttft_ms": expected.ttft_ms if expected else None,
+        "tokens_per_s_of_expected": p.tokens_per_s_of_expected,
+        "itl_of_expected": p.itl_of_expected,
+        "ttft_of_expected": p.ttft_of_expected,
         "server_pending_max": max(p.server.pending_max.values(), default=None),
         "server_queue_us_per_request": json.dumps(p.server.queue_us_per_request, sort_keys=True),
         "server_kv_cache": json.dumps(p.server.kv_cache, sort_keys=True),

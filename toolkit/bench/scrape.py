@@ -140,6 +140,8 @@ class MetricsScraper:
             self._sample()
 
     def _sample(self) -> None:
+        if not self.url:
+            return
         try:
             with urllib.request.urlopen(self.url, timeout=2) as response:
                 self.snapshots.append(

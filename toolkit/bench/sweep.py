@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from toolkit.bench.metrics import PointMetrics, parse_profile_export, point_metrics
@@ -33,19 +33,20 @@ class LoadPoint:
 
 
 @dataclass(frozen=True)
-class Roofline:
-    """The planner's bandwidth bound: one decode step cannot be faster than reading the weights once."""
+class Expected:
+    """What the plan estimates for a concurrency point (toolkit.plan.estimate): the same requests in
+    flight, the same prompt and output lengths, the whole engine."""
 
-    decode_step_ms: float
-    max_batch_size: int | None = None
+    concurrency: int
+    ttft_ms: float
+    tpot_ms: float
+    output_tokens_per_s: float
 
-    def tokens_per_s(self, point: LoadPoint) -> float | None:
-        if point.mode != "concurrency":
-            return None
-        streams = (
-            point.value if self.max_batch_size is None else min(point.value, self.max_batch_size)
+    @classmethod
+    def from_estimate(cls, estimate) -> Expected:
+        return cls(
+            estimate.concurrency, estimate.ttft_ms, estimate.tpot_ms, estimate.output_tokens_per_s
         )
-        return streams * 1e3 / self.decode_step_ms
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class SweepPlan:
     add_special_tokens: bool = False
     bos_id: int | None = None
     metrics_url: str | None = None
-    roofline: Roofline | None = None
+    expected: tuple[Expected | None, ...] = ()  # per point: the plan's estimate (GPU repositories)
     timeout_s: float = 600.0
     seed: int = 0
 
@@ -78,9 +79,11 @@ class PointResult:
     metrics: PointMetrics
     server: ScrapeSummary
     export_file: Path
-    bound_tokens_per_s: float | None = None
-    throughput_bound_fraction: float | None = None  # output tokens/s / the roofline's tokens/s
-    itl_bound_fraction: float | None = None  # roofline decode step / mean ITL
+    expected: Expected | None = None
+    # measured / expected: output tokens/s, mean inter-token latency / TPOT, mean TTFT / TTFT
+    tokens_per_s_of_expected: float | None = None
+    itl_of_expected: float | None = None
+    ttft_of_expected: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -88,9 +91,10 @@ class PointResult:
             "metrics": self.metrics.to_dict(),
             "server": self.server.to_dict(),
             "export_file": str(self.export_file),
-            "bound_tokens_per_s": self.bound_tokens_per_s,
-            "throughput_bound_fraction": self.throughput_bound_fraction,
-            "itl_bound_fraction": self.itl_bound_fraction,
+            "expected": None if self.expected is None else asdict(self.expected),
+            "tokens_per_s_of_expected": self.tokens_per_s_of_expected,
+            "itl_of_expected": self.itl_of_expected,
+            "ttft_of_expected": self.ttft_of_expected,
         }
 
 
@@ -169,7 +173,6 @@ def plan_sweep(
     repo: Path | None = None,
     tokenizer: Path | None = None,
     metrics_url: str | None = None,
-    roofline: Roofline | None = None,
     timeout_s: float = 600.0,
     seed: int = 0,
 ) -> SweepPlan:
@@ -200,8 +203,7 @@ def plan_sweep(
         )
     counts = tuple(requests or default_request_count(p, prompts) for p in points)
     tokens = repository.tokens if repository is not None else None
-    if roofline is None and repository is not None:
-        roofline = roofline_of(repository)
+    expected = expectations(repository, points, input_tokens, output_tokens) if repository else ()
     return SweepPlan(
         grpc_url=grpc_url,
         model=model,
@@ -215,18 +217,31 @@ def plan_sweep(
         add_special_tokens=tokens.add_special_tokens if tokens else False,
         bos_id=tokens.bos_id if tokens else None,
         metrics_url=metrics_url,
-        roofline=roofline,
+        expected=expected,
         timeout_s=timeout_s,
         seed=seed,
     )
 
 
-def roofline_of(repository: Repository) -> Roofline | None:
-    """The planner's decode-step bound recorded in a GPU repository's manifest, if any."""
+def expectations(
+    repository: Repository, points: tuple[LoadPoint, ...], input_tokens: int, output_tokens: int
+) -> tuple[Expected | None, ...]:
+    """Per point, the estimate of the repository's planned engine at that concurrency and these lengths
+    (a GPU repository's manifest records its plan; request-rate points have no fixed concurrency)."""
+    from toolkit.plan.estimate import estimate_for_plan
+
     memory = repository.memory_plan
     if memory is None:
-        return None
-    return Roofline(memory.decode_step_ms_lower_bound, memory.max_batch_size)
+        return tuple(None for _ in points)
+    facts = repository.manifest.model.facts
+    return tuple(
+        Expected.from_estimate(
+            estimate_for_plan(facts, memory, int(p.value), input_tokens, output_tokens)
+        )
+        if p.mode == "concurrency"
+        else None
+        for p in points
+    )
 
 
 def perf_analyzer_args(
@@ -284,7 +299,8 @@ def run_sweep(
     results = []
     for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
         on_point(index, point, None)
-        results.append(run_point(pa, plan, point, requests, input_file))
+        expected = plan.expected[index] if index < len(plan.expected) else None
+        results.append(run_point(pa, plan, point, requests, input_file, expected))
         on_point(index, point, results[-1])
     return SweepResult(plan, tuple(results), started, str(pa.executable), time.monotonic() - t0)
 
@@ -293,7 +309,12 @@ EXPORT_ATTEMPTS = 3
 
 
 def run_point(
-    pa: PerfAnalyzer, plan: SweepPlan, point: LoadPoint, requests: int, input_file: Path
+    pa: PerfAnalyzer,
+    plan: SweepPlan,
+    point: LoadPoint,
+    requests: int,
+    input_file: Path,
+    expected: Expected | None = None,
 ) -> PointResult:
     """One perf_analyzer run; rerun when its profile export comes back cut short.
 
@@ -321,23 +342,25 @@ def run_point(
     if not experiments:
         raise BenchError(f"{export_file} holds no experiment", hint=f"read {log_file}")
     metrics = point_metrics(experiments[-1])
-    return _with_bounds(PointResult(point, metrics, scraper.summary(), export_file), plan.roofline)
+    return compared(PointResult(point, metrics, scraper.summary(), export_file), expected)
 
 
-def _with_bounds(result: PointResult, roofline: Roofline | None) -> PointResult:
-    if roofline is None:
+def compared(result: PointResult, expected: Expected | None) -> PointResult:
+    """`result` with what it measured over what the plan expected at its concurrency."""
+    if expected is None:
         return result
-    bound = roofline.tokens_per_s(result.point)
-    itl = result.metrics.itl_ms.mean
-    return PointResult(
-        result.point,
-        result.metrics,
-        result.server,
-        result.export_file,
-        bound_tokens_per_s=bound,
-        throughput_bound_fraction=result.metrics.output_tokens_per_s / bound if bound else None,
-        itl_bound_fraction=roofline.decode_step_ms / itl if itl and math.isfinite(itl) else None,
+    m = result.metrics
+    return replace(
+        result,
+        expected=expected,
+        tokens_per_s_of_expected=m.output_tokens_per_s / expected.output_tokens_per_s,
+        itl_of_expected=_ratio(m.itl_ms.mean, expected.tpot_ms),
+        ttft_of_expected=_ratio(m.ttft_ms.mean, expected.ttft_ms),
     )
+
+
+def _ratio(measured: float, expected: float) -> float | None:
+    return measured / expected if measured and math.isfinite(measured) and expected else None
 
 
 def default_metrics_url(grpc_url: str) -> str:

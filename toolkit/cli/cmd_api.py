@@ -2,143 +2,33 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
-from pathlib import Path
 
 import click
 
-from toolkit.cli.options import api_key_options, reject_api_key_value
+from toolkit.api.reasoning import CHOICES as REASONING_CHOICES
+from toolkit.cli.options import (
+    api_key_options,
+    api_limit_options,
+    drain_timeout_option,
+    max_in_flight_option,
+    reject_api_key_value,
+    repo_option,
+    tool_parser_option,
+    triton_url_option,
+)
 from toolkit.cli.render import emit_json, note
 from toolkit.repository.reader import open_repository
 from toolkit.serve.net import is_loopback
-from toolkit.settings import BODY_READ_BUDGET_BODIES, EXIT_TIMEOUT_S, ApiLimits
 from toolkit.settings import api_keys as read_api_keys
-
-# The options api_limit_options adds, in api_limits' order.
-LIMIT_OPTIONS = (
-    "header_timeout",
-    "body_timeout",
-    "max_body_mib",
-    "body_read_budget_mib",
-    "send_timeout",
-    "stall_timeout",
-)
-
-
-# toolkit.api.tool_parsers.CHOICES (tests/test_tool_calls.py checks): importing the API here costs every
-# command half a second.
-TOOL_PARSER_CHOICES = ("auto", "none", "hermes", "mistral", "llama3_json")
-
-
-def tool_parser_option(function):
-    """--tool-parser: how tool calls are read from the model's output (toolkit.api.tool_parsers)."""
-    return click.option(
-        "--tool-parser",
-        default="auto",
-        type=click.Choice(TOOL_PARSER_CHOICES),
-        show_default=True,
-        help="How tool calls are read from the output with tool_choice auto: auto picks the family whose "
-        "markers the model's tokenizer has (hermes: Qwen2.5 <tool_call>, mistral: [TOOL_CALLS], "
-        "llama3_json: Llama 3.x JSON and <|python_tag|>); none reads no calls.",
-    )(function)
-
-
-def api_limit_options(function):
-    """--header-timeout, --body-timeout, --max-body-mib, --body-read-budget-mib, --send-timeout,
-    --stall-timeout (toolkit.settings.ApiLimits), for `api` and `serve`: the command gets them as one
-    argument, `limits` (an ApiLimits; its checks run when the command is invoked)."""
-
-    command = function
-
-    @functools.wraps(command)
-    def with_limits(*args, **kwargs):
-        kwargs["limits"] = api_limits(*(kwargs.pop(name) for name in LIMIT_OPTIONS))
-        return command(*args, **kwargs)
-
-    defaults = ApiLimits()
-    function = with_limits
-    for option in reversed(
-        (
-            click.option(
-                "--header-timeout",
-                type=click.FloatRange(min=0, min_open=True),
-                default=defaults.header_timeout_s,
-                help="OpenAI API: seconds a client has to send a request's headers (from connecting, or from "
-                "the previous response); then 408 and the connection is closed.",
-            ),
-            click.option(
-                "--body-timeout",
-                type=click.FloatRange(min=0, min_open=True),
-                default=defaults.body_timeout_s,
-                help="OpenAI API: seconds a client has to send a request's whole body once its headers are in; "
-                "then 408. No request counts against --max-in-flight before its body is in.",
-            ),
-            click.option(
-                "--max-body-mib",
-                type=click.FloatRange(min=0, min_open=True),
-                default=defaults.max_body_bytes / 2**20,
-                help="OpenAI API: largest request body, in MiB; a larger one is refused with 413.",
-            ),
-            click.option(
-                "--body-read-budget-mib",
-                type=click.FloatRange(min=0, min_open=True),
-                default=None,
-                show_default=f"{BODY_READ_BUDGET_BODIES} x --max-body-mib",
-                help="OpenAI API: MiB of request bodies read at once (before admission), over all "
-                "connections; a body that would pass it gets 503 with Retry-After at once.",
-            ),
-            click.option(
-                "--send-timeout",
-                type=click.FloatRange(min=0, min_open=True),
-                default=defaults.send_timeout_s,
-                help="OpenAI API: seconds a response write may wait for a client that does not read "
-                "(its write buffer full); then the connection is closed and its generation cancelled.",
-            ),
-            click.option(
-                "--stall-timeout",
-                type=click.FloatRange(min=0, min_open=True),
-                default=defaults.stall_timeout_s,
-                help="OpenAI API: seconds with nothing at all from the engine while requests wait before "
-                "those requests end (504, or an error event) and /health answers 503: a hung engine.",
-            ),
-        )
-    ):
-        function = option(function)
-    return function
-
-
-def api_limits(
-    header_timeout: float,
-    body_timeout: float,
-    max_body_mib: float,
-    body_read_budget_mib: float | None,
-    send_timeout: float,
-    stall_timeout: float,
-) -> ApiLimits:
-    return ApiLimits(
-        header_timeout_s=header_timeout,
-        body_timeout_s=body_timeout,
-        max_body_bytes=int(max_body_mib * 2**20),
-        body_read_budget_bytes=None
-        if body_read_budget_mib is None
-        else int(body_read_budget_mib * 2**20),
-        send_timeout_s=send_timeout,
-        stall_timeout_s=stall_timeout,
-    )
 
 
 @click.command("api")
-@click.option(
-    "-t", "--triton-url", default="127.0.0.1:8001", help="Triton's gRPC address, host:port."
-)
-@click.option(
-    "-r",
-    "--repo",
-    "repo",
+@triton_url_option("-t", "--triton-url", help="Triton's gRPC address, host:port.")
+@repo_option(
+    "The served model repository (for its tokenizer, chat template and limits).",
     required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="The served model repository (for its tokenizer, chat template and limits).",
+    exists=True,
 )
 @click.option(
     "--host", default="127.0.0.1", help="Address to bind; 0.0.0.0 exposes the API to the network."
@@ -159,13 +49,16 @@ def api_limits(
     help="The model id clients send; default: the repository's model name.",
 )
 @click.option(
-    "--max-in-flight",
-    default=64,
-    type=click.IntRange(1),
-    help="Generation requests served at once; more get 429 with Retry-After.",
+    "--reasoning-parser",
+    default="auto",
+    type=click.Choice(REASONING_CHOICES),
+    help="How chat answers carry a reasoning model's <think> part (returned as reasoning_content, as vLLM's "
+    "parser of that name): auto takes the repository's model's (DeepSeek-R1 distills: deepseek_r1), none "
+    "leaves it in content.",
 )
-@api_limit_options
 @tool_parser_option
+@max_in_flight_option
+@api_limit_options
 @click.option(
     "--loop",
     "event_loop",
@@ -185,12 +78,9 @@ def api_limits(
     default="info",
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
-@click.option(
-    "--drain-timeout",
-    type=click.IntRange(min=1),
-    default=EXIT_TIMEOUT_S,
-    help="On SIGTERM/Ctrl-C, seconds to let in-flight requests and streams finish (new connections are "
-    "refused at once).",
+@drain_timeout_option(
+    "On SIGTERM/Ctrl-C, seconds to let in-flight requests and streams finish (new connections are "
+    "refused at once)."
 )
 @click.option(
     "--dry-run", is_flag=True, help="Print the settings (keys counted, never shown) and exit."
@@ -204,9 +94,10 @@ def command(
     api_key,
     model_name,
     served_model_name,
+    reasoning_parser,
+    tool_parser,
     max_in_flight,
     limits,
-    tool_parser,
     event_loop,
     http_impl,
     log_level,
@@ -236,6 +127,7 @@ def command(
         keys,
         max_in_flight,
         limits=limits,
+        reasoning_parser=reasoning_parser,
         tool_parser=tool_parser,
     )
     if dry_run:
@@ -247,9 +139,10 @@ def command(
                 "port": port,
                 "model_name": model_name,
                 "served_model_name": served_model_name,
+                "reasoning_parser": reasoning_parser,
+                "tool_parser": tool_parser,
                 "api_keys": len(keys),
                 "max_in_flight": max_in_flight,
-                "tool_parser": tool_parser,
                 "header_timeout_s": limits.header_timeout_s,
                 "body_timeout_s": limits.body_timeout_s,
                 "max_body_bytes": limits.max_body_bytes,

@@ -10,25 +10,20 @@ from rich.table import Table
 
 from toolkit.bench.report import write_report
 from toolkit.bench.sweep import (
-    Roofline,
     SweepResult,
     default_metrics_url,
     parse_points,
     plan_sweep,
     run_sweep,
 )
+from toolkit.cli.options import json_option, repo_option, triton_url_option
 from toolkit.cli.render import emit_json, note, stderr_console, stdout_console
 from toolkit.repository import contract as c
 from toolkit.serve.launcher import read_server_record
 
 
 @click.command("bench")
-@click.option(
-    "-u",
-    "--url",
-    default="127.0.0.1:8001",
-    help="gRPC endpoint of the served repository (host:port).",
-)
+@triton_url_option("-u", "--url", help="gRPC endpoint of the served repository (host:port).")
 @click.option(
     "-m",
     "--model",
@@ -63,12 +58,8 @@ from toolkit.serve.launcher import read_server_record
     default=None,
     help="Requests per point [default: max(prompts, 8, 4 x load)].",
 )
-@click.option(
-    "-r",
-    "--repo",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=None,
-    help="The served repository (its tokenizer) [default: the one `toolkit serve` serves on --url].",
+@repo_option(
+    "The served repository (its tokenizer) [default: the one `toolkit serve` serves on --url]."
 )
 @click.option(
     "--tokenizer",
@@ -82,12 +73,6 @@ from toolkit.serve.launcher import read_server_record
     help="Triton metrics endpoint [default: recorded, else http://HOST:8002/metrics].",
 )
 @click.option(
-    "--decode-step-ms",
-    type=float,
-    default=None,
-    help="Roofline decode step (ms) to compare against [default: the GPU repository's plan].",
-)
-@click.option(
     "--out",
     "out_dir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -96,7 +81,7 @@ from toolkit.serve.launcher import read_server_record
 )
 @click.option("--timeout", type=float, default=600.0, help="Seconds one point may take.")
 @click.option("--seed", type=int, default=0, help="Prompt sampling seed.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option
 def command(
     url,
     model,
@@ -109,7 +94,6 @@ def command(
     repo,
     tokenizer,
     metrics_url,
-    decode_step_ms,
     out_dir,
     timeout,
     seed,
@@ -131,7 +115,6 @@ def command(
         repo=repo,
         tokenizer=tokenizer,
         metrics_url=metrics_url or record.get("metrics") or default_metrics_url(url),
-        roofline=Roofline(decode_step_ms) if decode_step_ms else None,
         timeout_s=timeout,
         seed=seed,
     )
@@ -184,12 +167,10 @@ def _print_summary(result: SweepResult) -> None:
         "latency ms\np50/p99",
     ):
         table.add_column(header, justify="right")
-    with_bound = any(
-        p.throughput_bound_fraction is not None or p.itl_bound_fraction is not None
-        for p in result.points
-    )
-    if with_bound:
-        table.add_column("of\nbound", justify="right")
+    # A GPU repository's plan estimates each concurrency point: measured tokens/s over it.
+    with_expected = any(p.tokens_per_s_of_expected is not None for p in result.points)
+    if with_expected:
+        table.add_column("of\nplan", justify="right")
     for p in result.points:
         m = p.metrics
         row = [
@@ -201,12 +182,8 @@ def _print_summary(result: SweepResult) -> None:
             f"{m.itl_ms.p50:.1f}/{m.itl_ms.p99:.1f}",
             f"{m.latency_ms.p50:.0f}/{m.latency_ms.p99:.0f}",
         ]
-        if with_bound:
-            fraction = (
-                p.throughput_bound_fraction
-                if p.throughput_bound_fraction is not None
-                else p.itl_bound_fraction
-            )
+        if with_expected:
+            fraction = p.tokens_per_s_of_expected
             row.append("-" if fraction is None else f"{fraction:.0%}")
         table.add_row(*row)
     stdout_console.print(table)

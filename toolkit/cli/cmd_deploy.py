@@ -6,18 +6,15 @@ from pathlib import Path
 
 import click
 
+from toolkit.cli.options import json_option, repo_option
 from toolkit.cli.render import emit_json, emit_table, note
 from toolkit.deploy import DeployRequest, plan_deployment, write_deployment
 from toolkit.deploy.plan import ROUTING_MODES
 
 
 @click.command("deploy")
-@click.option(
-    "-r",
-    "--repo",
-    type=click.Path(path_type=Path),
-    default=Path("model_repository"),
-    help="Repository written by toolkit build (GPU: with its engine).",
+@repo_option(
+    "Repository written by toolkit build (GPU: with its engine).", default=Path("model_repository")
 )
 @click.option(
     "--replicas",
@@ -134,7 +131,7 @@ from toolkit.deploy.plan import ROUTING_MODES
     "1 GB/s, plus start-up].",
 )
 @click.option("--dry-run", is_flag=True, help="Print the values; write nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option
 def command(
     repo,
     replicas,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from toolkit.cli.options import json_option, repo_option, triton_url_option
 from toolkit.cli.render import emit_json, note
 from toolkit.client.chat import render_chat_prompt
 from toolkit.client.generate import GenerateRequest, generate_grpc, generate_http
@@ -15,7 +16,7 @@ UINT64_MAX = 2**64 - 1  # seed: a UINT64 tensor
 
 @click.command("generate")
 @click.argument("prompt")
-@click.option(
+@triton_url_option(
     "-u", "--url", default=None, help="Server address [grpc: 127.0.0.1:8001, http: 127.0.0.1:8000]."
 )
 @click.option(
@@ -60,11 +61,8 @@ UINT64_MAX = 2**64 - 1  # seed: a UINT64 tensor
 @click.option(
     "--raw", is_flag=True, help="Send the prompt as is, without the model's chat template."
 )
-@click.option(
-    "--repo",
-    type=click.Path(exists=True, file_okay=False),
-    default=None,
-    help="Repository whose chat template to apply [default: ask the server's model].",
+@repo_option(
+    "Repository whose chat template to apply [default: ask the server's model].", exists=True
 )
 @click.option(
     "--timeout",
@@ -72,7 +70,7 @@ UINT64_MAX = 2**64 - 1  # seed: a UINT64 tensor
     default=600.0,
     help="Seconds to wait for the answer.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option
 def command(
     prompt,
     url,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import click
 
 from toolkit.cli.options import json_option, pop_settings, setting_options
-from toolkit.cli.render import emit_json, emit_table, note, plan_rows
+from toolkit.cli.render import emit_json, emit_table, estimate_rows, note, plan_rows
 from toolkit.model.catalog import catalog_names
+from toolkit.plan.estimate import estimate_for_plan
 from toolkit.plan.gpus import GPU_PROFILES
 from toolkit.plan.source import load_model_for_plan
 from toolkit.targets import gpu_target
@@ -38,17 +39,31 @@ PLAN_SETTINGS = (
     "-g", "--gpu", type=click.Choice(list(GPU_PROFILES)), default="h100-sxm", help="GPU profile."
 )
 @setting_options(*PLAN_SETTINGS)
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Requests in flight for the estimate, each of --target-input-len prompt and "
+    "--target-output-len output tokens [default: the batch the plan sizes for].",
+)
 @json_option
-def command(model, gpu, as_json, **rest) -> None:
-    """Plan memory (weights, KV cache, batch) and the speed-of-light bounds for MODEL on GPU."""
+def command(model, gpu, concurrency, as_json, **rest) -> None:
+    """Plan memory (weights, KV cache, batch), the speed-of-light bounds and the estimated TTFT, TPOT
+    and tokens/s for MODEL on GPU."""
     settings = pop_settings(rest)
     target = gpu_target(gpu)
     target.check_settings(settings, lambda row: row.flag)
     source = load_model_for_plan(model)
     plan = target.plan_memory(settings, source)
+    estimate = estimate_for_plan(source.facts, plan, concurrency)
     if as_json:
-        emit_json({**plan.to_dict(), "config_from": source.config_from})
+        emit_json(
+            {**plan.to_dict(), "estimate": estimate.to_dict(), "config_from": source.config_from}
+        )
         return
     title = f"{plan.model} on {plan.gpu} ({plan.dtype}, KV {plan.kv_dtype}, TP={plan.tp_size} PP={plan.pp_size})"
-    emit_table(title, plan_rows(plan))
+    emit_table(title, plan_rows(plan) + estimate_rows(estimate))
+    for line in plan.notes:
+        note(line)
     note(f"model config: {source.config_from}")

@@ -6,25 +6,26 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.cmd_api import api_limit_options, tool_parser_option
-from toolkit.cli.options import api_key_options, reject_api_key_value
+from toolkit.cli.options import (
+    api_key_options,
+    api_limit_options,
+    drain_timeout_option,
+    json_option,
+    max_in_flight_option,
+    reject_api_key_value,
+    repo_option,
+    tool_parser_option,
+)
 from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
 from toolkit.serve.launcher import ServerConfig, remove_server_record, write_server_record
 from toolkit.serve.lifecycle import ServeOptions, start_serving
 from toolkit.serve.net import is_loopback, triton_address
-from toolkit.settings import EXIT_TIMEOUT_S
 from toolkit.settings import api_keys as read_api_keys
 
 
 @click.command("serve")
-@click.option(
-    "-r",
-    "--repo",
-    type=click.Path(path_type=Path),
-    default=Path("model_repository"),
-    help="Repository written by toolkit build.",
-)
+@repo_option("Repository written by toolkit build.", default=Path("model_repository"))
 @click.option(
     "--host",
     default="127.0.0.1",
@@ -52,12 +53,7 @@ from toolkit.settings import api_keys as read_api_keys
     help="Also serve the OpenAI-compatible API on this port.",
 )
 @api_key_options
-@click.option(
-    "--max-in-flight",
-    type=click.IntRange(min=1),
-    default=64,
-    help="OpenAI API: requests at once before 429.",
-)
+@max_in_flight_option
 @api_limit_options
 @tool_parser_option
 @click.option(
@@ -76,12 +72,7 @@ from toolkit.settings import api_keys as read_api_keys
     default=600.0,
     help="Seconds to wait for every model to be ready.",
 )
-@click.option(
-    "--drain-timeout",
-    type=click.IntRange(min=1),
-    default=EXIT_TIMEOUT_S,
-    help="On SIGTERM/Ctrl-C, seconds to let in-flight requests finish.",
-)
+@drain_timeout_option("On SIGTERM/Ctrl-C, seconds to let in-flight requests finish.")
 @click.option(
     "--log-file",
     type=click.Path(path_type=Path),
@@ -93,7 +84,7 @@ from toolkit.settings import api_keys as read_api_keys
     is_flag=True,
     help="Return once ready, leaving the server running; prints its PID.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the endpoints as JSON.")
+@json_option
 def command(
     repo,
     host,

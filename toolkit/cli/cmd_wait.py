@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
+from toolkit.cli.options import repo_option
 from toolkit.deploy.fingerprint import describe
 from toolkit.deploy.wait import wait_for_repository
 
 
 @click.command("wait-for-repository", hidden=True)
-@click.option(
-    "--repo",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="The repository folder on the volume.",
-)
+@repo_option("The repository folder on the volume.", required=True)
 @click.option("--fingerprint", required=True, help="The fingerprint toolkit deploy rendered.")
 @click.option(
     "--timeout",

@@ -12,10 +12,11 @@ from toolkit import __version__
 from toolkit.errors import ToolkitError
 from toolkit.signals import Stopped, stop_signals_raise
 
+# No auto_envvar_prefix: an option reads the environment only where toolkit.cli.options declares it
+# (and --help shows it).
 CONTEXT_SETTINGS = {
     "help_option_names": ["-h", "--help"],
     "show_default": True,
-    "auto_envvar_prefix": "TOOLKIT",
 }
 
 
@@ -62,4 +63,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

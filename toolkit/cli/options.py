@@ -1,13 +1,70 @@
-"""Options several commands share, declared once."""
+"""Options several commands share, declared once; build settings' options derived from their declarations.
+
+Environment variables are declared here, explicitly, on the options they stand for (and shown in
+--help): no option reads the environment unless it says so.
+"""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 import click
 
 from toolkit.build_settings import SETTINGS, BuildSettings, Setting, rows
-from toolkit.settings import API_KEYS
+from toolkit.settings import API_KEYS, BODY_READ_BUDGET_BODIES, EXIT_TIMEOUT_S, ApiLimits
+
+REPO_ENV = "TOOLKIT_REPO"  # the repository a command works on
+TRITON_URL_ENV = "TOOLKIT_TRITON_URL"  # Triton's gRPC address for the commands that talk to it
+# The OpenAI API's limits, for `api` and `serve` alike: TOOLKIT_API_HEADER_TIMEOUT, ...
+API_ENV_PREFIX = "TOOLKIT_API_"
+DEFAULT_TRITON_GRPC = "127.0.0.1:8001"
+DEFAULT_MAX_IN_FLIGHT = 64
+
+
+def repo_option(
+    help: str, *, default: Path | None = None, required: bool = False, exists: bool = False
+):
+    """-r/--repo: a repository folder (also $TOOLKIT_REPO)."""
+    return click.option(
+        "-r",
+        "--repo",
+        type=click.Path(path_type=Path, file_okay=False, exists=exists),
+        default=default,
+        required=required,
+        envvar=REPO_ENV,
+        show_envvar=True,
+        help=help,
+    )
+
+
+def triton_url_option(*decls: str, default: str | None = DEFAULT_TRITON_GRPC, help: str):
+    """Triton's address (also $TOOLKIT_TRITON_URL), under the command's own option names."""
+    return click.option(*decls, default=default, envvar=TRITON_URL_ENV, show_envvar=True, help=help)
+
+
+def json_option(function):
+    return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(
+        function
+    )
+
+
+def drain_timeout_option(help: str):
+    return click.option(
+        "--drain-timeout", type=click.IntRange(min=1), default=EXIT_TIMEOUT_S, help=help
+    )
+
+
+def max_in_flight_option(function):
+    return click.option(
+        "--max-in-flight",
+        type=click.IntRange(min=1),
+        default=DEFAULT_MAX_IN_FLIGHT,
+        envvar=f"{API_ENV_PREFIX}MAX_IN_FLIGHT",
+        show_envvar=True,
+        help="OpenAI API: generation requests served at once; more get 429 with Retry-After.",
+    )(function)
 
 
 def api_key_options(function):
@@ -32,6 +89,84 @@ def reject_api_key_value(value: str | None) -> None:
             "--api-key takes no key on the command line (every user of this machine can read it in `ps`); "
             f"put the key in a file and pass -k/--api-key-file FILE, or set {API_KEYS}"
         )
+
+
+# --- the OpenAI API's limits (toolkit.settings.ApiLimits), for `api` and `serve` --------------------
+MIB = 2**20
+# option -> (ApiLimits field, the field's units per option unit, help)
+_LIMITS: dict[str, tuple[str, float, str]] = {
+    "header_timeout": (
+        "header_timeout_s",
+        1,
+        "OpenAI API: seconds a client has to send a request's headers (from connecting, or from the "
+        "previous response); then 408 and the connection is closed.",
+    ),
+    "body_timeout": (
+        "body_timeout_s",
+        1,
+        "OpenAI API: seconds a client has to send a request's whole body once its headers are in; then "
+        "408. No request counts against --max-in-flight before its body is in.",
+    ),
+    "max_body_mib": (
+        "max_body_bytes",
+        MIB,
+        "OpenAI API: largest request body, in MiB; a larger one is refused with 413.",
+    ),
+    "body_read_budget_mib": (
+        "body_read_budget_bytes",
+        MIB,
+        "OpenAI API: MiB of request bodies read at once (before admission), over all connections; a "
+        "body that would pass it gets 503 with Retry-After at once.",
+    ),
+    "send_timeout": (
+        "send_timeout_s",
+        1,
+        "OpenAI API: seconds a response write may wait for a client that does not read (its write "
+        "buffer full); then the connection is closed and its generation cancelled.",
+    ),
+    "stall_timeout": (
+        "stall_timeout_s",
+        1,
+        "OpenAI API: seconds with nothing at all from the engine while requests wait before those "
+        "requests end (504, or an error event) and /health answers 503: a hung engine.",
+    ),
+}
+
+
+def api_limit_options(function):
+    """The ApiLimits options; the command gets them as one argument, `limits` (an ApiLimits, whose
+    checks run when the command is invoked)."""
+    command = function
+
+    @functools.wraps(command)
+    def with_limits(*args, **kwargs):
+        kwargs["limits"] = api_limits({name: kwargs.pop(name) for name in _LIMITS})
+        return command(*args, **kwargs)
+
+    defaults = ApiLimits()
+    function = with_limits
+    for name, (field, scale, text) in reversed(_LIMITS.items()):
+        default = getattr(defaults, field)
+        shown: Any = True if default is not None else f"{BODY_READ_BUDGET_BODIES} x --max-body-mib"
+        function = click.option(
+            f"--{name.replace('_', '-')}",
+            type=click.FloatRange(min=0, min_open=True),
+            default=None if default is None else default / scale,
+            show_default=shown,
+            envvar=f"{API_ENV_PREFIX}{name.upper()}",
+            show_envvar=True,
+            help=text,
+        )(function)
+    return function
+
+
+def api_limits(values: dict[str, float | None]) -> ApiLimits:
+    """ApiLimits from the options' values (in their units: seconds, MiB)."""
+    fields: dict[str, Any] = {}
+    for name, value in values.items():
+        field, scale, _ = _LIMITS[name]
+        fields[field] = None if value is None else (int(value * scale) if scale != 1 else value)
+    return ApiLimits(**fields)
 
 
 # --- build settings: options derived from toolkit.build_settings, one declaration each ------------
@@ -80,7 +215,16 @@ def pop_settings(values: dict) -> BuildSettings:
     return BuildSettings(**{name: values.pop(name) for name in SETTINGS if name in values})
 
 
-def json_option(function):
-    return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(
-        function
-    )
+def tool_parser_option(function):
+    """--tool-parser: how the OpenAI API reads tool calls from the output (toolkit.api.tool_parsers)."""
+    from toolkit.api.tool_parsers import CHOICES
+
+    return click.option(
+        "--tool-parser",
+        default="auto",
+        type=click.Choice(CHOICES),
+        show_default=True,
+        help="OpenAI API: how tool calls are read from the output with tool_choice auto: auto picks the family "
+        "whose markers the model's tokenizer has (hermes: Qwen2.5 <tool_call>, mistral: [TOOL_CALLS], "
+        "llama3_json: Llama 3.x JSON and <|python_tag|>); none reads no calls.",
+    )(function)

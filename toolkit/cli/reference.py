@@ -7,6 +7,7 @@ tests/test_cli_reference.py                         fails when docs/cli.md diffe
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -30,7 +31,11 @@ def reference() -> str:
 
 def _section(name: str | None) -> list[str]:
     command = cli if name is None else cli.commands[name]
-    settings = {**CONTEXT_SETTINGS, "terminal_width": WIDTH, "max_content_width": WIDTH}
+    settings: dict[str, Any] = {
+        **CONTEXT_SETTINGS,
+        "terminal_width": WIDTH,
+        "max_content_width": WIDTH,
+    }
     parent = click.Context(cli, info_name="toolkit", **settings)
     context = (
         parent

@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from toolkit.plan.estimate import PerformanceEstimate
 from toolkit.plan.gpus import GB
 from toolkit.plan.memory import MemoryPlan
 
@@ -30,13 +31,31 @@ def emit_table(title: str, rows: list[tuple[str, Any]]) -> None:
 
 
 def note(message: str) -> None:
-    stderr_console.print(message, highlight=False)
+    stderr_console.print(message, highlight=False, soft_wrap=True)  # a note is one line, never cut
 
 
 def plan_rows(plan: MemoryPlan) -> list[tuple[str, str]]:
     gb = lambda n: f"{n / GB:.2f} GB"  # noqa: E731
+    experts = (
+        [
+            (
+                "experts",
+                f"{plan.num_experts} per layer, all resident; {plan.experts_per_token} routed per token "
+                f"({plan.active_parameter_count:,} active parameters)",
+            )
+        ]
+        if plan.num_experts
+        else []
+    )
+    windows = (
+        [("max_attention_window_size", ",".join(str(w) for w in plan.max_attention_window_size))]
+        if plan.max_attention_window_size
+        else []
+    )
     return [
         ("parameters", f"{plan.parameter_count:,}"),
+        *experts,
+        *windows,
         ("weights", f"{gb(plan.weights_bytes)} ({gb(plan.weights_bytes_per_gpu)} per GPU)"),
         (
             "GPU memory",
@@ -47,7 +66,16 @@ def plan_rows(plan: MemoryPlan) -> list[tuple[str, str]]:
             "KV cache per token",
             f"{plan.kv_bytes_per_token:,} bytes ({plan.kv_bytes_per_token_per_gpu:,} per GPU)",
         ),
-        ("KV pool", f"{gb(plan.kv_pool_bytes)} per GPU = {plan.kv_cache_tokens:,} tokens"),
+        (
+            "KV pool (planned)",
+            f"{gb(plan.kv_pool_bytes)} per GPU = {plan.kv_cache_tokens:,} tokens",
+        ),
+        (
+            "KV pool the runtime takes",
+            f"{plan.runtime_kv_cache_tokens:,} tokens: {plan.kv_cache_free_gpu_mem_fraction:g} of what "
+            f"{gb(plan.weights_bytes_per_gpu)} of weights and {gb(plan.runtime_reserve_bytes)} of runtime "
+            "buffers leave (no token cap)",
+        ),
         (
             "sequences of max_seq_len",
             f"{plan.max_sequences_at_max_seq_len:,} x {plan.max_seq_len:,} tokens",
@@ -71,4 +99,26 @@ def plan_rows(plan: MemoryPlan) -> list[tuple[str, str]]:
             f"({plan.prefill_ms_lower_bound:.1f} ms per {plan.max_num_tokens}-token chunk)",
         ),
         ("smallest TP that fits", str(plan.min_tp_that_fits)),
+    ]
+
+
+def estimate_rows(estimate: PerformanceEstimate) -> list[tuple[str, str]]:
+    e = estimate
+    return [
+        (
+            "estimate",
+            f"{e.concurrency} requests in flight, {e.input_len} in / {e.output_len} out tokens each",
+        ),
+        (
+            "  time to first token",
+            f"{e.ttft_ms:,.1f} ms (its prompt's step {e.prefill_step_ms:,.1f} ms)",
+        ),
+        (
+            "  time per output token",
+            f"{e.tpot_ms:,.2f} ms (a decode step {e.decode_step_ms:,.2f} ms, limited by {e.limited_by})",
+        ),
+        (
+            "  output tokens/s",
+            f"{e.output_tokens_per_s:,.0f} in all ({e.output_tokens_per_s_per_gpu:,.0f} per GPU)",
+        ),
     ]

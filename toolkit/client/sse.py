@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterable, Iterator
 
 DONE = "[DONE]"
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)[,}]')
@@ -21,16 +20,6 @@ def sse_data(line: str | bytes) -> dict | str | None:
         return None
     data = text[5:].strip()
     return DONE if data == DONE else json.loads(data)
-
-
-def sse_events(lines: Iterable[str | bytes]) -> Iterator[dict]:
-    """The JSON payload of each `data:` line, up to `data: [DONE]`."""
-    for line in lines:
-        payload = sse_data(line)
-        if payload == DONE:
-            return
-        if payload is not None:
-            yield payload
 
 
 class SseProtocolError(RuntimeError):

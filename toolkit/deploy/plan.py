@@ -15,6 +15,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from toolkit import __version__
 from toolkit.deploy import sizing
@@ -214,6 +215,17 @@ def _checked_engine(repository: Repository) -> EngineInfo | None:
     return info
 
 
+def _container(info: EngineInfo) -> str:
+    """The Triton TRT-LLM container of a checked engine (_checked_engine refuses one that has none)."""
+    container = container_for(info.trtllm_version)
+    if container is None:
+        raise DeployError(
+            f"no Triton container carries TensorRT-LLM {info.trtllm_version}",
+            hint=f"rebuild with TensorRT-LLM {PINNED_TRTLLM_VERSION}",
+        )
+    return container
+
+
 def engine_files(info: EngineInfo) -> list[Path]:
     return rank_engine_files(Path(info.engine_dir), info.world_size)
 
@@ -258,13 +270,13 @@ def _derived_values(
     """Every value the manifest (and the engine files) decide; `shm_bytes` goes into the memory."""
     manifest = repository.manifest
     gpu = info is not None
-    world_size = info.world_size if gpu else 1
-    stages = info.pp_size if gpu else 1  # pipeline stages: one micro-batch in flight per stage
-    load_bytes = sizing.weight_bytes(repository, engine_files(info) if gpu else None)
+    world_size = info.world_size if info else 1
+    stages = info.pp_size if info else 1  # pipeline stages: one micro-batch in flight per stage
+    load_bytes = sizing.weight_bytes(repository, engine_files(info) if info else None)
     startup_s = sizing.startup_seconds(repository, load_bytes, sizing.repository_bytes(repository))
     drain_s = sizing.drain_seconds(repository)
     limits = repository.limits
-    values = {
+    values: dict[str, Any] = {
         "replicas": 1,
         "storage": {"mountPath": DEFAULT_MOUNT_PATH},
         "model": {
@@ -274,8 +286,8 @@ def _derived_values(
             "fingerprint": fingerprint(manifest),
             "worldSize": world_size,
             "pipelineStages": stages,
-            "trtllmVersion": info.trtllm_version if gpu else "",
-            "tritonImage": container_for(info.trtllm_version) if gpu else "",
+            "trtllmVersion": info.trtllm_version if info else "",
+            "tritonImage": _container(info) if info else "",
         },
         "startup": {"timeoutSeconds": startup_s},
         "drain": {"timeoutSeconds": drain_s},
@@ -310,6 +322,7 @@ def _derived_values(
             "enabled": True,
             "args": build_arguments(repository),
             "resources": sizing.build_resources(repository, world_size, shm_bytes),
+            "gpuCount": sizing.build_gpu_count(repository, world_size) if gpu else 0,
         }
     else:
         values["build"] = {"enabled": False, "args": []}
@@ -477,7 +490,7 @@ def _check_cluster_settings(
             _check_secret_name(given, str(name), f"name the Secret in {key} with such a name")
 
 
-def _given(key: str, flag: str, flag_value, files: list[tuple[str, dict]], value) -> str:
+def _given(key: str, flag: str | None, flag_value, files: list[tuple[str, dict]], value) -> str:
     """How a person wrote `value`: the flag, the cluster file that set `key` (the last one), or the default."""
     if flag_value is not None:
         return f"{flag} {shlex.quote(str(flag_value))}"
@@ -542,7 +555,7 @@ def _fill_image(values: dict, repository: Repository, info: EngineInfo | None) -
             "no toolkit image: neither --image nor the cluster values (image.repository) name one",
             hint="build it from deploy/image/ and pass --image REGISTRY/toolkit",
         )
-    base_tag = container_for(info.trtllm_version).rsplit(":", 1)[1] if info else "cpu"
+    base_tag = _container(info).rsplit(":", 1)[1] if info else "cpu"
     image.setdefault("tag", f"{__version__}-{base_tag}")
     if info is not None and base_tag not in image["tag"]:
         raise DeployError(

@@ -36,7 +36,7 @@ CHECKPOINT_BYTES_PER_PARAMETER = 2
 HELM_TIMEOUT_MARGIN_S = 300
 # Kubernetes resource quantities (memory): a number, optionally with a decimal or binary suffix.
 QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-QUANTITY_UNITS = {
+QUANTITY_UNITS: dict[str | None, int] = {
     None: 1,
     **{s: 1000 ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
     **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
@@ -177,6 +177,13 @@ def build_resources(repository: Repository, world_size: int, shm_bytes: int) -> 
     needs = target_for(repository).build_resources(checkpoint_bytes(repository), world_size)
     memory = needs.memory_bytes + shm_bytes
     return {"requests": {"cpu": str(needs.cpus), "memory": f"{math.ceil(memory / GIB)}Gi"}}
+
+
+def build_gpu_count(repository: Repository, world_size: int) -> int:
+    """GPUs the build Job needs: the engine's ranks, or more where its calibration spreads the bf16
+    checkpoint over more (--calib-gpus, recorded in the manifest's settings)."""
+    calibration = repository.manifest.settings.calib_gpus or 0
+    return max(world_size, calibration)
 
 
 def clamp(value: float, low: int, high: int) -> int:

@@ -82,19 +82,23 @@ def _run_steps(plan: EngineBuildPlan, say: Progress) -> None:
     work = Path(plan.work_dir)
     shutil.rmtree(work, ignore_errors=True)
     (work / "logs").mkdir(parents=True)
-    for name, argv in zip(plan.step_names, plan.commands, strict=True):
-        say(f"{name}: {' '.join(argv)}")
-        run_logged(list(argv), work / "logs" / f"{name}.log", name)
+    environments = plan.step_environment or tuple(() for _ in plan.step_names)
+    for name, argv, extra in zip(plan.step_names, plan.commands, environments, strict=True):
+        say(
+            f"{name}: {' '.join(f'{k}={v}' for k, v in extra)}{' ' if extra else ''}{' '.join(argv)}"
+        )
+        env = {**os.environ, **dict(extra)} if extra else None
+        run_logged(list(argv), work / "logs" / f"{name}.log", name, env)
 
 
-def run_logged(argv: list[str], log_path: Path, name: str) -> None:
+def run_logged(argv: list[str], log_path: Path, name: str, env: dict | None = None) -> None:
     """Run one tool in its own session, output to a log file; EngineBuildError with the log tail on failure.
 
     The tool gets the parent-death signal (toolkit.subprocs.start_process): a `toolkit build` that is
     killed outright (SIGKILL, OOM killer) takes its trtllm-build with it; any other exit stops its group.
     """
     try:
-        process = start_process(argv, log_path)
+        process = start_process(argv, log_path, env)
     except FileNotFoundError as exc:
         from toolkit.engine.tools import container_hint
 

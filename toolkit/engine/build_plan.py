@@ -10,12 +10,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from toolkit.build_settings import BuildSettings
+from toolkit.engine.calibration import OFFLINE_ENVIRONMENT, CalibrationPlan, plan_calibration
 from toolkit.engine.commands import (
     StepSettings,
     checkpoint_argv,
     needs_quantizer,
     trtllm_build_argv,
 )
+from toolkit.engine.fusions import check_fusions, chosen_fusions
 from toolkit.engine.trtllm_flags import check_argv
 from toolkit.errors import EngineBuildError
 from toolkit.plan.memory import MemoryPlan
@@ -34,23 +36,30 @@ _NOT_ENGINE_INPUTS = ("engine_dir", "decoupled")
 class EngineRuntime:
     """What the tensorrtllm backend is told at serve time (its config.pbtxt parameters), decided at build time."""
 
-    kv_cache_tokens: int  # max_tokens_in_paged_kv_cache
     kv_cache_free_gpu_mem_fraction: float
     enable_kv_cache_reuse: bool
     enable_chunked_context: bool
     batch_scheduler_policy: str
+    # None: no cap, the runtime takes kv_cache_free_gpu_mem_fraction of its free memory (the backend
+    # otherwise takes the smaller of the two: a planned cap would bound the pool twice).
+    max_tokens_in_paged_kv_cache: int | None = None
+    # Per layer, the tokens it attends to (sliding windows); (): every layer attends to max_seq_len.
+    max_attention_window_size: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["max_attention_window_size"] = list(
+            self.max_attention_window_size
+        )  # as JSON gives it back
+        return data
 
 
 @dataclass(frozen=True)
 class EngineBuildPlan:
     model: str
     model_source: str  # the model spec's normalised source (hf:..., local:..., embedded:...)
-    checkpoint_dir: (
-        str | None
-    )  # None until a hub model's weights are downloaded (the build does that first)
+    # None until a hub model's weights are downloaded (the build does that first)
+    checkpoint_dir: str | None
     target: str
     gpu_sm: str
     settings: BuildSettings  # as given (the recipe's and the flags')
@@ -63,6 +72,14 @@ class EngineBuildPlan:
     steps: StepSettings
     trtllm_version_pinned: str = PINNED_TRTLLM_VERSION
     container: str = TRITON_TRTLLM_CONTAINER
+    calibration: CalibrationPlan | None = None  # fp8 / int4-awq builds
+    # Per step, the environment variables it runs with besides ours (name, value).
+    step_environment: tuple[tuple[tuple[str, str], ...], ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the build machine needs: the engine's ranks, or more for calibration."""
+        return max(self.world_size, self.calibration.gpus if self.calibration else 1)
 
     @property
     def world_size(self) -> int:
@@ -107,15 +124,17 @@ def plan_engine_build(
     `display_dir` stands in for a checkpoint that is not downloaded yet (dry runs of hub models).
     """
     runtime = EngineRuntime(
-        kv_cache_tokens=memory.kv_cache_tokens,
-        kv_cache_free_gpu_mem_fraction=settings.kv_cache_free_gpu_mem_fraction
-        or memory.kv_cache_free_gpu_mem_fraction,
+        kv_cache_free_gpu_mem_fraction=memory.kv_cache_free_gpu_mem_fraction,
         enable_kv_cache_reuse=_on(settings.enable_kv_cache_reuse),
         enable_chunked_context=_on(settings.enable_chunked_context),
         batch_scheduler_policy=settings.batch_scheduler_policy or DEFAULT_BATCH_SCHEDULER_POLICY,
+        max_attention_window_size=tuple(memory.max_attention_window_size),
     )
     check_precisions(memory)
+    check_expert_parallel(memory, settings.moe_ep_size or 1)
     check_context_fits(memory, runtime)
+    check_fusions(memory, settings, gpu_sm)
+    calibration = plan_calibration(memory, settings)
     step_names = ("quantize" if needs_quantizer(memory) else "convert", "trtllm-build")
     engine_dir = (
         Path(output_dir).expanduser().resolve()
@@ -132,7 +151,14 @@ def plan_engine_build(
         timing_cache=work_dir / "timing.cache",
         calib_size=settings.calib_size or DEFAULT_CALIB_SIZE,
         awq_block_size=settings.awq_block_size or DEFAULT_AWQ_BLOCK_SIZE,
+        moe_ep_size=settings.moe_ep_size or 1,
+        fusions=chosen_fusions(settings),
+        calib_dataset=Path(calibration.dataset) if calibration and calibration.offline else None,
         gather_generation_logits=bool(settings.gather_generation_logits),
+    )
+    offline = calibration is not None and calibration.offline
+    environment = tuple(
+        OFFLINE_ENVIRONMENT if offline and name == "quantize" else () for name in step_names
     )
     return EngineBuildPlan(
         model=model,
@@ -148,6 +174,8 @@ def plan_engine_build(
         step_names=step_names,
         runtime=runtime,
         steps=steps,
+        calibration=calibration,
+        step_environment=environment,
     )
 
 
@@ -173,6 +201,24 @@ def check_precisions(memory: MemoryPlan) -> None:
             "without chunked context and KV-cache reuse",
             hint=f"use --kv-dtype bf16 with --dtype {memory.dtype}, or --dtype fp8 --kv-dtype fp8 "
             "(in a recipe: quantization.dtype / quantization.kv_cache_dtype)",
+        )
+
+
+def check_expert_parallel(memory: MemoryPlan, ep: int) -> None:
+    """--moe-ep-size splits the TP ranks: moe_tp_size x moe_ep_size must equal tp_size (the converters
+    assert it), and only a mixture-of-experts model has experts to split."""
+    if ep == 1:
+        return
+    if not memory.num_experts:
+        raise EngineBuildError(
+            f"--moe-ep-size {ep}: {memory.model} is a dense model, it has no experts to place",
+            hint="drop --moe-ep-size (parallelism.moe_ep in a recipe)",
+        )
+    if memory.tp_size % ep or memory.num_experts % ep:
+        raise EngineBuildError(
+            f"--moe-ep-size {ep} does not divide --tp {memory.tp_size} and the model's {memory.num_experts} "
+            "experts (moe_tp_size x moe_ep_size must equal tp_size)",
+            hint=f"pass a --moe-ep-size that divides {memory.tp_size}, or a larger --tp",
         )
 
 

@@ -48,7 +48,7 @@ def is_cached(engine_dir: Path, key: str, world_size: int) -> bool:
     record = read_record(engine_dir)
     ranks_present = all(path.is_file() for path in rank_engine_files(engine_dir, world_size))
     return (
-        bool(record)
+        record is not None
         and record.get("cache_key") == key
         and (engine_dir / "config.json").is_file()
         and ranks_present

@@ -80,6 +80,36 @@ def require_trtllm() -> str:
     return version
 
 
+def detect_gpu_count() -> int | None:
+    """GPUs this machine shows (one nvidia-smi line each), or None without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (
+        len([line for line in done.stdout.splitlines() if line.strip()])
+        if done.returncode == 0
+        else None
+    )
+
+
+def require_gpus(needed: int, why: str) -> None:
+    """Refuse a build that needs more GPUs than this machine shows (CUDA_VISIBLE_DEVICES applies)."""
+    found = detect_gpu_count()
+    if found is not None and found < needed:
+        raise EngineBuildError(
+            f"this build needs {needed} GPUs ({why}); nvidia-smi shows {found} here",
+            hint=f"build on a machine with {needed} GPUs, or plan for fewer (--tp, --calib-gpus)",
+        )
+
+
 def require_gpu_sm(expected: str, target: str) -> str:
     sm = detect_gpu_sm()
     if sm is None:

@@ -52,7 +52,9 @@ def resolve_model(
     if parsed.kind == "embedded":
         from toolkit.model.embedded import materialize_embedded
 
-        return ResolvedModel(materialize_embedded(progress=progress), parsed.source, None)
+        return ResolvedModel(
+            materialize_embedded(parsed.value, progress=progress), parsed.source, None
+        )
     if parsed.kind == "local":
         return _resolve_local(Path(parsed.value), allow_pickle=allow_pickle)
     if parsed.kind == "catalog":

@@ -3,9 +3,11 @@
 Public:
     get_gpu(name) -> GpuProfile; GPU_PROFILES
     plan_memory(facts, gpu, *, model, dtype, kv_dtype, tp, pp, max_seq_len, max_input_len,
-                max_batch_size, max_num_tokens) -> MemoryPlan   (PlanError if it cannot fit)
+                max_batch_size, max_num_tokens, target_input_len, target_output_len) -> MemoryPlan
+        (tp=None: the smallest that fits; PlanError if nothing fits)
     compute_plan(...) -> MemoryPlan   (same numbers, never refuses; .fits says)
     load_model_for_plan(spec) -> PlannedModel   (config.json only, no weights)
+Precisions are declared in toolkit.plan.precisions; model arithmetic in toolkit.model.architectures.
 """
 
 from toolkit.plan.gpus import GPU_PROFILES, GpuProfile, get_gpu

@@ -32,6 +32,10 @@ class GpuProfile:
     # nvidia.com/gpu.product with the NVML device name (what `nvidia-smi --query-gpu=name` prints),
     # spaces turned into '-' (NVIDIA/k8s-device-plugin, internal/lm/resource.go, sanitise()).
     gpu_products: tuple[str, ...] = ()
+    # What one GPU sends to its peers per second in one direction over its GPU-to-GPU link (NVLink, or
+    # PCIe where a card has none): half the bidirectional figure datasheets print. Tensor-parallel
+    # all-reduce runs over it (toolkit.plan.estimate).
+    interconnect_bytes_per_s: float = 0.0
 
     @property
     def supports_fp8(self) -> bool:
@@ -47,6 +51,7 @@ class GpuProfile:
             "fp8_tflops": self.fp8_tflops,
             "sm": self.sm,
             "gpu_products": list(self.gpu_products),
+            "interconnect_bytes_per_s": self.interconnect_bytes_per_s,
         }
 
 
@@ -65,6 +70,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
             1979.0,
             "9.0",
             gpu_products=("NVIDIA-H100-80GB-HBM3",),
+            interconnect_bytes_per_s=450 * GB,  # NVLink 900 GB/s
         ),
         # Same datasheet, "H100 PCIe" column: 80 GB HBM2e, 2 TB/s, BF16 1,513* / FP8 3,026* (sparse);
         # nvidia-smi on "NVIDIA H100 PCIe": 81559 MiB.
@@ -77,6 +83,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
             1513.0,
             "9.0",
             gpu_products=("NVIDIA-H100-PCIe",),
+            interconnect_bytes_per_s=64 * GB,  # PCIe Gen5 128 GB/s (the NVLink bridge is optional)
         ),
         # Same datasheet, "H100 NVL" column: 94 GB HBM3, 3.9 TB/s, BF16 1,671* / FP8 3,341* (sparse).
         # The datasheet's 94 GB (decimal): no nvidia-smi figure we could cite; errs low.
@@ -89,6 +96,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
             1670.5,
             "9.0",
             gpu_products=("NVIDIA-H100-NVL",),
+            interconnect_bytes_per_s=300 * GB,  # NVLink bridge 600 GB/s (pairs of cards)
         ),
         # NVIDIA H200 Tensor Core GPU datasheet (2024), "H200 SXM": 141 GB HBM3e, 4.8 TB/s,
         # BF16 1,979* / FP8 3,958* (sparse), same Hopper compute as H100 SXM; nvidia-smi: 143771 MiB.
@@ -101,6 +109,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
             1979.0,
             "9.0",
             gpu_products=("NVIDIA-H200",),
+            interconnect_bytes_per_s=450 * GB,  # NVLink 900 GB/s
         ),
         # NVIDIA A100 Tensor Core GPU datasheet (2021), "A100 80GB SXM": 80 GB HBM2e, 2,039 GB/s,
         # BF16 312 TFLOPS dense (624 sparse); no FP8. Ampere: SM 8.0. nvidia-smi: 81920 MiB.
@@ -113,6 +122,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
             None,
             "8.0",
             gpu_products=("NVIDIA-A100-SXM4-80GB",),
+            interconnect_bytes_per_s=300 * GB,  # NVLink 600 GB/s
         ),
         # NVIDIA L40S datasheet (2023): 48 GB GDDR6, 864 GB/s, BF16 362.05 dense (733 sparse),
         # FP8 733 dense (1,466 sparse). Ada Lovelace: SM 8.9. nvidia-smi: 46068 MiB.
@@ -125,6 +135,7 @@ GPU_PROFILES: dict[str, GpuProfile] = {
             733.0,
             "8.9",
             gpu_products=("NVIDIA-L40S",),
+            interconnect_bytes_per_s=32 * GB,  # no NVLink: PCIe Gen4 x16 64 GB/s
         ),
     )
 }

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 from toolkit.errors import PlanError
 from toolkit.model.architectures import ParameterSplit
 from toolkit.model.facts import ModelFacts
-from toolkit.plan.gpus import GB, GpuProfile
+from toolkit.plan.families import plan_notes, unread_expert_bytes
+from toolkit.plan.gpus import GB, MIB, GpuProfile
 from toolkit.plan.precisions import (
     KV_DTYPES,
     KV_PRECISIONS,
@@ -31,22 +32,37 @@ ACTIVATION_RESERVE_FRACTION = 0.10
 # The share of the memory left after weights and activations that the runtime gives to the KV
 # pool (the tensorrtllm backend's kv_cache_free_gpu_mem_fraction; its own default is 0.9).
 KV_CACHE_FREE_GPU_MEM_FRACTION = 0.9
+# What the runtime itself holds on each GPU before it sizes its KV pool (the pool is its fraction of what
+# is then free): CUDA context, cuBLAS / TensorRT workspaces and runtime buffers, and NCCL's for TP > 1.
+# AIConfigurator 0.12.0's H100 SXM system spec (misc.other_mem, misc.nccl_mem by TP; recorded in
+# tests/data/reference/aiconfigurator_h100_sxm.json, source.system_spec).
+RUNTIME_OTHER_BYTES = 3584 * MIB
+RUNTIME_NCCL_BYTES = {1: 0, 2: 358_612_992, 4: 411_041_792, 8: 411_041_792}
+# Logits of the last token of every sequence in a step, fp32 (the engine's logits_dtype default).
+LOGITS_BYTES = 4
+# The runtime's generation-logits buffer with --gather_generation_logits (TensorRT-LLM runtimeBuffers.cpp):
+# a cache of [GENERATION_LOGITS_CACHE_STEPS, max_batch_size x beam, vocab_padded] plus one of
+# [beam, GENERATION_LOGITS_CACHE_STEPS, vocab_padded], in the logits dtype.
+GENERATION_LOGITS_CACHE_STEPS = 8
 TOKENS_PER_BLOCK = 64  # paged KV block size passed to trtllm-build (--tokens_per_block)
 DEFAULT_MAX_SEQ_LEN = 8192
+# Reasoning models (a <think> part before the answer): DeepSeek-R1's model card sets "the maximum generation
+# length" of its evaluations to 32,768 tokens; plus room for a 4096-token prompt.
+REASONING_MAX_SEQ_LEN = 32768 + 4096
 # The typical request the batch limits are sized for, as trtllm-bench's --target_input_len /
 # --target_output_len: the KV pool is shared by requests of this size, not of max_seq_len.
 DEFAULT_TARGET_INPUT_LEN = 1024
 DEFAULT_TARGET_OUTPUT_LEN = 512
-# The runtime's generation-logits buffer with --gather_generation_logits (TensorRT-LLM runtimeBuffers.cpp):
-# a cache of [GENERATION_LOGITS_CACHE_STEPS, max_batch_size x beam, vocab_padded] plus one of
-# [beam, GENERATION_LOGITS_CACHE_STEPS, vocab_padded], in the logits dtype (FP32, 4 bytes).
-GENERATION_LOGITS_CACHE_STEPS = 8
-LOGITS_BYTES = 4
 # trtllm-bench's engine-build heuristic (tensorrt_llm/bench/build/tuning.py, finetune_setting):
 # requests the pool holds, capped at 4096 per pipeline stage; step tokens capped at 32768.
 BATCH_CAP = 4096
 NUM_TOKENS_CAP = 32768
-BATCH_RULE = "trtllm-bench (tensorrt_llm/bench/build/tuning.py finetune_setting)"
+BENCH_RULE = "trtllm-bench (tensorrt_llm/bench/build/tuning.py finetune_setting)"
+# trtllm-bench rounds its batch up past what the pool holds, for its runtime's batch tuner to trim; the
+# pinned backend has none (it builds its scheduler from the policy alone and runs the engine's
+# max_batch_size: tests/data/upstream/triton_backend.json, executor_config), so the batch is what the
+# runtime's pool holds.
+BATCH_RULE = "requests the runtime's KV pool holds"
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,20 @@ class MemoryPlan:
     fits: bool
     min_tp_that_fits: int | None = None
     architecture: str = ""  # config.json's, e.g. Qwen2ForCausalLM: picks the checkpoint converter
+    # What the runtime will take: kv_cache_free_gpu_mem_fraction of the memory the engine leaves free
+    # (weights and the runtime's own reserve out), per GPU. The engine is built with no token cap, so
+    # this is the pool it serves with; kv_cache_tokens above is the planner's own, more cautious one.
+    runtime_reserve_bytes: int = 0
+    runtime_kv_cache_tokens: int = 0
+    active_parameter_count: int = 0  # read per token: MoE's routed experts only (dense: all)
+    num_experts: int = 0  # MoE: experts per layer, all resident in memory
+    experts_per_token: int = 0  # MoE: experts routed per token
+    # Per layer, the tokens it attends to (the tensorrtllm backend's max_attention_window_size); (): all.
+    max_attention_window_size: tuple[int, ...] = ()
+    # A pre-quantized checkpoint's format ("ModelOpt FP8") and its weights per scale (GPTQ / AWQ groups).
+    stored_quantization: str | None = None
+    stored_group_size: int | None = None
+    notes: tuple[str, ...] = ()  # what the numbers assume, in words
     # Per GPU: the runtime's buffer of gathered generation logits (--gather_generation_logits), 0 without it.
     generation_logits_bytes: int = 0
 
@@ -108,6 +138,14 @@ def weights_bytes(facts: ModelFacts, dtype: str) -> int:
     lm_head = 0 if facts.tie_word_embeddings else s.lm_head
     other = s.layer_norms + s.embedding + lm_head + s.final_norm
     return int(s.linear * WEIGHT_PRECISIONS[dtype].linear_bytes + other * UNQUANTIZED_BYTES)
+
+
+def weights_read_per_step(facts: ModelFacts, dtype: str, tp: int, pp: int, batch: int) -> int:
+    """Weight bytes one decode step of `batch` tokens reads on the busiest GPU: all of them for a dense
+    model; for MoE, only the experts its tokens are routed to besides everything else."""
+    layers = stage_layers(facts.num_layers, pp)[0]
+    unread = unread_expert_bytes(facts, WEIGHT_PRECISIONS[dtype].linear_bytes, tp, layers, batch)
+    return int(weights_bytes_per_gpu(facts, dtype, tp, pp) - unread)
 
 
 def stage_layers(num_layers: int, pp: int) -> list[int]:
@@ -168,6 +206,7 @@ def compute_plan(
     max_num_tokens: int | None = None,
     target_input_len: int | None = None,
     target_output_len: int | None = None,
+    kv_cache_free_gpu_mem_fraction: float | None = None,
     gather_generation_logits: bool = False,
 ) -> MemoryPlan:
     """Every number of the plan, whether it fits or not (see plan_memory for the checked version)."""
@@ -181,29 +220,46 @@ def compute_plan(
     pool = gpu.memory_bytes - w_gpu - reserve
     kv_gpu = kv_bytes_per_token_per_gpu(facts, kv_dtype, tp, pp)
     tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
-    tuned_batch, tuned_tokens = batch_limits(tokens, isl, osl, pp)
-    batch = max_batch_size or tuned_batch
-    num_tokens = max_num_tokens or tuned_tokens
-    # The logits buffer is sized by the batch, so it comes out of the pool after the batch is chosen.
-    logits = generation_logits_bytes(facts, batch, tp) if gather_generation_logits else 0
-    if logits:
-        pool -= logits
+    # trtllm-bench's rule on the planned pool bounds the batch and step from above: it sizes the
+    # runtime's reserve (activations, logits), then the batch is what the runtime's pool holds.
+    bench_batch, bench_tokens = batch_limits(tokens, isl, osl, pp)
+    # The generation-logits buffer, sized for the batch that bounds the final one (never smaller), comes
+    # out of both pools.
+    gathered = (
+        generation_logits_bytes(facts, max_batch_size or bench_batch, tp)
+        if gather_generation_logits
+        else 0
+    )
+    if gathered:
+        pool -= gathered
         tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
     sequences = tokens // seq
+    fraction = kv_cache_free_gpu_mem_fraction or KV_CACHE_FREE_GPU_MEM_FRACTION
+    runtime_reserve = gathered + runtime_reserve_bytes(
+        facts, tp, max_num_tokens or bench_tokens, max_batch_size or bench_batch
+    )
+    runtime_tokens = runtime_kv_cache_tokens(
+        gpu.memory_bytes - w_gpu - runtime_reserve, fraction, kv_gpu
+    )
+    batch = max_batch_size or held_batch(runtime_tokens, isl, osl, pp)
+    num_tokens = max_num_tokens or step_tokens(batch, isl, osl)
     given = [
         name
         for name, value in (("max_batch_size", max_batch_size), ("max_num_tokens", max_num_tokens))
         if value
     ]
-    rule = f"{BATCH_RULE} for {isl} in / {osl} out tokens"
+    rule = f"{BATCH_RULE} at {isl} in / {osl} out tokens; max_num_tokens: its prefill share ({BENCH_RULE})"
     source = (
         rule
         if not given
         else f"{' and '.join(given)} given; " + ("the rest: " + rule if len(given) < 2 else "")
     )
-    step_ms = w_gpu / gpu.bandwidth_bytes_per_s * 1e3
-    running = max(1, min(batch, tokens // (isl + osl))) if tokens else 1
-    batch_step_ms = (w_gpu + running * (isl + osl // 2) * kv_gpu) / gpu.bandwidth_bytes_per_s * 1e3
+    step_ms = weights_read_per_step(facts, dtype, tp, pp, 1) / gpu.bandwidth_bytes_per_s * 1e3
+    running = max(1, min(batch, runtime_tokens // (isl + osl))) if runtime_tokens else 1
+    batch_weights = weights_read_per_step(facts, dtype, tp, pp, running)
+    batch_step_ms = (
+        (batch_weights + running * (isl + osl // 2) * kv_gpu) / gpu.bandwidth_bytes_per_s * 1e3
+    )
     prefill_tps = _prefill_tokens_per_s(facts, gpu, dtype, tp)
     return MemoryPlan(
         model=model,
@@ -231,8 +287,8 @@ def compute_plan(
         max_batch_size=batch,
         max_num_tokens=num_tokens,
         batch_limits_from=source.rstrip("; "),
-        kv_tokens_per_request_at_max_batch=tokens // batch,
-        kv_cache_free_gpu_mem_fraction=KV_CACHE_FREE_GPU_MEM_FRACTION,
+        kv_tokens_per_request_at_max_batch=runtime_tokens // batch,
+        kv_cache_free_gpu_mem_fraction=fraction,
         decode_step_ms_lower_bound=step_ms,
         decode_tokens_per_s_per_stream_ceiling=1e3 / step_ms,
         decode_step_ms_at_max_batch=batch_step_ms,
@@ -241,7 +297,16 @@ def compute_plan(
         prefill_ms_lower_bound=num_tokens / prefill_tps * 1e3,
         fits=sequences >= 1,
         architecture=facts.architecture,
-        generation_logits_bytes=logits,
+        runtime_reserve_bytes=runtime_reserve,
+        runtime_kv_cache_tokens=runtime_tokens,
+        active_parameter_count=facts.active_parameter_count,
+        num_experts=facts.num_experts,
+        experts_per_token=facts.experts_per_token,
+        max_attention_window_size=facts.family.attention_windows(facts, seq),
+        stored_quantization=facts.quantization.description if facts.quantization else None,
+        stored_group_size=facts.quantization.group_size if facts.quantization else None,
+        notes=plan_notes(facts, seq, running),
+        generation_logits_bytes=generation_logits_bytes(facts, batch, tp) if gathered else 0,
     )
 
 
@@ -253,13 +318,50 @@ def generation_logits_bytes(facts: ModelFacts, max_batch_size: int, tp: int) -> 
     return rows * vocab_padded * LOGITS_BYTES
 
 
+def runtime_reserve_bytes(
+    facts: ModelFacts, tp: int, max_num_tokens: int, max_batch_size: int
+) -> int:
+    """What the runtime holds on a GPU besides weights and KV cache: its fixed share (RUNTIME_OTHER_BYTES,
+    NCCL's), the activations TensorRT sizes at build time for max_num_tokens (per token: the hidden
+    states in and out of a layer and the gate/up output, bf16; TensorRT-LLM docs, reference/memory.md),
+    and the fp32 logits of max_batch_size sequences (a TP shard of the vocabulary)."""
+    per_token = UNQUANTIZED_BYTES * (2 * facts.hidden_size + 2 * facts.intermediate_size / tp)
+    logits = max_batch_size * facts.vocab_size / tp * LOGITS_BYTES
+    nccl = RUNTIME_NCCL_BYTES.get(tp, RUNTIME_NCCL_BYTES[8])
+    return int(RUNTIME_OTHER_BYTES + nccl + max_num_tokens * per_token + logits)
+
+
+def runtime_kv_cache_tokens(free_bytes: int, fraction: float, kv_bytes_per_token: int) -> int:
+    """Tokens of the pool the runtime allocates: its fraction of the free memory, in whole blocks."""
+    pool = max(0, int(fraction * free_bytes))
+    return pool // kv_bytes_per_token // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+
+
+def held_batch(runtime_tokens: int, isl: int, osl: int, pp: int = 1) -> int:
+    """Requests of `isl` + `osl` tokens the runtime's pool holds, per pipeline stage (capped as
+    trtllm-bench caps them), never rounded up: no runtime tuner trims it to what fits."""
+    return max(1, int(min(runtime_tokens / (isl + osl), BATCH_CAP) / pp))
+
+
+def step_tokens(batch: int, isl: int, osl: int) -> int:
+    """max_num_tokens for `batch` requests: their prefill share per step, rounded up as trtllm-bench
+    rounds it (at least 2048)."""
+    return _round_tokens(min(batch * (1 + isl / osl), NUM_TOKENS_CAP))
+
+
+def _round_tokens(raw_tokens: float) -> int:
+    if raw_tokens < 4096:
+        return max(2048, 256 * math.ceil(raw_tokens / 256))
+    if raw_tokens < 8192:
+        return 512 * math.ceil(raw_tokens / 512)
+    return 1024 * math.ceil(raw_tokens / 1024)
+
+
 def batch_limits(kv_tokens: int, isl: int, osl: int, pp: int = 1) -> tuple[int, int]:
     """max_batch_size and max_num_tokens as trtllm-bench sizes an engine for `isl` in / `osl` out tokens:
     as many requests as the KV pool holds (capped), rounded up to its steps; step tokens for their prefill.
-
-    NVIDIA's performance guide: "Set high enough max_batch_size when building the engine so that it
-    does not become the bottleneck of the throughput"; the scheduler keeps the KV pool from running over.
-    """
+    Its runtime then tunes the batch down to what fits; the plan uses this rule only as the upper bound
+    that sizes the runtime's reserve (held_batch is the batch it builds)."""
     raw_batch = min(kv_tokens / (isl + osl), BATCH_CAP) / pp
     raw_tokens = min(raw_batch * (1 + isl / osl), NUM_TOKENS_CAP)
     if raw_batch < 256:
@@ -268,13 +370,7 @@ def batch_limits(kv_tokens: int, isl: int, osl: int, pp: int = 1) -> tuple[int, 
         batch = 128 * math.ceil(raw_batch / 128)
     else:
         batch = 256 * math.ceil(raw_batch / 256)
-    if raw_tokens < 4096:
-        num_tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
-    elif raw_tokens < 8192:
-        num_tokens = 512 * math.ceil(raw_tokens / 512)
-    else:
-        num_tokens = 1024 * math.ceil(raw_tokens / 1024)
-    return batch, num_tokens
+    return batch, _round_tokens(raw_tokens)
 
 
 def plan_memory(facts: ModelFacts, gpu: GpuProfile, **options) -> MemoryPlan:
@@ -293,7 +389,7 @@ def fitting_options(facts: ModelFacts, gpu: GpuProfile, options: dict) -> list[M
     """For each weight dtype this GPU runs, the plan with the smallest TP that fits."""
     found = []
     for dtype, precision in WEIGHT_PRECISIONS.items():
-        if precision.needs_fp8_hardware and not gpu.supports_fp8:
+        if precision.stored_only or (precision.needs_fp8_hardware and not gpu.supports_fp8):
             continue
         tp = _smallest_tp(facts, gpu, {**options, "dtype": dtype})
         if tp is not None:
@@ -314,27 +410,43 @@ def _smallest_tp(facts: ModelFacts, gpu: GpuProfile, options: dict) -> int | Non
 def _prefill_tokens_per_s(facts: ModelFacts, gpu: GpuProfile, dtype: str, tp: int) -> float:
     """Compute bound: 2 FLOPs per matmul weight per token (attention score FLOPs left out)."""
     s = _split(facts)
-    flops_per_token = 2 * (s.linear + s.lm_head)
+    flops_per_token = 2 * (s.routed_linear + s.lm_head)  # MoE: a token runs its routed experts only
     tflops = gpu.fp8_tflops if dtype == "fp8" and gpu.fp8_tflops else gpu.bf16_tflops
     return tflops * 1e12 * tp / flops_per_token
 
 
 def _max_seq_len(facts: ModelFacts, requested: int | None) -> int:
+    """The default fits the model: 8192, a reasoning model's long answers, never more than it or its engine
+    flow takes (Gemma 2: 4096)."""
+    family_cap = facts.family.max_seq_len or facts.max_position_embeddings
+    limit = min(facts.max_position_embeddings, family_cap)
     if requested is None:
-        return min(facts.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
-    if requested < 2 or requested > facts.max_position_embeddings:
+        default = REASONING_MAX_SEQ_LEN if facts.reasoning_parser else DEFAULT_MAX_SEQ_LEN
+        return min(limit, default)
+    if requested < 2 or requested > limit:
+        why = (
+            facts.family.max_seq_len_source
+            if limit < facts.max_position_embeddings
+            else "the model's max_position_embeddings"
+        )
         raise PlanError(
-            f"--max-seq-len {requested} is outside 2..{facts.max_position_embeddings} "
-            "(the model's max_position_embeddings)",
-            hint=f"pass --max-seq-len between 2 and {facts.max_position_embeddings}",
+            f"--max-seq-len {requested} is outside 2..{limit} ({why})",
+            hint=f"pass --max-seq-len between 2 and {limit}",
+            value=requested,
         )
     return requested
 
 
 def _check_choices(gpu: GpuProfile, dtype: str, kv_dtype: str) -> None:
-    if dtype not in WEIGHT_DTYPES:
+    if dtype not in WEIGHT_PRECISIONS:
         raise PlanError(
             f"unknown --dtype {dtype!r}", hint=f"use one of: {', '.join(WEIGHT_DTYPES)}"
+        )
+    if WEIGHT_PRECISIONS[dtype].needs_fp4_hardware:
+        raise PlanError(
+            f"{gpu.name} (SM {gpu.sm}) has no FP4 tensor cores; {dtype} weights need Blackwell (SM 10.0)",
+            hint="use the checkpoint's bf16 original with --dtype fp8, or a Blackwell GPU",
+            value=dtype,
         )
     if kv_dtype not in KV_DTYPES:
         raise PlanError(

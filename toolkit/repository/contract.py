@@ -59,9 +59,8 @@ ENGINE_INPUTS = (
     Tensor("input_lengths", "INT32", (1,), scalar=True),
     Tensor("request_output_len", "INT32", (1,), scalar=True),
     _opt("num_return_sequences", "INT32", scalar=True),
-    _opt(
-        "decoder_input_ids", "INT32", (-1,), ragged=True
-    ),  # encoder-decoder only; decoder-only engines ignore it
+    # encoder-decoder only; decoder-only engines ignore it
+    _opt("decoder_input_ids", "INT32", (-1,), ragged=True),
     _opt("decoder_input_lengths", "INT32", scalar=True),
     *_scalars("INT32", "end_id", "pad_id"),
     _opt("stop_words_list", "INT32", (2, -1), ragged=True),
@@ -227,9 +226,8 @@ PREPROCESSING_INPUTS = (
     _opt("EMBEDDING_BIAS_WEIGHTS", "FP32", (-1,)),
     _opt("END_ID", "INT32"),
     _opt("PAD_ID", "INT32"),
-    _opt(
-        "MIN_TOKENS", "INT32"
-    ),  # ours: with min_tokens the model's other end tokens are not added as stop words
+    # ours: with min_tokens the model's other end tokens are not added as stop words
+    _opt("MIN_TOKENS", "INT32"),
 )
 PREPROCESSING_OUTPUTS = (
     Tensor("INPUT_ID", "INT32", (-1,)),

@@ -50,7 +50,10 @@ class RepositoryLimits:
             max_output_len=max_output_len or plan.max_seq_len - 1,
             max_seq_len=plan.max_seq_len,
             max_num_tokens=plan.max_num_tokens,
-            kv_cache_tokens=max(plan.kv_cache_tokens, plan.max_seq_len),
+            # the pool the runtime serves with (an older plan without it: the planner's own)
+            kv_cache_tokens=max(
+                plan.runtime_kv_cache_tokens or plan.kv_cache_tokens, plan.max_seq_len
+            ),
             kv_block_size=plan.tokens_per_block,
             max_queue_size=cls.max_queue_size if max_queue_size is None else max_queue_size,
         )

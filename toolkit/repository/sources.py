@@ -38,6 +38,8 @@ def common_module(name: str) -> ModuleType:
     path = model_repo_sources() / "common" / f"{name}.py"
     qualified = f"toolkit._model_common.{name}"
     spec = importlib.util.spec_from_file_location(qualified, path)
+    if spec is None or spec.loader is None:
+        raise RepositoryError(f"cannot load the model source {path}", hint="reinstall the toolkit")
     module = importlib.util.module_from_spec(spec)
     sys.modules[qualified] = module
     spec.loader.exec_module(module)

@@ -407,7 +407,7 @@ def _library_versions() -> dict:
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
-    found = {"python": platform.python_version()}
+    found: dict[str, str | None] = {"python": platform.python_version()}
     for name in ("torch", "transformers", "tokenizers", "tritonclient", "nvidia-pytriton"):
         try:
             found[name] = version(name)

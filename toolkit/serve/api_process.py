@@ -50,8 +50,11 @@ def launch_api(
         die_with_parent=not detached,
     )
     try:
-        process.stdin.write(json.dumps(payload).encode())
-        process.stdin.close()
+        stdin = process.stdin
+        if stdin is None:  # start_process was given stdin=PIPE
+            raise ServerError("the OpenAI API process has no stdin", hint="this is a toolkit bug")
+        stdin.write(json.dumps(payload).encode())
+        stdin.close()
         wait_http_ok(
             f"http://{client_host(host)}:{port}/health", timeout_s, process, "the OpenAI API"
         )

@@ -64,7 +64,8 @@ class RunningServer:
     def metrics_url(self) -> str:
         return f"http://{client_host(self.config.metrics_host or self.config.host)}:{self.config.metrics_port}/metrics"
 
-    def stop(self, timeout_s: float | None = None) -> int:
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """Its exit code (None: it could not be waited for, e.g. it was not our child)."""
         return stop_process(
             self.process, self.config.exit_timeout_s + 5 if timeout_s is None else timeout_s
         )

@@ -144,7 +144,8 @@ class ServeSession:
             codes["server"] = self.server.stop(grace)
 
         def stop_api() -> None:
-            codes["api"] = stop_process(self.api, grace)
+            if self.api is not None:
+                codes["api"] = stop_process(self.api, grace)
 
         threads = [threading.Thread(target=stop_server)]
         if self.api is not None:

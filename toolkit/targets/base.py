@@ -78,6 +78,12 @@ class TargetPlan:
                     "steps": list(build.step_names),
                     "commands": [list(argv) for argv in build.commands],
                     "runtime": build.runtime.to_dict(),
+                    "calibration": build.calibration.to_dict() if build.calibration else None,
+                    "step_environment": {
+                        name: dict(env)
+                        for name, env in zip(build.step_names, build.step_environment, strict=False)
+                        if env
+                    },
                     "checkpoint_dir": build.checkpoint_dir,
                     "trtllm_version_pinned": build.trtllm_version_pinned,
                     "container": build.container,
@@ -124,6 +130,11 @@ class Target(ABC):
     @abstractmethod
     def plan(self, settings: BuildSettings, model: ModelSpec) -> TargetPlan:
         """Plan a build of `model` with these (checked) settings; nothing is downloaded or written."""
+
+    def preflight_build(self, plan: TargetPlan) -> None:
+        """Check this machine can run the planned build before anything is downloaded (the Python
+        engines need nothing more)."""
+        return None
 
     @abstractmethod
     def build_engine(

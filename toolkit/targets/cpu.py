@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from toolkit.build_settings import BuildSettings
 from toolkit.capabilities import GUIDE_KINDS, MAX_N, MAX_TOP_LOGPROBS, Capabilities
+from toolkit.errors import UnsupportedModelError
 from toolkit.fsutil import copy_file
 from toolkit.repository.engine import checkpoint_files
 from toolkit.targets.base import HOST_OVERHEAD_BYTES, Resources
@@ -45,6 +46,13 @@ class CpuTarget(PythonTarget):
     description = "the CPU engine (transformers' continuous batching in Triton's Python backend)"
     engine_class = CpuEngine
     engine_settings = ("num_threads",)
+
+    def plan(self, settings: BuildSettings, model):
+        if model.kind != "embedded":  # the embedded models are known to run; others are read first
+            from toolkit.plan.source import load_model_for_plan
+
+            check_model(load_model_for_plan(model).facts)
+        return super().plan(settings, model)
 
     def capabilities(self, settings: BuildSettings) -> Capabilities:
         """What the CPU engine does for real (model_repo/tensorrt_llm_cpu/1): guided decoding of every kind
@@ -96,3 +104,28 @@ class CpuTarget(PythonTarget):
             f"drain timeout {drain_s}s assumes at least {CPU_TOKENS_PER_S:.0f} tokens/s per stream; measure "
             "with toolkit bench and pass --drain-timeout"
         ]
+
+
+def check_model(facts) -> None:
+    """Refuse what transformers' continuous batching would run as a different model than the checkpoint.
+
+    Its paged attention (integrations/eager_paged.py, transformers 5.24) ignores `softcap`, and sdpa refuses
+    it: Gemma 2's attention-logit soft-capping would be silently dropped (measured: a capped tiny Gemma 2 gives
+    generate()'s uncapped tokens under continuous batching). The engine loads float32 weights, so a
+    pre-quantized checkpoint is not taken either.
+    """
+    if facts.attn_logit_softcapping:
+        raise UnsupportedModelError(
+            f"{facts.architecture} soft-caps its attention logits (attn_logit_softcapping="
+            f"{facts.attn_logit_softcapping}); transformers' paged attention, which the CPU engine runs, drops "
+            "the cap, so it would serve a different model",
+            hint="build it for a GPU target (--target h100-sxm: TensorRT-LLM applies the cap as max_attn_value)",
+            value=facts.attn_logit_softcapping,
+        )
+    if facts.quantization is not None:
+        raise UnsupportedModelError(
+            f"the checkpoint is pre-quantized as {facts.quantization.description}; the CPU engine runs "
+            "float32 weights and does not dequantize it",
+            hint="build the unquantized checkpoint for --target cpu, or this one for a GPU target",
+            value=facts.quantization.method,
+        )

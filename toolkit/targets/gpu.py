@@ -11,14 +11,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from toolkit.build_settings import CPU_PRECISION, SETTINGS, BuildSettings
 from toolkit.capabilities import GUIDE_KINDS, MAX_N, MAX_TOP_LOGPROBS, Capabilities
+from toolkit.engine.fusions import FUSIONS
 from toolkit.errors import RecipeError, RepositoryError, ServerError
 from toolkit.plan.gpus import GpuProfile
-from toolkit.plan.precisions import (
-    DEFAULT_DTYPE,
-    DEFAULT_KV_DTYPE,
-    KV_PRECISIONS,
-    WEIGHT_PRECISIONS,
-)
+from toolkit.plan.precisions import KV_PRECISIONS, WEIGHT_PRECISIONS
 from toolkit.repository import configs
 from toolkit.repository import contract as c
 from toolkit.repository.engine import CANCELLATION_CHECK_PERIOD_MS, EngineSection
@@ -32,14 +28,16 @@ if TYPE_CHECKING:
 
 # Plus CUDA, MPI and TensorRT-LLM's host buffers.
 GPU_HOST_OVERHEAD_BYTES = 8 * GIB
-# Measured decode steps run slower than the planner's roofline bound (a lower bound) under load.
-ROOFLINE_MARGIN = 2.0
+# The performance estimate holds within +-20 % of NVIDIA's model (tests/test_estimate.py): a stream
+# may run 1 / 0.8 = 1.25 x slower than it says.
+ESTIMATE_MARGIN = 1.25
 # Container start, MPI ranks, CUDA contexts, the Python models, the KV pool allocation and CUDA
 # graph capture, besides loading the weights.
 GPU_START_S = 180
 # Checkpoints on the hub are bf16, 2 bytes per parameter (the memory plan counts the parameters).
 CHECKPOINT_BYTES_PER_PARAMETER = 2
 NOT_YET = "the OpenAI API does not pass it to the tensorrtllm backend yet"
+FUSION_SETTINGS = tuple(f.setting for f in FUSIONS)
 # The backend's guided decoding (xgrammar): the one backend its C++ accepts (tests/data/upstream).
 GUIDED_DECODING_BACKEND = "xgrammar"
 LOGITS_HINT = (
@@ -106,20 +104,23 @@ class TrtllmEngine:
         config.instance_group.append(
             mc.ModelInstanceGroup(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
         )
+        # The runtime sizes the KV pool from its free-memory share; a token cap, when one is planned,
+        # would bound it too (it takes the smaller of the two).
+        cap = self.runtime.get("max_tokens_in_paged_kv_cache")
         configs.set_parameters(
             config,
             {
                 "gpt_model_type": "inflight_fused_batching",
                 "gpt_model_path": self.engine_dir,
                 "max_beam_width": 1,
-                # Both bounds: the runtime uses the smaller of the token count and the free-memory share.
-                "max_tokens_in_paged_kv_cache": self.runtime["kv_cache_tokens"],
+                **({} if cap is None else {"max_tokens_in_paged_kv_cache": cap}),
                 "kv_cache_free_gpu_mem_fraction": self.runtime["kv_cache_free_gpu_mem_fraction"],
                 "enable_kv_cache_reuse": self.runtime["enable_kv_cache_reuse"],
                 "enable_chunked_context": self.runtime["enable_chunked_context"],
                 "batch_scheduler_policy": self.runtime["batch_scheduler_policy"],
                 "exclude_input_in_output": True,
                 "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,
+                **_attention_window(self.runtime),
                 **guided_decoding_parameters(plan.output, self.trtllm_version),
             },
         )
@@ -191,13 +192,15 @@ class GpuTarget(Target):
     def plan_memory(self, settings: BuildSettings, planned: PlannedModel) -> MemoryPlan:
         """The memory plan of `planned` on this GPU with these settings (toolkit plan shows it)."""
         from toolkit.plan.memory import plan_memory
+        from toolkit.targets.gpu_models import check_buildable, kv_dtype, weight_dtype
 
+        check_buildable(planned.facts, settings)
         return plan_memory(
             planned.facts,
             self.profile,
             model=planned.name,
-            dtype=settings.dtype or DEFAULT_DTYPE,
-            kv_dtype=settings.kv_dtype or DEFAULT_KV_DTYPE,
+            dtype=weight_dtype(planned.facts, settings),
+            kv_dtype=kv_dtype(planned.facts, settings),
             tp=settings.tp,
             pp=settings.pp or 1,
             max_seq_len=settings.max_seq_len,
@@ -206,6 +209,7 @@ class GpuTarget(Target):
             max_num_tokens=settings.max_num_tokens,
             target_input_len=settings.target_input_len,
             target_output_len=settings.target_output_len,
+            kv_cache_free_gpu_mem_fraction=settings.kv_cache_free_gpu_mem_fraction,
             gather_generation_logits=bool(settings.gather_generation_logits),
         )
 
@@ -234,12 +238,19 @@ class GpuTarget(Target):
     def _resolved(self, settings: BuildSettings, memory, limits, engine_build) -> BuildSettings:
         """The settings as planned: every value the build will use, so a rebuild makes the same engine."""
         runtime = engine_build.runtime
+        calibration = engine_build.calibration
+        fusions: dict[str, Any] = {
+            name: name in engine_build.steps.fusions for name in FUSION_SETTINGS
+        }
         return BuildSettings(
             dtype=memory.dtype,
             kv_dtype=memory.kv_dtype,
             calib_size=engine_build.steps.calib_size,
+            calib_dataset=engine_build.steps.calib_dataset,
+            calib_gpus=calibration.gpus if calibration else None,
             awq_block_size=engine_build.steps.awq_block_size,
             tp=memory.tp_size,
+            moe_ep_size=engine_build.steps.moe_ep_size if memory.num_experts else None,
             pp=memory.pp_size,
             max_seq_len=memory.max_seq_len,
             max_input_len=memory.max_input_len,
@@ -253,19 +264,33 @@ class GpuTarget(Target):
             kv_cache_free_gpu_mem_fraction=runtime.kv_cache_free_gpu_mem_fraction,
             enable_kv_cache_reuse=runtime.enable_kv_cache_reuse,
             enable_chunked_context=runtime.enable_chunked_context,
+            **fusions,
             engine_dir=Path(engine_build.engine_dir),
             decoupled=True if settings.decoupled is None else settings.decoupled,
             gather_generation_logits=bool(settings.gather_generation_logits),
         )
+
+    def preflight_build(self, plan: TargetPlan) -> None:
+        """TensorRT-LLM of the pinned release, a GPU of this profile's SM and enough of them, and a
+        calibration set the quantizer can read: checked before the checkpoint's download."""
+        from toolkit.engine.calibration import check_calibration_source
+        from toolkit.engine.tools import require_gpu_sm, require_gpus, require_trtllm
+
+        build = plan.engine_build
+        if build is None:
+            raise TypeError(f"a {self.name} plan names its engine build")
+        require_trtllm()
+        require_gpu_sm(self.profile.sm, self.name)
+        require_gpus(build.gpus, _gpus_why(build))
+        check_calibration_source(build.calibration)
 
     def build_engine(self, plan: TargetPlan, model, progress) -> tuple[TrtllmEngine, Any]:
         from toolkit.engine.build import execute_engine_build
         from toolkit.engine.info import read_engine_info
 
         if plan.engine_build is None:
-            raise TypeError(
-                f"a {self.name} plan names its engine build"
-            )  # a plan of another target
+            # a plan of another target
+            raise TypeError(f"a {self.name} plan names its engine build")
         engine_plan = plan.engine_build.with_checkpoint(model.path)
         result = execute_engine_build(engine_plan, progress=progress)
         engine = TrtllmEngine.from_engine(self.name, read_engine_info(Path(result.engine_dir)))
@@ -349,13 +374,34 @@ class GpuTarget(Target):
                 f"{repository.path} is a GPU repository without a memory plan in its manifest",
                 hint=f"rebuild it: {repository.rebuild_command}",
             )
-        return 1000 / (plan.decode_step_ms_at_max_batch * ROOFLINE_MARGIN)
+        from toolkit.plan.estimate import estimate_for_plan
+
+        # every batch slot of every pipeline stage busy, at the plan's target lengths
+        full = estimate_for_plan(
+            repository.manifest.model.facts, plan, plan.max_batch_size * plan.pp_size
+        )
+        return 1000 / (full.tpot_ms * ESTIMATE_MARGIN)
 
     def resources(self, repository, load_bytes: int, world_size: int) -> Resources:
         return Resources(GPU_HOST_OVERHEAD_BYTES + load_bytes, 2 + 2 * world_size)
 
     def build_resources(self, checkpoint_bytes: int, world_size: int) -> Resources:
         return Resources(GPU_HOST_OVERHEAD_BYTES + 2 * checkpoint_bytes, 4 + 2 * world_size)
+
+
+def _attention_window(runtime: dict) -> dict:
+    """max_attention_window_size when some layer attends through a sliding window: the backend reads it as
+    a comma-separated list of int32, one per layer (model_instance_state.cc: GetParameter<std::vector<
+    int32_t>>, utils::csvStrToVecInt), as the Gemma 3 README's --max_attention_window_size 512 ... 3100."""
+    windows = runtime.get("max_attention_window_size") or ()
+    return {"max_attention_window_size": ",".join(str(w) for w in windows)} if windows else {}
+
+
+def _gpus_why(build) -> str:
+    why = f"TP x PP = {build.world_size}"
+    if build.calibration is not None and build.calibration.gpus > build.world_size:
+        why += f", calibration over {build.calibration.gpus}"
+    return why
 
 
 def _display_checkpoint(model) -> str:

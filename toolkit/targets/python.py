@@ -96,9 +96,14 @@ class PythonEngine:
         return {}
 
     @classmethod
+    def fields_from(cls, parameters: dict) -> dict:
+        """The engine's fields from the manifest's JSON parameters (lists back to tuples, ...)."""
+        return parameters
+
+    @classmethod
     def from_section(cls, section: EngineSection) -> PythonEngine:
         try:
-            return cls(**section.parameters)
+            return cls(**cls.fields_from(section.parameters))
         except TypeError as exc:
             raise RepositoryError(
                 f"the manifest's engine section does not fit a {cls.kind} engine: {exc}",

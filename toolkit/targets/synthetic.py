@@ -50,9 +50,8 @@ class SyntheticEngine(PythonEngine):
         }
 
     @classmethod
-    def from_section(cls, section):
-        engine = super().from_section(section)
-        return replace(engine, token_ids=tuple(engine.token_ids))
+    def fields_from(cls, parameters: dict) -> dict:
+        return {**parameters, "token_ids": tuple(parameters.get("token_ids", ()))}
 
 
 def script_ids(checkpoint: Path, text: str) -> list[int]:

@@ -36,9 +36,8 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             tokens = lengths = None
-            for (
-                tensor
-            ) in request.inputs():  # one pass; get_input_tensor_by_name would scan once per name
+            # one pass; get_input_tensor_by_name would scan once per name
+            for tensor in request.inputs():
                 name = tensor.name()
                 if name == "TOKENS_BATCH":
                     tokens = tensor.as_numpy()

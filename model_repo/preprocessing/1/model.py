@@ -29,9 +29,8 @@ class TritonPythonModel:
         self.bos_id = None if bos < 0 else bos
         self.end_id = params.integer("end_id")
         self.pad_id = params.integer("pad_id")
-        self.stop_ids = params.ids(
-            "stop_ids"
-        )  # the model's other end tokens: default one-token stop words
+        # the model's other end tokens: default one-token stop words
+        self.stop_ids = params.ids("stop_ids")
         self.max_input_len = params.integer("max_input_len")
         self.max_output_len = params.integer("max_output_len")
         self.max_seq_len = params.integer("max_seq_len")

@@ -87,9 +87,8 @@ class TritonPythonModel:
             sender.send(_error(message), flags=_final())
 
     def finalize(self):
-        self.pool.shutdown(
-            wait=False, cancel_futures=True
-        )  # never hang the unload on a request still waiting for the engine
+        # never hang the unload on a request still waiting for the engine
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _serve(self, request, sender) -> None:
         engine_request = pb_utils.InferenceRequest(
@@ -110,9 +109,8 @@ class TritonPythonModel:
         responses = engine_request.exec(decoupled=True)
         for response in responses:
             if request.is_cancelled():
-                if hasattr(
-                    responses, "cancel"
-                ):  # Python backend 24.08+: stops the engine's work too
+                # Python backend 24.08+: stops the engine's work too
+                if hasattr(responses, "cancel"):
                     responses.cancel()
                 sender.send(flags=_final())
                 return

@@ -204,9 +204,8 @@ class TritonPythonModel:
                 0,
             )
         position = self.next_position
-        self.next_position = (position + 7) % len(
-            self.token_ids
-        )  # requests start at different tokens
+        # requests start at different tokens
+        self.next_position = (position + 7) % len(self.token_ids)
         return _Stream(request, sender, output_len, streaming, prefix, input_len, position)
 
     # -- tokens out -----------------------------------------------------------------------------
@@ -278,9 +277,8 @@ class TritonPythonModel:
         if check_cancel and s.request.is_cancelled():
             s.sender.send(flags=FINAL)
             return False
-        if (
-            s.triton_id in stops
-        ):  # stopped by a `stop` request: a normal final response with what it has
+        # stopped by a `stop` request: a normal final response with what it has
+        if s.triton_id in stops:
             s.remaining = 1
         s.remaining -= 1
         s.produced += 1

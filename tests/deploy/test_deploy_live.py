@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import shutil
 import signal
@@ -29,22 +28,6 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_deploy import (
-    CRD_APIS,
-    NAMESPACE,
-    TARGET_LABELS,
-    container,
-    deploy,
-    find,
-    find_helm,
-    flag,
-    promql_value,
-    render,
-    rule_selectors,
-    server_deployment,
-    validation_errors,
-    write_values,
-)
 
 from toolkit.api.app import ApiSettings
 from toolkit.api.server import run_api_in_background
@@ -52,7 +35,22 @@ from toolkit.model.sources import ResolvedModel
 from toolkit.serve.net import free_port
 from toolkit.subprocs import session_alive, stop_process
 
+from chart import (
+    CRD_APIS,
+    NAMESPACE,
+    container,
+    deploy,
+    find,
+    find_helm,
+    flag,
+    render,
+    server_deployment,
+    write_values,
+)
+from k8s_checks import TARGET_LABELS, rule_selectors, validation_errors
+from promql import promql_value
 from repos import launch_on_free_ports, python_repository
+from sse_events import DONE, sse_events, stream_errors
 from tiny import make_tiny_checkpoint
 
 pytestmark = pytest.mark.server
@@ -88,9 +86,8 @@ class LocalPod:
         for volume in self.spec["volumes"]:
             local = workdir / "volumes" / volume["name"]
             if "persistentVolumeClaim" in volume:
-                self.volumes[volume["name"]] = (claims or {}).get(
-                    volume["name"]
-                )  # None: the same path
+                # None: the same path
+                self.volumes[volume["name"]] = (claims or {}).get(volume["name"])
                 continue
             local.mkdir(parents=True)
             if "secret" in volume:
@@ -200,11 +197,6 @@ class LocalPod:
     def stop(self) -> None:
         for process in self.processes.values():
             stop_process(process, 10)
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    return find_helm()
 
 
 @pytest.fixture(scope="module")
@@ -345,8 +337,8 @@ def test_the_autoscaler_counts_requests_queued_beyond_the_batch_slots(two_slot_e
 
     def stream() -> None:
         with httpx.stream("POST", f"{api.url}/v1/completions", json=body, timeout=120) as response:
-            chunks = [line for line in response.iter_lines() if line.startswith("data: {")]
-            finished.append(json.loads(chunks[-1][6:])["choices"][0]["finish_reason"])
+            chunks = [e for e in sse_events(response.iter_lines()) if e != DONE]
+            finished.append(chunks[-1]["choices"][0]["finish_reason"])
 
     threads = [threading.Thread(target=stream) for _ in range(3 * SLOTS)]
     for thread in threads:
@@ -490,14 +482,13 @@ def test_pod_stop_sequence_finishes_streams_and_refuses_new_ones(local_pod, live
         "stream": True,
         "temperature": 0,
     }
-    events: list[tuple[float, str]] = []
+    events: list[tuple[float, dict | str]] = []
 
     def stream() -> None:
         try:
             with httpx.stream("POST", url, json=body, headers=headers, timeout=120) as response:
-                for line in response.iter_lines():
-                    if line.startswith("data:"):
-                        events.append((time.monotonic(), line[5:].strip()))
+                for event in sse_events(response.iter_lines()):
+                    events.append((time.monotonic(), event))
         except httpx.HTTPError as exc:
             events.append((time.monotonic(), f"ERROR {exc!r}"))
 
@@ -526,10 +517,11 @@ def test_pod_stop_sequence_finishes_streams_and_refuses_new_ones(local_pod, live
     }
     took = time.monotonic() - start
     assert events[-1][1] == "[DONE]", f"the stream did not finish: {events[-3:]}"
-    assert not [e for _, e in events if e.startswith("ERROR") or '"error"' in e]
+    assert not [e for _, e in events if isinstance(e, str) and e.startswith("ERROR")]
+    assert not stream_errors(e for _, e in events)
     after = [e for t, e in events if t > sigterm and e != "[DONE]"]
     assert after, "no token was streamed after SIGTERM"
-    assert json.loads(events[-2][1])["choices"][0]["finish_reason"] in ("length", "stop")
+    assert events[-2][1]["choices"][0]["finish_reason"] in ("length", "stop")
     assert took <= spec["terminationGracePeriodSeconds"], f"{took:.1f}s > the grace period"
     assert codes["triton"] == 0, codes
     # a drained stop is a clean exit (uvicorn's re-raise of the SIGTERM is absorbed by toolkit api)
@@ -548,8 +540,8 @@ def stream_tokens_per_s(url: str, model: str, headers: dict) -> float:
     body = {"model": model, "prompt": PROMPT, "max_tokens": 16, "stream": True, "temperature": 0}
     times = []
     with httpx.stream("POST", url, json=body, headers=headers, timeout=120) as response:
-        for line in response.iter_lines():
-            if line.startswith("data:") and line.strip() != "data: [DONE]":
+        for event in sse_events(response.iter_lines()):
+            if event != DONE:
                 times.append(time.monotonic())
     return 15 / max(times[-1] - times[0], 1e-3)
 
