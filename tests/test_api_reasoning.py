@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toolkit.api import ApiSettings
-from toolkit.api.generation import Generation, Job
+from toolkit.api.generation import Generation, Job, SseFormatter
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.reasoning import PARSERS, reasoning_parser
-from toolkit.api.responses import _sse, _whole_body
+from toolkit.api.responses import _drain, _sse, _whole_body
 from toolkit.api.state import ApiState
 from toolkit.api.triton import Piece, Sampling
 from toolkit.errors import ToolkitError
@@ -78,9 +78,8 @@ def test_a_stream_sends_reasoning_content_then_content():
         generation = Generation(
             _job(), _Pieces(["<thi", "nk>Let me ", "think.</th", "ink>Par", "is."]), ApiMetrics()
         )
-        texts = generation.texts()
-        first = await anext(texts)
-        return [chunk async for chunk in _sse(generation.job, generation, texts, first, R1)]
+        sse = SseFormatter(generation.job)
+        return [chunk async for chunk in _sse(sse, [generation], generation.deltas(), None, R1)]
 
     lines = [
         line for chunk in asyncio.run(events()) for line in chunk.decode().split("\n\n") if line
@@ -93,11 +92,13 @@ def test_a_stream_sends_reasoning_content_then_content():
 
 
 def test_a_whole_answer_carries_both_fields():
-    generation = Generation(_job(), _Pieces([]), ApiMetrics())
-    body = _whole_body(_job(), "Let me think.</think>Paris.", generation, R1)
+    job = _job()
+    generation = Generation(job, _Pieces(["Let me think.</think>", "Paris."]), ApiMetrics())
+    asyncio.run(_drain(generation.deltas()))
+    body = _whole_body([job], [generation], None, R1)
     message = body["choices"][0]["message"]
     assert (message["reasoning_content"], message["content"]) == ("Let me think.", "Paris.")
-    plain = _whole_body(_job(), "Let me think.</think>Paris.", generation)["choices"][0]["message"]
+    plain = _whole_body([job], [generation], None)["choices"][0]["message"]
     assert "reasoning_content" not in plain and plain["content"] == "Let me think.</think>Paris."
 
 

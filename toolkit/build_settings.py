@@ -361,6 +361,15 @@ class BuildSettings:
         default="on",
         negation="no-chunked-context",
     )
+    gather_generation_logits: bool | None = setting(
+        "GPU: build the engine with --gather_generation_logits, so that requests can ask for top_logprobs "
+        "(the backend then returns each step's logits; its logits buffer is counted in the memory plan).",
+        kind=bool,
+        targets=_GPU,
+        recipe="engine.gather_generation_logits",
+        default="off",
+        negation="no-gather-generation-logits",
+    )
     # --- engine
     num_threads: int | None = setting(
         "CPU engine: torch threads (0: torch's default).",
@@ -377,6 +386,15 @@ class BuildSettings:
         recipe="engine.step_time_ms",
         default="0",
         minimum=0,
+    )
+    synthetic_output: str | None = setting(
+        "Synthetic engine: the text every request is answered with, then the end token (tokenized with the "
+        "repository's tokenizer, special tokens included), to test what reads the output (tool-call "
+        "parsers, stop strings); default: plain words up to max_tokens.",
+        kind=str,
+        targets=_SYN,
+        recipe="engine.synthetic_output",
+        default="plain words",
     )
     # FP8 / tensor-parallel fusions (trtllm-build flags; their upstream conditions: toolkit.engine.fusions)
     reduce_fusion: bool | None = setting(

@@ -7,6 +7,7 @@ and is answered (toolkit.api.responses); the state it is served with is toolkit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ from starlette.responses import Response
 
 from toolkit.api.errors import ApiError, install_error_handlers
 from toolkit.api.gate import ARRIVAL, Gate
-from toolkit.api.jobs import plan_job, refuse_unsupported, render_chat
+from toolkit.api.generation import Job
+from toolkit.api.jobs import plan_job, refuse_unsupported, render_chat, request_features
 from toolkit.api.responses import respond
 from toolkit.api.schemas import (
     ChatCompletion,
@@ -30,6 +32,15 @@ from toolkit.api.schemas import (
     unsupported_content,
 )
 from toolkit.api.state import ApiSettings, ApiState
+from toolkit.api.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    detokenize,
+    tokenize,
+)
+from toolkit.api.tools import template_messages, template_tools, tool_setup
 from toolkit.errors import ToolkitError
 from toolkit.repository.reader import open_repository
 
@@ -76,12 +87,11 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
         found = unsupported_content(body)
         if found:
             raise ApiError(400, found[1], param=found[0], code="unsupported_content")
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in body.messages
-        ]
+        tools, tool_guide = tool_setup(state, body)
+        features, _ = request_features(state, body, tool_guide)
+        messages = template_messages(body.messages)
         try:
-            prompt = await render_chat(state, messages)
+            prompt = await render_chat(state, messages, template_tools(body.tools))
         except ToolkitError as exc:  # no template at all: one sentence, not the CLI's "fix:" line
             fix = f"; {exc.hint}" if exc.hint else ""
             raise ApiError(
@@ -95,7 +105,15 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
                 400, f"The chat template refused these messages: {reason}", param="messages"
             ) from exc
         job = await plan_job(
-            state, "chat", body, prompt, body.requested_max_tokens(), "messages", _arrival(request)
+            state,
+            "chat",
+            body,
+            prompt,
+            body.requested_max_tokens(),
+            "messages",
+            _arrival(request),
+            features=features,
+            tools=tools,
         )
         return await respond(state, job, bool(body.stream), request)
 
@@ -103,16 +121,31 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
     async def completions(body: CompletionRequest, request: Request):
         state.check_model(body.model)
         refuse_unsupported(state, body)
-        job = await plan_job(
-            state,
-            "completion",
-            body,
-            body.prompt_text(),
-            body.max_tokens,
-            "prompt",
-            _arrival(request),
-        )
-        return await respond(state, job, bool(body.stream), request)
+        features, _ = request_features(state, body)
+        jobs: list[Job] = []
+        for i, prompt in enumerate(body.prompts()):  # each prompt its own engine request
+            param = "prompt" if isinstance(body.prompt, str) else f"prompt.{i}"
+            job = await plan_job(
+                state,
+                "completion",
+                body,
+                prompt,
+                body.max_tokens,
+                param,
+                _arrival(request),
+                features=features,
+                first_index=i * features.n,
+            )
+            jobs.append(dataclasses.replace(job, id=jobs[0].id) if jobs else job)
+        return await respond(state, jobs, bool(body.stream), request)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
+    async def tokenize_text(body: TokenizeRequest):
+        return await tokenize(state, body)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
+    async def detokenize_tokens(body: DetokenizeRequest):
+        return await detokenize(state, body)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
     async def list_models():

@@ -26,12 +26,16 @@ from toolkit.settings import ApiLimits
 
 ARRIVAL = "toolkit_arrival"
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# Bodies read (bounded, as a generation's) but not counted in flight: the tokenizer's endpoints.
+TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize"})
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # answered without an API key (probes, scrapers)
 CLOSE = (b"connection", b"close")
 ENDPOINTS = {
     "/v1/chat/completions": "chat_completions",
     "/v1/completions": "completions",
     "/v1/models": "models",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
     "/health": "health",
     "/metrics": "metrics",
 }
@@ -71,6 +75,7 @@ class Gate:
             await send(message)
 
         generation = scope["method"] == "POST" and path in GENERATION_PATHS
+        tokenizer = scope["method"] == "POST" and path in TOKENIZER_PATHS
         try:
             if path not in OPEN_PATHS and self.api_keys and not self._authorized(scope):
                 await self._refuse(
@@ -83,13 +88,16 @@ class Gate:
                     [(b"www-authenticate", b"Bearer"), CLOSE],
                 )
                 return
-            if not generation:
+            if not (generation or tokenizer):
                 if _announces_body(scope):
                     send_and_record = _closing(send_and_record)
                 await self.app(scope, _without_body(receive), send_and_record)
                 return
             receive = await self._whole_body(scope, receive, send_and_record, status)
             if receive is None:
+                return
+            if tokenizer:
+                await self.app(scope, receive, send_and_record)
                 return
             # Where time-to-first-token starts (Starlette's request.state reads scope["state"]).
             scope.setdefault("state", {})[ARRIVAL] = time.perf_counter()

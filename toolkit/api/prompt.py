@@ -68,13 +68,13 @@ class PromptCodec:
     def decode_bytes(self, ids) -> bytes:
         return self.text.decode_bytes(ids)
 
-    def render_chat(self, messages: list[dict]) -> str:
-        """The prompt text for `messages`, ending with the assistant's generation prompt."""
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The prompt text for `messages` (and `tools`), ending with the assistant's generation prompt."""
         if self.template is None:
             raise RepositoryError(
                 "this model's tokenizer has no chat template", hint="use /v1/completions"
             )
-        return self.template.render(messages)
+        return self.template.render(messages, tools=tools)
 
 
 def _malloc_trim():

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.api.errors import ApiError
+from toolkit.api.logprobs import TokenTexts
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.prompt import PromptCodec
 from toolkit.api.reasoning import reasoning_parser
+from toolkit.api.tools import resolve_tool_parser
 from toolkit.api.triton import ENGINE_MODEL, TritonBackend
 from toolkit.repository.reader import Repository
 from toolkit.settings import ApiLimits
@@ -36,6 +38,8 @@ class ApiSettings:
     limits: ApiLimits = ApiLimits()
     # How chat answers carry their reasoning (toolkit.api.reasoning): auto takes the model's, none turns it off.
     reasoning_parser: str = "auto"
+    # How tool calls are read from the output: auto (from the model's tokenizer), a family, or none.
+    tool_parser: str = "auto"
 
 
 class ApiState:
@@ -64,6 +68,20 @@ class ApiState:
         self.model_id = settings.served_model_name or repository.served_model_name
         self.created = int(time.time())
         self.long_encodes = asyncio.Semaphore(LONG_ENCODES_AT_ONCE)
+        self._token_texts: TokenTexts | None = None
+        self.tool_parser = resolve_tool_parser(settings.tool_parser, self.codec)
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        """Token id -> text and bytes (log probs), built on first use."""
+        if self._token_texts is None:
+            self._token_texts = TokenTexts(self.codec)
+        return self._token_texts
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block of the engine (cached tokens are its reused blocks times this)."""
+        return self.limits.kv_block_size
 
     def check_model(self, name: str) -> None:
         if name not in (self.model_id, self.settings.model_name):

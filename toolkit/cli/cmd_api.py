@@ -14,6 +14,7 @@ from toolkit.cli.options import (
     max_in_flight_option,
     reject_api_key_value,
     repo_option,
+    tool_parser_option,
     triton_url_option,
 )
 from toolkit.cli.render import emit_json, note
@@ -55,6 +56,7 @@ from toolkit.settings import api_keys as read_api_keys
     "parser of that name): auto takes the repository's model's (DeepSeek-R1 distills: deepseek_r1), none "
     "leaves it in content.",
 )
+@tool_parser_option
 @max_in_flight_option
 @api_limit_options
 @click.option(
@@ -93,6 +95,7 @@ def command(
     model_name,
     served_model_name,
     reasoning_parser,
+    tool_parser,
     max_in_flight,
     limits,
     event_loop,
@@ -125,6 +128,7 @@ def command(
         max_in_flight,
         limits=limits,
         reasoning_parser=reasoning_parser,
+        tool_parser=tool_parser,
     )
     if dry_run:
         emit_json(
@@ -136,6 +140,7 @@ def command(
                 "model_name": model_name,
                 "served_model_name": served_model_name,
                 "reasoning_parser": reasoning_parser,
+                "tool_parser": tool_parser,
                 "api_keys": len(keys),
                 "max_in_flight": max_in_flight,
                 "header_timeout_s": limits.header_timeout_s,

@@ -14,6 +14,7 @@ from toolkit.cli.options import (
     max_in_flight_option,
     reject_api_key_value,
     repo_option,
+    tool_parser_option,
 )
 from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
@@ -54,6 +55,7 @@ from toolkit.settings import api_keys as read_api_keys
 @api_key_options
 @max_in_flight_option
 @api_limit_options
+@tool_parser_option
 @click.option(
     "--expose-triton",
     is_flag=True,
@@ -95,6 +97,7 @@ def command(
     api_key,
     max_in_flight,
     limits,
+    tool_parser,
     expose_triton,
     allow_modified,
     ready_timeout,
@@ -133,6 +136,7 @@ def command(
         api_keys=keys,
         max_in_flight=max_in_flight,
         api_limits=limits,
+        tool_parser=tool_parser,
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
         session = start_serving(

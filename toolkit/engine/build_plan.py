@@ -154,6 +154,7 @@ def plan_engine_build(
         moe_ep_size=settings.moe_ep_size or 1,
         fusions=chosen_fusions(settings),
         calib_dataset=Path(calibration.dataset) if calibration and calibration.offline else None,
+        gather_generation_logits=bool(settings.gather_generation_logits),
     )
     offline = calibration is not None and calibration.offline
     environment = tuple(

@@ -39,6 +39,8 @@ class StepSettings:
     calib_dataset: Path | None = None  # a local calibration set (None: quantize.py's, from the hub)
     # MoE: ranks that hold whole experts (expert parallel); the rest of the TP ranks shard each expert.
     moe_ep_size: int = 1
+    # --gather_generation_logits: the backend can return each step's logits (top_logprobs).
+    gather_generation_logits: bool = False
 
 
 def needs_quantizer(plan: MemoryPlan) -> bool:
@@ -187,4 +189,6 @@ def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmToo
         argv += ["--use_fused_mlp", "enable"]
     if plan.dtype == "fp8" and plan.kv_dtype == "fp8":
         argv += ["--use_fp8_context_fmha", "enable"]  # FP8 attention in the context phase on Hopper
+    if settings.gather_generation_logits:
+        argv.append("--gather_generation_logits")
     return argv + fusion_argv(settings.fusions)

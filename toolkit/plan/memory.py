@@ -40,6 +40,10 @@ RUNTIME_OTHER_BYTES = 3584 * MIB
 RUNTIME_NCCL_BYTES = {1: 0, 2: 358_612_992, 4: 411_041_792, 8: 411_041_792}
 # Logits of the last token of every sequence in a step, fp32 (the engine's logits_dtype default).
 LOGITS_BYTES = 4
+# The runtime's generation-logits buffer with --gather_generation_logits (TensorRT-LLM runtimeBuffers.cpp):
+# a cache of [GENERATION_LOGITS_CACHE_STEPS, max_batch_size x beam, vocab_padded] plus one of
+# [beam, GENERATION_LOGITS_CACHE_STEPS, vocab_padded], in the logits dtype.
+GENERATION_LOGITS_CACHE_STEPS = 8
 TOKENS_PER_BLOCK = 64  # paged KV block size passed to trtllm-build (--tokens_per_block)
 DEFAULT_MAX_SEQ_LEN = 8192
 # Reasoning models (a <think> part before the answer): DeepSeek-R1's model card sets "the maximum generation
@@ -117,6 +121,8 @@ class MemoryPlan:
     stored_quantization: str | None = None
     stored_group_size: int | None = None
     notes: tuple[str, ...] = ()  # what the numbers assume, in words
+    # Per GPU: the runtime's buffer of gathered generation logits (--gather_generation_logits), 0 without it.
+    generation_logits_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -201,6 +207,7 @@ def compute_plan(
     target_input_len: int | None = None,
     target_output_len: int | None = None,
     kv_cache_free_gpu_mem_fraction: float | None = None,
+    gather_generation_logits: bool = False,
 ) -> MemoryPlan:
     """Every number of the plan, whether it fits or not (see plan_memory for the checked version)."""
     _check_choices(gpu, dtype, kv_dtype)
@@ -213,12 +220,22 @@ def compute_plan(
     pool = gpu.memory_bytes - w_gpu - reserve
     kv_gpu = kv_bytes_per_token_per_gpu(facts, kv_dtype, tp, pp)
     tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
-    sequences = tokens // seq
     # trtllm-bench's rule on the planned pool bounds the batch and step from above: it sizes the
     # runtime's reserve (activations, logits), then the batch is what the runtime's pool holds.
     bench_batch, bench_tokens = batch_limits(tokens, isl, osl, pp)
+    # The generation-logits buffer, sized for the batch that bounds the final one (never smaller), comes
+    # out of both pools.
+    gathered = (
+        generation_logits_bytes(facts, max_batch_size or bench_batch, tp)
+        if gather_generation_logits
+        else 0
+    )
+    if gathered:
+        pool -= gathered
+        tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+    sequences = tokens // seq
     fraction = kv_cache_free_gpu_mem_fraction or KV_CACHE_FREE_GPU_MEM_FRACTION
-    runtime_reserve = runtime_reserve_bytes(
+    runtime_reserve = gathered + runtime_reserve_bytes(
         facts, tp, max_num_tokens or bench_tokens, max_batch_size or bench_batch
     )
     runtime_tokens = runtime_kv_cache_tokens(
@@ -289,7 +306,16 @@ def compute_plan(
         stored_quantization=facts.quantization.description if facts.quantization else None,
         stored_group_size=facts.quantization.group_size if facts.quantization else None,
         notes=plan_notes(facts, seq, running),
+        generation_logits_bytes=generation_logits_bytes(facts, batch, tp) if gathered else 0,
     )
+
+
+def generation_logits_bytes(facts: ModelFacts, max_batch_size: int, tp: int) -> int:
+    """Bytes per GPU of the runtime's generation-logits buffer for `max_batch_size` requests (beam 1), the
+    vocabulary padded to a multiple of the TP size as TensorRT-LLM pads it."""
+    vocab_padded = math.ceil(facts.vocab_size / tp) * tp
+    rows = GENERATION_LOGITS_CACHE_STEPS * (max_batch_size + 1)
+    return rows * vocab_padded * LOGITS_BYTES
 
 
 def runtime_reserve_bytes(

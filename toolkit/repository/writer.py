@@ -318,7 +318,7 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
         root,
         configs.python_model(
             c.BLS,
-            c.BLS_INPUTS,
+            c.text_inputs(plan.engine.trtllm_version, bls=True),
             c.TEXT_OUTPUTS,
             max_batch_size=limits.max_batch_size,
             decoupled=plan.decoupled,
@@ -367,7 +367,9 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
 def _bls_passthrough(trtllm_version: str | None) -> dict[str, str]:
     """Text input -> the engine input it feeds, under the names this engine's release reads."""
     return {
-        text: c.engine_name(engine, trtllm_version) for text, engine in c.BLS_PASSTHROUGH.items()
+        text: c.engine_name(engine, trtllm_version)
+        for text, engine in c.BLS_PASSTHROUGH.items()
+        if c.has_input(engine, trtllm_version)  # guided decoding from 0.19 on
     }
 
 

@@ -52,6 +52,7 @@ class ServeOptions:
     max_in_flight: int = 64
     api_log: Path | None = None
     api_limits: ApiLimits = ApiLimits()  # the OpenAI API's timeouts, body size and body read budget
+    tool_parser: str = "auto"  # how the OpenAI API reads tool calls (toolkit.api.tool_parsers)
 
 
 @dataclass
@@ -211,6 +212,7 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
         api_keys=options.api_keys,
         max_in_flight=options.max_in_flight,
         limits=options.api_limits,
+        tool_parser=options.tool_parser,
     )
     session.api, session.api_log = launch_api(
         settings,

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from toolkit.build_settings import BuildSettings
-from toolkit.capabilities import Capabilities
+from toolkit.capabilities import GUIDE_KINDS, MAX_N, MAX_TOP_LOGPROBS, Capabilities
 from toolkit.errors import UnsupportedModelError
 from toolkit.fsutil import copy_file
 from toolkit.repository.engine import checkpoint_files
@@ -55,19 +55,27 @@ class CpuTarget(PythonTarget):
         return super().plan(settings, model)
 
     def capabilities(self, settings: BuildSettings) -> Capabilities:
+        """What the CPU engine does for real (model_repo/tensorrt_llm_cpu/1): guided decoding of every kind
+        (llguidance masks in the batch step), each token's exact log prob and its top alternatives, n > 1
+        (forks of the request, one response per sequence: decoupled only), TensorRT-LLM's penalties and
+        embedding_bias, prefix-cache reuse reported per request."""
         not_yet = "the CPU engine does not implement it; " + GPU_HINT
+        decoupled = bool(settings.decoupled)
         return Capabilities(
             target=self.name,
-            streaming=bool(settings.decoupled),
+            guided_decoding=GUIDE_KINDS,
+            logprobs=True,
+            top_logprobs=MAX_TOP_LOGPROBS,
+            top_logprobs_source="engine",
+            max_n=MAX_N if decoupled else 1,
+            penalties=True,
+            logit_bias=True,
+            streaming=decoupled,
+            cached_tokens=True,
             enable={
-                "guided_decoding": not_yet,
-                "logprobs": not_yet,
-                "top_logprobs": not_yet,
-                "prompt_logprobs": not_yet,
-                "n": not_yet,
+                "prompt_logprobs": "the CPU engine computes log probs of generated tokens only",
+                "n": "the engine answers each of n sequences on its own: rebuild without --no-decoupled",
                 "beam_width": "the CPU engine has no beam search; " + GPU_HINT,
-                "penalties": not_yet,
-                "logit_bias": not_yet,
                 "bad_words": not_yet,
                 "lora": not_yet,
                 "batched_prompts": "the CPU engine takes one prompt per request: send [1, N] input_ids",
