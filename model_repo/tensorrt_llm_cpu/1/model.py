@@ -32,6 +32,7 @@ from engine_requests import (  # noqa: E402
     is_stop_request,
     perf_outputs,
 )
+from lifetime import bind_to_server  # noqa: E402
 
 from params import ModelParams, final_flag, scalar  # noqa: E402
 from textcodec import Refused, unpack_word_list  # noqa: E402
@@ -78,6 +79,7 @@ class Stream:
 
 class TritonPythonModel:
     def initialize(self, args):
+        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
