@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.api.errors import ApiError
+from toolkit.api.errors import ApiError, short_text
+from toolkit.api.fairness import EngineShare
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.prompt import PromptCodec
 from toolkit.api.triton import ENGINE_MODEL, TritonBackend
@@ -33,6 +34,9 @@ class ApiSettings:
     retry_after_s: int = 1
     # Header, body and send timeouts; body size and read budget; the engine's stall timeout.
     limits: ApiLimits = ApiLimits()
+    # Trusted callers only: special-token text in message content (<|im_start|>, ...) is read as those
+    # tokens. Off, content is text, as at OpenAI: a user cannot write a turn of another role.
+    special_tokens_in_messages: bool = False
 
 
 class ApiState:
@@ -40,7 +44,9 @@ class ApiState:
         self.settings = settings
         self.repository = repository
         self.limits = repository.limits
-        self.codec = PromptCodec(repository)
+        self.codec = PromptCodec(
+            repository, content_as_text=not settings.special_tokens_in_messages
+        )
         decoder = self.codec if settings.model_name == ENGINE_MODEL else None
         self.capabilities = repository.capabilities
         self.vocab_size = repository.manifest.model.facts.vocab_size
@@ -55,6 +61,9 @@ class ApiState:
             vocab_size=self.vocab_size,
         )
         self.metrics = ApiMetrics()
+        self.share = EngineShare(
+            repository.limits, len(settings.api_keys), self.metrics.share_waiting.set
+        )
         self.model_id = settings.served_model_name or repository.served_model_name
         self.created = int(time.time())
         self.long_encodes = asyncio.Semaphore(LONG_ENCODES_AT_ONCE)
@@ -63,7 +72,7 @@ class ApiState:
         if name not in (self.model_id, self.settings.model_name):
             raise ApiError(
                 404,
-                f"The model `{name}` does not exist; this server serves `{self.model_id}`.",
+                f"The model `{short_text(name)}` does not exist; this server serves `{self.model_id}`.",
                 param="model",
                 code="model_not_found",
             )

@@ -26,6 +26,15 @@ LIMIT_OPTIONS = (
 )
 
 
+SPECIAL_TOKENS_OPTION = click.option(
+    "--special-tokens-in-messages",
+    is_flag=True,
+    help="OpenAI API, trusted callers only: read special-token text in chat message content "
+    "(<|im_start|>, ...) as those tokens. Off, content is plain text, as at OpenAI, and no message "
+    "can forge a turn of another role.",
+)
+
+
 def api_limit_options(function):
     """--header-timeout, --body-timeout, --max-body-mib, --body-read-budget-mib, --send-timeout,
     --stall-timeout (toolkit.settings.ApiLimits), for `api` and `serve`: the command gets them as one
@@ -173,6 +182,7 @@ def api_limits(
     help="On SIGTERM/Ctrl-C, seconds to let in-flight requests and streams finish (new connections are "
     "refused at once).",
 )
+@SPECIAL_TOKENS_OPTION
 @click.option(
     "--dry-run", is_flag=True, help="Print the settings (keys counted, never shown) and exit."
 )
@@ -191,6 +201,7 @@ def command(
     http_impl,
     log_level,
     drain_timeout,
+    special_tokens_in_messages,
     dry_run,
 ):
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) over Triton gRPC."""
@@ -209,7 +220,14 @@ def command(
     keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
     settings = ApiSettings(
-        triton_url, repo, model_name, served_model_name, keys, max_in_flight, limits=limits
+        triton_url,
+        repo,
+        model_name,
+        served_model_name,
+        keys,
+        max_in_flight,
+        limits=limits,
+        special_tokens_in_messages=special_tokens_in_messages,
     )
     if dry_run:
         emit_json(
@@ -231,6 +249,7 @@ def command(
                 "loop": event_loop,
                 "http": http_impl,
                 "drain_timeout_s": drain_timeout,
+                "special_tokens_in_messages": special_tokens_in_messages,
             }
         )
         return

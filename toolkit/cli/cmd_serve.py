@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.cmd_api import api_limit_options
+from toolkit.cli.cmd_api import SPECIAL_TOKENS_OPTION, api_limit_options
 from toolkit.cli.options import api_key_options, reject_api_key_value
 from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
@@ -59,6 +59,7 @@ from toolkit.settings import api_keys as read_api_keys
     help="OpenAI API: requests at once before 429.",
 )
 @api_limit_options
+@SPECIAL_TOKENS_OPTION
 @click.option(
     "--expose-triton",
     is_flag=True,
@@ -105,6 +106,7 @@ def command(
     api_key,
     max_in_flight,
     limits,
+    special_tokens_in_messages,
     expose_triton,
     allow_modified,
     ready_timeout,
@@ -143,6 +145,7 @@ def command(
         api_keys=keys,
         max_in_flight=max_in_flight,
         api_limits=limits,
+        special_tokens_in_messages=special_tokens_in_messages,
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
         session = start_serving(

@@ -56,6 +56,9 @@ class ServeOptions:
     max_in_flight: int = 64
     api_log: Path | None = None
     api_limits: ApiLimits = ApiLimits()  # the OpenAI API's timeouts, body size and body read budget
+    special_tokens_in_messages: bool = (
+        False  # the OpenAI API trusts special tokens in message content
+    )
 
 
 @dataclass
@@ -230,6 +233,7 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
         api_keys=options.api_keys,
         max_in_flight=options.max_in_flight,
         limits=options.api_limits,
+        special_tokens_in_messages=options.special_tokens_in_messages,
     )
     session.api, session.api_log = launch_api(
         settings,
