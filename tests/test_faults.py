@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -722,3 +723,45 @@ def test_a_paused_engine_fails_over_cleanly(serving, bigram_repo):
     assert "Traceback" not in serve.output() and "lock_exception" not in serve.output()
     assert not survivors(serve.processes, STOP_BOUND_S)
     assert not _shm_segments(prefix)
+
+
+def test_nan_weights_served_with_allow_modified_never_turn_health_green(bigram_repo, tmp_path):
+    """Modified weights served anyway (--allow-modified): NaN in them made every request a 502 while
+    /health stayed 200. The engine checks its logits once as it loads, so the server never comes up."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "repo"
+    shutil.copytree(bigram_repo, broken)
+    weights = broken / "tensorrt_llm/1/weights/model.safetensors"
+    tensors = load_file(weights)
+    tensors["lm_head.weight"] = torch.full_like(tensors["lm_head.weight"], float("nan"))
+    save_file(tensors, weights, metadata={"format": "pt"})
+    argv = [sys.executable, "-m", "toolkit.cli.main", "serve", "--repo", str(broken)]
+    ports = {name: free_port() for name in ("http", "grpc", "metrics", "openai")}
+    for name, port in ports.items():
+        argv += [f"--{name}-port", str(port)]
+    argv += ["--log-file", str(tmp_path / "triton.log"), "--allow-modified"]
+    serve = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 180
+        while serve.poll() is None and time.monotonic() < deadline:
+            seen |= descendants(serve.pid)
+            try:
+                health = httpx.get(f"http://127.0.0.1:{ports['openai']}/health", timeout=2)
+            except httpx.HTTPError:
+                health = None
+            assert health is None or health.status_code != 200, "health is green over NaN weights"
+            time.sleep(0.5)
+        assert serve.poll() is not None, "serve kept serving NaN weights"
+        stderr = serve.stderr.read()
+        assert serve.returncode == 1, stderr
+        assert "non-finite" in stderr and "tensorrt_llm" in stderr, stderr
+        assert not survivors(seen)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        for pid in seen:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -110,6 +110,7 @@ class TritonPythonModel:
         self.embedding_rows = (
             model.get_input_embeddings().num_embeddings
         )  # valid input ids: [0, rows)
+        _check_finite_logits(model, self.default_end_id)
         unblock_after_cancellation()
         # Defaults only make transformers create the temperature / top-k / top-p processors;
         # every request overrides all three (greedy is top_k=1).
@@ -509,6 +510,20 @@ class TritonPythonModel:
                     stream.sender.send(_error("the CPU engine is shutting down"), flags=_final())
                 except Exception:  # noqa: BLE001 - the server may already have released the request
                     pass
+
+
+def _check_finite_logits(model, token: int) -> None:
+    """One forward pass of one token as the model loads: weights that give NaN or inf logits (a damaged
+    file served with --allow-modified) would fail every request while Triton reported the model ready."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([[token]])).logits
+    if not torch.isfinite(logits).all():
+        raise RuntimeError(
+            "tensorrt_llm (CPU): the checkpoint's weights give non-finite logits (NaN or inf) for a probe "
+            "token: the weights are damaged; rebuild the repository from an intact checkpoint"
+        )
 
 
 def _words(request, name: str) -> list:
