@@ -13,10 +13,19 @@ import tempfile
 from pathlib import Path
 
 from toolkit.errors import ModelSourceError
-from toolkit.fsutil import file_lock, write_text_atomic
+from toolkit.fsutil import (
+    check_free_space,
+    disk_full_error,
+    file_lock,
+    is_disk_full,
+    write_text_atomic,
+)
 from toolkit.settings import cache_dir
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERTED_BYTES = (
+    545 * 10**6
+)  # the converted checkpoint: float32 weights (538 MB) and the tokenizer
 FOLDER = "smollm2-135m-instruct"
 RECORD = "toolkit_checkpoint.json"  # sha256 of every file the conversion wrote; checked before each reuse
 
@@ -50,15 +59,27 @@ def materialize_embedded(*, progress: bool = True) -> Path:
         if _intact(target):
             return target
         gguf = embedded_gguf()
+        what = "converting the embedded model into the toolkit's cache (TOOLKIT_HOME)"
+        check_free_space(target.parent, CONVERTED_BYTES, what, FULL_HOME_FIX)
         tmp = Path(tempfile.mkdtemp(prefix=f".{FOLDER}-", dir=target.parent))
         try:
             convert_gguf(gguf, tmp, progress=progress)
             _record(tmp)
             shutil.rmtree(target, ignore_errors=True)
             tmp.rename(target)
+        except Exception as exc:
+            if is_disk_full(exc):  # the space went while converting (another writer)
+                raise disk_full_error(exc, target.parent, what, FULL_HOME_FIX) from exc
+            raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+FULL_HOME_FIX = (
+    "free some space there, or point TOOLKIT_HOME at a filesystem with room (it holds converted "
+    "models, engines and logs)"
+)
 
 
 def _record(folder: Path) -> None:

@@ -111,9 +111,10 @@ def check_repository(
     if changes and not allow_modified:
         listed = ", ".join(f"{change.path} ({change.change})" for change in changes[:5])
         more = f" and {len(changes) - 5} more" if len(changes) > 5 else ""
+        # The rebuild replaces edited files only when told to (toolkit build refuses otherwise).
         raise RepositoryError(
             f"{repo} differs from what toolkit build wrote: {listed}{more}",
-            hint=f"rebuild it ({repository.rebuild_command})"
+            hint=f"rebuild it, discarding those changes ({repository.rebuild_command} --discard-changes)"
             + (f", or {modified_fix}" if modified_fix else ""),
         )
     return repository
