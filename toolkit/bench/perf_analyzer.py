@@ -135,8 +135,11 @@ def run_perf_analyzer(
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
+    """The log's last lines, before the usage text perf_analyzer prints after an argument error (a
+    hundred lines of options that pushed the one error line out of the tail)."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no perf_analyzer log)"
-    return "--- perf_analyzer log (last lines) ---\n" + "\n".join(text[-lines:])
+    usage = next((i for i, line in enumerate(text) if line.startswith("Usage: ")), len(text))
+    return "--- perf_analyzer log (last lines) ---\n" + "\n".join(text[:usage][-lines:])

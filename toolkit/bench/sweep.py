@@ -232,10 +232,12 @@ def roofline_of(repository: Repository) -> Roofline | None:
 def perf_analyzer_args(
     plan: SweepPlan, point: LoadPoint, requests: int, input_file: Path, export_file: Path
 ) -> list[str]:
+    # A rate as start:end: perf_analyzer 2.51 reads a lone rate under 1 ("0.5") as a range of several
+    # values and then refuses --request-count ("not supported with multiple request-rate values").
     load = (
         ["--concurrency-range", f"{int(point.value)}"]
         if point.mode == "concurrency"
-        else ["--request-rate-range", f"{point.value:g}"]
+        else ["--request-rate-range", f"{point.value:g}:{point.value:g}"]
     )
     return [
         "-m",
@@ -282,11 +284,30 @@ def run_sweep(
         plan.out_dir / "inputs.json", prompts, plan.output_tokens, plan.model
     )
     results = []
-    for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
-        on_point(index, point, None)
-        results.append(run_point(pa, plan, point, requests, input_file))
-        on_point(index, point, results[-1])
+    try:
+        for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
+            on_point(index, point, None)
+            results.append(run_point(pa, plan, point, requests, input_file))
+            on_point(index, point, results[-1])
+    except BaseException as exc:  # a failed point, Ctrl-C, SIGTERM: what finished is still a result
+        if not results:
+            raise
+        partial = SweepResult(
+            plan, tuple(results), started, str(pa.executable), time.monotonic() - t0
+        )
+        raise SweepStopped(partial, exc) from exc
     return SweepResult(plan, tuple(results), started, str(pa.executable), time.monotonic() - t0)
+
+
+class SweepStopped(Exception):
+    """A sweep ended before its last point: `partial` holds the points that finished, `cause` why."""
+
+    def __init__(self, partial: SweepResult, cause: BaseException):
+        super().__init__(
+            f"the sweep stopped after {len(partial.points)} of {len(partial.plan.points)} points"
+        )
+        self.partial = partial
+        self.cause = cause
 
 
 EXPORT_ATTEMPTS = 3

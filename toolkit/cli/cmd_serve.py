@@ -160,11 +160,13 @@ def command(
         else:
             for key, value in endpoints.items():
                 click.echo(f"{key:11} {value}")
+        # What bench reads to find this server's repository and metrics (the foreground's too: the
+        # quickstart serves in the foreground, on ports of its own).
+        write_server_record(
+            session.server,
+            {"openai": endpoints.get("openai"), "openai_pid": endpoints.get("openai_pid")},
+        )
         if background:
-            write_server_record(
-                session.server,
-                {"openai": endpoints.get("openai"), "openai_pid": endpoints.get("openai_pid")},
-            )
             pids = " ".join(str(p) for p in (endpoints["pid"], endpoints.get("openai_pid")) if p)
             note(f"server running in the background; stop it with: kill {pids}")
             return
