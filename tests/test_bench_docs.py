@@ -22,7 +22,7 @@ import pytest
 
 from toolkit.model.sources import ResolvedModel
 from toolkit.serve.net import free_port
-from toolkit.subprocs import process_alive, signal_session
+from toolkit.subprocs import children_of, process_alive, signal_session
 
 from repos import config_only_checkpoint, python_repository
 
@@ -90,6 +90,16 @@ def _docs_commands() -> list[str]:
             command = line.split("  #", 1)[0].strip()
             commands.append(re.sub(r"\[([^\]]*)\]", r"\1", command))
     return commands
+
+
+def _running_perf_analyzer(pid: int) -> bool:
+    for child in children_of(pid):
+        try:
+            if Path(f"/proc/{child}/comm").read_text().strip() == "perf_analyzer":
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _stop_background(home: Path) -> None:
@@ -194,7 +204,8 @@ def test_bench_finds_what_a_foreground_serve_serves_at_half_a_request_a_second(
     assert Path(plan["tokenizer"]).parent.parent.parent.parent == repo
 
 
-def test_a_sweep_that_fails_midway_keeps_and_shows_its_finished_points(tmp_path, foreground):
+@pytest.mark.parametrize("stop", ["server-killed", "ctrl-c"])
+def test_a_sweep_stopped_midway_keeps_and_shows_its_finished_points(tmp_path, foreground, stop):
     repo = _synthetic_repo(tmp_path, step_time_ms=20.0)
     serve, ports = foreground(repo)
     url = f"127.0.0.1:{ports['--grpc-port']}"
@@ -202,15 +213,20 @@ def test_a_sweep_that_fails_midway_keeps_and_shows_its_finished_points(tmp_path,
     argv = [sys.executable, "-m", "toolkit.cli.main", "bench", "-u", url, "-c", "1,2,4", "-i", "8"]
     argv += ["-o", "8", "--requests", "24", "--repo", str(repo), "--out", str(out)]
     bench = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    points = out / "points"
     try:
-        first = out / "points" / "concurrency1.profile_export.json"
         deadline = time.monotonic() + 120
         while not (
-            first.is_file() and (out / "points" / "concurrency2.perf_analyzer.log").is_file()
+            (points / "concurrency1.profile_export.json").is_file()
+            and (points / "concurrency2.perf_analyzer.log").is_file()
+            and _running_perf_analyzer(bench.pid)  # started: not mid-fork
         ):
             assert bench.poll() is None and time.monotonic() < deadline, bench.communicate()
             time.sleep(0.2)
-        serve.send_signal(signal.SIGKILL)  # the server dies under the second point
+        if stop == "ctrl-c":
+            bench.send_signal(signal.SIGINT)
+        else:
+            serve.send_signal(signal.SIGKILL)  # the server dies under the second point
         stdout, stderr = bench.communicate(timeout=120)
     finally:
         if bench.poll() is None:
@@ -219,7 +235,9 @@ def test_a_sweep_that_fails_midway_keeps_and_shows_its_finished_points(tmp_path,
     sweep = json.loads((out / "sweep.json").read_text())
     assert [p["point"]["value"] for p in sweep["points"]] == [1.0], sweep["points"]
     assert "c1" in stdout  # the finished point's row
+    assert "the finished points are kept" in stderr, stderr
+    if stop == "ctrl-c":
+        assert "Aborted!" in stderr, stderr
+        return
     error = stderr[stderr.index("Error:") :]
-    assert "Usage:" not in error and "SYNOPSIS" not in error, (
-        error
-    )  # the real error, not the help text
+    assert "Usage:" not in error and "SYNOPSIS" not in error, error  # the error, not the help

@@ -8,6 +8,7 @@ showed during the run (toolkit.bench.scrape).
 from __future__ import annotations
 
 import math
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -328,7 +329,9 @@ def run_point(
     for attempt in range(1, EXPORT_ATTEMPTS + 1):
         export_file.unlink(missing_ok=True)
         with MetricsScraper(plan.metrics_url) as scraper:
-            run_perf_analyzer(pa, args, log_file, plan.timeout_s + 60)
+            run_perf_analyzer(
+                pa, args, log_file, plan.timeout_s + 60, lambda: port_answers(plan.grpc_url)
+            )
         if not export_file.is_file():
             raise BenchError(
                 f"perf_analyzer wrote no profile export at {export_file}", hint=f"read {log_file}"
@@ -359,6 +362,16 @@ def _with_bounds(result: PointResult, roofline: Roofline | None) -> PointResult:
         throughput_bound_fraction=result.metrics.output_tokens_per_s / bound if bound else None,
         itl_bound_fraction=roofline.decode_step_ms / itl if itl and math.isfinite(itl) else None,
     )
+
+
+def port_answers(url: str) -> bool:
+    """Whether something accepts TCP connections at HOST:PORT (a dead server refuses at once)."""
+    host, _, port = url.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def default_metrics_url(grpc_url: str) -> str:
