@@ -88,9 +88,9 @@ class TritonPythonModel:
         from scheduling import unblock_after_cancellation
 
         params = ModelParams(args)
-        threads = params.integer("num_threads")
-        if threads > 0:
-            torch.set_num_threads(threads)
+        threads = params.integer("num_threads") or _default_threads()
+        torch.set_num_threads(threads)
+        print(f"tensorrt_llm (CPU): {threads} torch threads", file=sys.stderr, flush=True)
         self.decoupled = params.flag("decoupled")
         # What this repository does not honour (its capabilities), refused per request.
         self.refusals = Refusals(params.text("refusals"))
@@ -510,6 +510,26 @@ class TritonPythonModel:
                     stream.sender.send(_error("the CPU engine is shutting down"), flags=_final())
                 except Exception:  # noqa: BLE001 - the server may already have released the request
                     pass
+
+
+def _default_threads() -> int:
+    """All the CPUs this server may use but one (at least 1): the rest of the server (tritonserver,
+    pre/postprocessing, BLS, the API) needs one too. torch's own default takes every core, and on a
+    busy 2-core host 2 threads decoded several times slower than 1 (and erratically)."""
+    return max(1, _usable_cpus() - 1)
+
+
+def _usable_cpus() -> int:
+    """CPUs of this process's affinity, within its cgroup's CPU quota (a pod's limit), if any."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as limit:  # cgroup v2: "max 100000" or "400000 100000"
+            quota, period = limit.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota: the affinity is the bound
+    return cpus
 
 
 def _check_finite_logits(model, token: int) -> None:
