@@ -62,10 +62,8 @@ class TextCodec:
         )
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.token_bytes = self._build_table(spec.get("decoder") or {})
-        # The same tokenizer, special-token text split like any other: for marked (plain) text.
         self.special = self.tokenizer
-        self.plain = Tokenizer.from_str(self.tokenizer.to_str())
-        self.plain.encode_special_tokens = True
+        self._plain: Tokenizer | None = None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -86,6 +84,16 @@ class TextCodec:
         ):
             return ids[1:]
         return ids
+
+    @property
+    def plain(self) -> Tokenizer:
+        """The same tokenizer with special-token text split like any other (for marked text); made on
+        first use: a copy of a large vocabulary costs memory every model that never needs it would pay."""
+        if self._plain is None:
+            plain = Tokenizer.from_str(self.special.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain
 
     def _encode_marked(self, text: str, add_special_tokens: bool) -> list[int]:
         """Each span encoded by its kind (special-token text read as such outside the marks, as text
