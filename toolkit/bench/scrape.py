@@ -11,7 +11,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -31,14 +31,7 @@ class ScrapeSummary:
     cpu_utilization_mean: float | None = None
 
     def to_dict(self) -> dict:
-        return {
-            "samples": self.samples,
-            "pending_mean": self.pending_mean,
-            "pending_max": self.pending_max,
-            "queue_us_per_request": self.queue_us_per_request,
-            "kv_cache": self.kv_cache,
-            "cpu_utilization_mean": self.cpu_utilization_mean,
-        }
+        return asdict(self)
 
 
 def parse_samples(text: str) -> dict[str, float]:

@@ -10,7 +10,7 @@ dense is half of it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from toolkit.errors import PlanError
 
@@ -42,17 +42,7 @@ class GpuProfile:
         return self.fp8_tflops is not None
 
     def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "memory_bytes": self.memory_bytes,
-            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
-            "bf16_tflops": self.bf16_tflops,
-            "fp8_tflops": self.fp8_tflops,
-            "sm": self.sm,
-            "gpu_products": list(self.gpu_products),
-            "interconnect_bytes_per_s": self.interconnect_bytes_per_s,
-        }
+        return {**asdict(self), "gpu_products": list(self.gpu_products)}
 
 
 GPU_PROFILES: dict[str, GpuProfile] = {
