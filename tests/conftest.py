@@ -26,8 +26,6 @@ import os  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from toolkit.serve.net import free_port  # noqa: E402
-
 
 @dataclass(frozen=True)
 class ServedRepo:
@@ -44,14 +42,12 @@ class ServedRepo:
 def served_repo(tmp_path_factory):
     """Build the embedded default's CPU repository once and serve it for the whole session."""
     from toolkit.model.sources import resolve_model
-    from toolkit.serve.launcher import ServerConfig, launch_server
 
-    from repos import python_repository
+    from repos import launch_on_free_ports, python_repository
 
     home = Path(os.environ.get("TOOLKIT_TEST_HOME") or tmp_path_factory.mktemp("served-home"))
-    previous = os.environ.get("TOOLKIT_HOME")
-    os.environ["TOOLKIT_HOME"] = str(home)
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TOOLKIT_HOME", str(home))
         model = resolve_model("smollm2-135m-instruct", progress=False)
         repo = tmp_path_factory.mktemp("served") / "repo"
         python_repository(
@@ -62,20 +58,7 @@ def served_repo(tmp_path_factory):
             max_seq_len=1024,
             kv_cache_tokens=16384,
         )
-        config = ServerConfig(
-            repo=repo,
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            ready_timeout_s=300,
-            log_file=home / "tritonserver-test.log",
-        )
-        server = launch_server(config)
-    finally:
-        if previous is None:
-            os.environ.pop("TOOLKIT_HOME", None)
-        else:
-            os.environ["TOOLKIT_HOME"] = previous
+        server = launch_on_free_ports(repo, home / "tritonserver-test.log", 300)
     yield ServedRepo(
         repo=repo,
         checkpoint=model.path,

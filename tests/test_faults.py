@@ -29,7 +29,7 @@ from toolkit.serve.lifecycle import python_stubs
 from toolkit.serve.net import free_port
 from toolkit.subprocs import children_of, process_alive
 
-from repos import write_test_repository
+from repos import launch_on_free_ports, write_test_repository
 from sse_events import DONE, sse_events
 from tiny import make_bigram_checkpoint
 
@@ -551,17 +551,8 @@ def test_the_openai_api_process_stops_on_sighup(bigram_repo, tmp_path):
     """A closed terminal: `toolkit api` (and serve's API process) drains and exits, as on SIGTERM."""
     from toolkit.api.app import ApiSettings
     from toolkit.serve.api_process import launch_api
-    from toolkit.serve.launcher import ServerConfig, launch_server
 
-    server = launch_server(
-        ServerConfig(
-            repo=bigram_repo,
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            log_file=tmp_path / "triton.log",
-        )
-    )
+    server = launch_on_free_ports(bigram_repo, tmp_path / "triton.log", 600)
     try:
         api, _log = launch_api(
             ApiSettings(server.grpc_url, bigram_repo), host="127.0.0.1", port=free_port()
@@ -688,8 +679,6 @@ def test_shared_memory_is_owner_only_and_gone_after_each_kind_of_stop(serving, b
 def test_a_failed_start_leaves_no_shared_memory(served_repo, tmp_path):
     """A start given up while a model still loads (--ready-timeout): what it started is killed mid-load."""
     from toolkit.errors import ServerError
-
-    from repos import launch_on_free_ports
 
     before = set(_shm_segments("toolkit_"))
     with pytest.raises(ServerError, match="not ready"):
