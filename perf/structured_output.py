@@ -131,26 +131,12 @@ def engine_counters(metrics_url: str) -> dict[str, float]:
 
 
 def serve(workdir: Path):
+    from cpu_serving import serve_cpu_repository
+
     from toolkit.api import ApiSettings, run_api_in_background
-    from toolkit.build import plan_local_repository
-    from toolkit.build_settings import BuildSettings
-    from toolkit.model.sources import resolve_model
-    from toolkit.repository.writer import write_repository
-    from toolkit.serve.launcher import ServerConfig, launch_server
     from toolkit.serve.net import free_port
 
-    model = resolve_model("smollm2-135m-instruct", progress=False)
-    settings = BuildSettings(kv_cache_tokens=32768)
-    write_repository(plan_local_repository(model, workdir / "repo", "cpu", settings))
-    server = launch_server(
-        ServerConfig(
-            repo=workdir / "repo",
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            log_file=workdir / "tritonserver.log",
-        )
-    )
+    _model, server = serve_cpu_repository(workdir, workdir / "tritonserver.log")
     api = run_api_in_background(ApiSettings(server.grpc_url, workdir / "repo"), port=free_port())
     return server, api
 

@@ -1,0 +1,35 @@
+"""What the CPU-engine benchmarks share: the embedded default's CPU repository, built and served on free ports.
+
+Imported by the perf/ scripts that run as `python perf/SCRIPT.py` (their folder is on sys.path).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+BENCH_MODEL = "smollm2-135m-instruct"
+KV_CACHE_TOKENS = 32768  # room for 16 concurrent streams of a few hundred tokens
+
+
+def serve_cpu_repository(workdir: Path, log_file: Path | None = None):
+    """(the resolved model, the running tritonserver) for BENCH_MODEL's CPU repository at workdir/repo."""
+    from toolkit.build import plan_local_repository
+    from toolkit.build_settings import BuildSettings
+    from toolkit.model.sources import resolve_model
+    from toolkit.repository.writer import write_repository
+    from toolkit.serve.launcher import ServerConfig, launch_server
+    from toolkit.serve.net import free_port
+
+    model = resolve_model(BENCH_MODEL, progress=False)
+    settings = BuildSettings(kv_cache_tokens=KV_CACHE_TOKENS)
+    write_repository(plan_local_repository(model, workdir / "repo", "cpu", settings))
+    server = launch_server(
+        ServerConfig(
+            repo=workdir / "repo",
+            http_port=free_port(),
+            grpc_port=free_port(),
+            metrics_port=free_port(),
+            log_file=log_file,
+        )
+    )
+    return model, server
