@@ -12,19 +12,7 @@ from toolkit.repository.writer import write_repository
 from toolkit.serve.launcher import RunningServer, ServerConfig, launch_server
 from toolkit.serve.net import free_port
 
-TINY_LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "tie_word_embeddings": False,
-}
+from tiny import TINY_LLAMA_CONFIG
 
 
 def config_only_checkpoint(

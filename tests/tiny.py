@@ -29,21 +29,27 @@ def write_tiny_tokenizer(path: Path):
     return tokenizer
 
 
+# The tiny checkpoint's shape, as config.json spells it.
+TINY_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+
 def tiny_llama_config(vocab_size: int, **overrides):
-    """A transformers LlamaConfig of the tiny checkpoint's shape (bos 1, eos 2), `overrides` applied."""
+    """A transformers LlamaConfig of TINY_LLAMA_CONFIG's shape, `overrides` applied."""
     from transformers import LlamaConfig
 
-    shape = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 512,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
-    return LlamaConfig(vocab_size=vocab_size, **{**shape, **overrides})
+    return LlamaConfig(**{**TINY_LLAMA_CONFIG, "vocab_size": vocab_size, **overrides})
 
 
 def engine_batching(model, generation, **batching):
