@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import re
 import shlex
 import statistics
@@ -28,6 +26,8 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_support import machine  # noqa: E402
+
 from toolkit.api.app import ApiSettings  # noqa: E402
 from toolkit.api.prompt import PromptCodec  # noqa: E402
 from toolkit.client.sse import LeanStreamClient, sse_data  # noqa: E402
@@ -242,11 +242,7 @@ def write_results(args, results: dict, manifest: dict) -> None:
         "requests_per_stream": args.requests_per_stream,
         "rounds": args.rounds,
         "client": args.client,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "targets": {"tokens_per_s_lost_pct_max": 5.0, "ttft_p50_added_ms_max": 5.0},
     }
     out = Path(args.out)

@@ -1,14 +1,26 @@
-"""What the CPU-engine benchmarks share: the embedded default's CPU repository, built and served on free ports.
+"""What the perf/ benchmarks share: the machine record of a result, the embedded default's CPU repository
+built and served on free ports.
 
 Imported by the perf/ scripts that run as `python perf/SCRIPT.py` (their folder is on sys.path).
 """
 
 from __future__ import annotations
 
+import os
+import platform
 from pathlib import Path
 
 BENCH_MODEL = "smollm2-135m-instruct"
 KV_CACHE_TOKENS = 32768  # room for 16 concurrent streams of a few hundred tokens
+
+
+def machine() -> dict:
+    """What a result records of the machine it was measured on."""
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def serve_cpu_repository(workdir: Path, log_file: Path | None = None):

@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench_support import machine, serve_cpu_repository
+
 PROMPTS = [
     "Explain how a bicycle works.",
     "Write a short story about a lighthouse.",
@@ -97,8 +99,6 @@ def main() -> int:
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
-    from cpu_serving import serve_cpu_repository
-
     workdir = Path(tempfile.mkdtemp(prefix="cpu-engine-bench-"))
     model, server = serve_cpu_repository(workdir)
     rounds = []
@@ -127,11 +127,7 @@ def main() -> int:
     }
     result = {
         "command": "python perf/cpu_engine_throughput.py " + " ".join(sys.argv[1:]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
+        "machine": machine(),
         "tokens_per_request": args.tokens,
         "repeats": args.repeats,
         "rounds": rounds,

@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import re
 import statistics
 import sys
@@ -28,6 +26,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from bench_support import machine, serve_cpu_repository
 
 PROMPTS = [
     "List some fruits with a score for each.",
@@ -131,8 +131,6 @@ def engine_counters(metrics_url: str) -> dict[str, float]:
 
 
 def serve(workdir: Path):
-    from cpu_serving import serve_cpu_repository
-
     from toolkit.api import ApiSettings, run_api_in_background
     from toolkit.serve.net import free_port
 
@@ -185,11 +183,7 @@ def main() -> int:
     reused = after["reused"] - before["reused"]
     result = {
         "command": "python perf/structured_output.py " + " ".join(sys.argv[1:]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
+        "machine": machine(),
         "streams": args.streams,
         "tokens_per_request": args.tokens,
         "schemas_per_round": args.schemas,
