@@ -369,12 +369,19 @@ def test_streams_longer_than_the_drain_timeout_are_cut_and_nothing_outlives_serv
     assert not survivors(serve.processes)
 
 
-def test_the_exit_code_says_the_drain_timeout_cut_streams_or_not(serving, bigram_repo):
-    """What tritonserver reports when its drain timeout cuts requests must not read as a crash."""
-    serve = serving("--drain-timeout", "1")
+def _sigterm_while_streaming(serving, drain_timeout_s: int):
+    """`toolkit serve --drain-timeout N` with one endless API stream under way, then SIGTERM:
+    (the serve process, the stream)."""
+    serve = serving("--drain-timeout", str(drain_timeout_s))
     api_stream = ApiStream(serve.api, "loop", 2000)
     assert api_stream.first.wait(60)
     serve.process.send_signal(signal.SIGTERM)
+    return serve, api_stream
+
+
+def test_the_exit_code_says_the_drain_timeout_cut_streams_or_not(serving, bigram_repo):
+    """What tritonserver reports when its drain timeout cuts requests must not read as a crash."""
+    serve, _ = _sigterm_while_streaming(serving, drain_timeout_s=1)
     code = serve.wait(HANG_BOUND_S)
     # tritonserver itself exits 1 when its exit timeout cuts requests: the stop the operator asked
     # for, said as such, not an error.
@@ -383,10 +390,7 @@ def test_the_exit_code_says_the_drain_timeout_cut_streams_or_not(serving, bigram
 
 
 def test_a_crash_while_draining_is_reported_not_called_a_clean_stop(serving, bigram_repo):
-    serve = serving("--drain-timeout", "60")
-    api_stream = ApiStream(serve.api, "loop", 2000)
-    assert api_stream.first.wait(60)
-    serve.process.send_signal(signal.SIGTERM)
+    serve, api_stream = _sigterm_while_streaming(serving, drain_timeout_s=60)
     time.sleep(1.0)  # draining: the stream still runs
     assert api_stream.outcome(0) == "hung"
     os.kill(serve.triton_pid, signal.SIGSEGV)
@@ -398,10 +402,7 @@ def test_a_crash_while_draining_is_reported_not_called_a_clean_stop(serving, big
 
 
 def test_a_second_signal_stops_at_once_and_leaves_nothing(serving, bigram_repo):
-    serve = serving("--drain-timeout", "60")
-    api_stream = ApiStream(serve.api, "loop", 2000)
-    assert api_stream.first.wait(60)
-    serve.process.send_signal(signal.SIGTERM)
+    serve, api_stream = _sigterm_while_streaming(serving, drain_timeout_s=60)
     time.sleep(1.0)
     assert api_stream.outcome(0) == "hung"  # still draining
     serve.process.send_signal(signal.SIGINT)
