@@ -444,11 +444,16 @@ def test_a_stop_signal_during_start_up_leaves_nothing_behind(bigram_repo, tmp_pa
             assert code == 128 + sig and f"stopped by {signal.Signals(sig).name}" in stderr, stderr
         assert "Traceback" not in stderr, stderr
     finally:
-        if serve.poll() is None:
-            serve.kill()
-        for pid in seen:
-            if process_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_what_is_left(serve, seen)
+
+
+def _kill_what_is_left(serve: subprocess.Popen, seen) -> None:
+    """A failed test's clean-up: SIGKILL to the serve process and every process it was seen to start."""
+    if serve.poll() is None:
+        serve.kill()
+    for pid in seen:
+        if process_alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _comm(pid: int) -> str:
@@ -748,8 +753,4 @@ def test_nan_weights_served_with_allow_modified_never_turn_health_green(bigram_r
         assert "non-finite" in stderr and "tensorrt_llm" in stderr, stderr
         assert not survivors(seen)
     finally:
-        if serve.poll() is None:
-            serve.kill()
-        for pid in seen:
-            if process_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_what_is_left(serve, seen)
