@@ -40,10 +40,12 @@ def write_test_repository(
     output: Path,
     *,
     source: str | None = None,
+    revision: str | None = None,
     synthetic: bool = False,
     **settings,
 ) -> Path:
-    """A repository of `checkpoint` (cpu engine, or the synthetic one) with small limits."""
+    """A repository of `checkpoint` (cpu engine, or the synthetic one) with small limits; `source` and
+    `revision`: where the checkpoint is said to come from (default: the local folder)."""
     defaults = {
         "max_input_len": 128,
         "max_output_len": 64,
@@ -51,7 +53,7 @@ def write_test_repository(
         "kv_cache_tokens": 1024,
         "max_batch_size": 8,
     }
-    model = ResolvedModel(checkpoint, source or f"local:{checkpoint}", None)
+    model = ResolvedModel(checkpoint, source or f"local:{checkpoint}", revision)
     target = "synthetic" if synthetic else "cpu"
     return python_repository(model, output, target, **{**defaults, **settings})
 
