@@ -26,6 +26,8 @@ import os  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from toolkit.serve.net import free_port  # noqa: E402
+
 
 @dataclass(frozen=True)
 class ServedRepo:
@@ -80,3 +82,36 @@ def reference_model(served_repo):
     tokenizer = AutoTokenizer.from_pretrained(served_repo.checkpoint)
     model = AutoModelForCausalLM.from_pretrained(served_repo.checkpoint, dtype=torch.float32).eval()
     return model, tokenizer
+
+
+# --- the OpenAI API over the served repository, and the `openai` client of it ------------------
+@pytest.fixture(scope="module")
+def api_options() -> dict:
+    """ApiSettings options of `api` beyond the repository; a module overrides this fixture. The first of
+    its `api_keys` is the one `client` sends."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def api(served_repo, api_options):
+    """The OpenAI API, on a thread of this process, over the session's served repository."""
+    from toolkit.api import ApiSettings, run_api_in_background
+
+    settings = ApiSettings(served_repo.grpc_url, served_repo.repo, **api_options)
+    handle = run_api_in_background(settings, port=free_port())
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def client(api, api_options):
+    """The `openai` package's client of `api`, sending its first API key."""
+    import openai
+
+    key = (api_options.get("api_keys") or ("none",))[0]
+    return openai.OpenAI(base_url=f"{api.url}/v1", api_key=key, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model_id(client) -> str:
+    return client.models.list().data[0].id
