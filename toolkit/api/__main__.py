@@ -17,6 +17,7 @@ from toolkit.api.app import ApiSettings
 from toolkit.api.server import run_api
 from toolkit.errors import ToolkitError
 from toolkit.settings import ApiLimits
+from toolkit.trace.config import TracePlan
 
 RUN_KEYS = ("host", "port", "log_level", "loop", "http", "drain_timeout_s")
 
@@ -31,6 +32,7 @@ def main() -> int:
                 "repo": Path(data["repo"]),
                 "api_keys": tuple(data.get("api_keys", ())),
                 "limits": ApiLimits(**data.get("limits", {})),
+                "trace": TracePlan(**data["trace"]) if data.get("trace") else None,
             }
         )
     except ToolkitError as exc:  # settings that parse but cannot serve (ApiLimits' own checks)

@@ -30,6 +30,7 @@ from toolkit.api.schemas import (
     unsupported_content,
 )
 from toolkit.api.state import ApiSettings, ApiState
+from toolkit.api.tracing import request_trace
 from toolkit.errors import ToolkitError
 from toolkit.repository.reader import open_repository
 
@@ -52,6 +53,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
             yield
         finally:
             await state.backend.close()
+            if state.tracer is not None:
+                state.tracer.shutdown()
 
     app = FastAPI(title="toolkit OpenAI-compatible API", version="1", lifespan=lifespan)
     app.state.api = state
@@ -64,6 +67,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         retry_after_s=settings.retry_after_s,
         metrics=state.metrics,
         limits=settings.limits,
+        tracer=state.tracer,
     )
     return app
 
@@ -95,7 +99,14 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
                 400, f"The chat template refused these messages: {reason}", param="messages"
             ) from exc
         job = await plan_job(
-            state, "chat", body, prompt, body.requested_max_tokens(), "messages", _arrival(request)
+            state,
+            "chat",
+            body,
+            prompt,
+            body.requested_max_tokens(),
+            "messages",
+            _arrival(request),
+            request_trace(request.scope),
         )
         return await respond(state, job, bool(body.stream), request)
 
@@ -111,6 +122,7 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
             body.max_tokens,
             "prompt",
             _arrival(request),
+            request_trace(request.scope),
         )
         return await respond(state, job, bool(body.stream), request)
 

@@ -22,6 +22,7 @@ import time
 from toolkit.api.body import ClientLeft, ReadBudget, Refusal, read_body, replay
 from toolkit.api.errors import error_body
 from toolkit.api.metrics import ApiMetrics
+from toolkit.api.tracing import SCOPE_KEY
 from toolkit.settings import ApiLimits
 
 ARRIVAL = "toolkit_arrival"
@@ -47,6 +48,7 @@ class Gate:
         retry_after_s: int,
         metrics: ApiMetrics,
         limits: ApiLimits | None = None,
+        tracer=None,
     ):
         self.app = app
         self.api_keys = tuple(key.encode() for key in api_keys)
@@ -56,6 +58,7 @@ class Gate:
         self.limits = limits or ApiLimits()
         self.in_flight = 0
         self.budget = ReadBudget(self.limits.read_budget_bytes, metrics.body_read.set)
+        self.tracer = tracer  # toolkit.api.tracing.ApiTracer, or None: no tracing
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -71,6 +74,7 @@ class Gate:
             await send(message)
 
         generation = scope["method"] == "POST" and path in GENERATION_PATHS
+        trace = None
         try:
             if path not in OPEN_PATHS and self.api_keys and not self._authorized(scope):
                 await self._refuse(
@@ -88,11 +92,15 @@ class Gate:
                     send_and_record = _closing(send_and_record)
                 await self.app(scope, _without_body(receive), send_and_record)
                 return
+            received_ns = time.time_ns() if self.tracer is not None else 0
             receive = await self._whole_body(scope, receive, send_and_record, status)
             if receive is None:
                 return
             # Where time-to-first-token starts (Starlette's request.state reads scope["state"]).
-            scope.setdefault("state", {})[ARRIVAL] = time.perf_counter()
+            state = scope.setdefault("state", {})
+            state[ARRIVAL] = time.perf_counter()
+            if self.tracer is not None:
+                trace = state[SCOPE_KEY] = self.tracer.start(scope, received_ns, time.time_ns())
             if self.in_flight >= self.max_in_flight:
                 await self._refuse_busy(send_and_record)
                 return
@@ -105,6 +113,8 @@ class Gate:
                 self.metrics.in_flight.dec()
         finally:
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
+            if trace is not None:
+                trace.end(status[0])
 
     async def _whole_body(self, scope, receive, send, status: list):
         """A `receive` that replays the whole body; None when it was refused (408, 413, 503) or its client left."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.stops import StopScanner
+from toolkit.api.tracing import RequestTrace
 from toolkit.api.triton import Sampling, TritonBackend
 
 # The text models (ensemble, BLS): a re-tokenized count under this share of max_tokens is an early end.
@@ -33,6 +34,7 @@ class Job:
     include_usage: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     arrival: float = field(default_factory=time.perf_counter)
+    trace: RequestTrace | None = field(default=None, compare=False, repr=False)
 
 
 class Generation:
@@ -55,9 +57,18 @@ class Generation:
         """Text pieces (possibly empty) in order; one per engine response, then the held-back tail."""
         job, metrics = self.job, self.metrics
         scanner = StopScanner(list(job.stops))
+        trace = job.trace
+        # a traced request's context goes on to Triton, and the backend times its detokenizing
+        traced = (
+            {}
+            if trace is None
+            else {"traceparent": trace.call(self.backend.model_name), "timing": trace}
+        )
         sent = time.perf_counter()
         metrics.admission.observe(sent - job.arrival)
-        pieces = self.backend.generate(job.prompt, job.prompt_ids, job.max_tokens, job.sampling)
+        pieces = self.backend.generate(
+            job.prompt, job.prompt_ids, job.max_tokens, job.sampling, **traced
+        )
         last = None
         failed = False
         try:
@@ -69,6 +80,8 @@ class Generation:
                 elif piece.data:
                     self.completion_tokens = before + 1
                 new = self.completion_tokens - before
+                if new and trace is not None:
+                    trace.response(time.time_ns())
                 if new:
                     if last is None:
                         metrics.ttft.observe(now - job.arrival)
@@ -105,6 +118,8 @@ class Generation:
         if stopped or self._ended_early(text):
             self.finish_reason = "stop"
         self.metrics.finished.labels(self.finish_reason).inc()
+        if self.job.trace is not None:
+            self.job.trace.usage(self.job.prompt_tokens, self.completion_tokens, self.finish_reason)
         self.metrics.prompt_tokens.inc(self.job.prompt_tokens)
         self.metrics.completion_tokens.inc(self.completion_tokens)
 

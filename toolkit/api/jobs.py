@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 from toolkit.api.errors import ApiError
@@ -14,6 +15,7 @@ from toolkit.api.schemas import (
     unsupported_fields,
 )
 from toolkit.api.state import ApiState
+from toolkit.api.tracing import RequestTrace
 from toolkit.api.triton import Sampling
 
 LONG_PROMPT_CHARS = 32768
@@ -91,11 +93,21 @@ async def _encode(state: ApiState, prompt: str, param: str) -> list[int]:
 
 
 async def plan_job(
-    state: ApiState, kind: str, body, prompt: str, requested: int | None, param: str, arrival: float
+    state: ApiState,
+    kind: str,
+    body,
+    prompt: str,
+    requested: int | None,
+    param: str,
+    arrival: float,
+    trace: RequestTrace | None = None,
 ) -> Job:
     """Check the prompt and max_tokens against the engine's limits; a request over them is a 400 naming the limit."""
     limits = state.limits
+    started = time.time_ns() if trace is not None else 0
     prompt_ids = await _encode(state, prompt, param)
+    if trace is not None:
+        trace.tokenized(started, time.time_ns())
     prompt_tokens = len(prompt_ids)
     if prompt_tokens == 0:
         raise ApiError(
@@ -177,4 +189,5 @@ async def plan_job(
         tuple(body.stop_list()),
         include_usage,
         arrival=arrival,
+        trace=trace,
     )

@@ -86,16 +86,23 @@ async def _sse(
     """The event stream; cancelled (client gone) at an await, which closes `texts` and cancels Triton."""
     sse = SseFormatter(job)
     pieces = None
+    trace, counted = job.trace, 0
     try:
         opening = sse.first()
         if opening:
             yield opening
         if first:
             yield sse.text(first)
+            if trace is not None:  # the chunk has been written: the stream pulls the next one
+                trace.wrote(generation.completion_tokens)
+                counted = generation.completion_tokens
         # what arrives while a chunk is being written goes out together in the next
         pieces = Coalesced(texts)
         async for text in pieces:
             yield sse.text(text)
+            if trace is not None:
+                trace.wrote(generation.completion_tokens - counted)
+                counted = generation.completion_tokens
         yield sse.end(generation)
     except (TritonUnavailable, InferenceFailed) as exc:
         code = STREAM_ERROR_CODES.get(type(exc), "engine_error")

@@ -13,6 +13,7 @@ from toolkit.api.prompt import PromptCodec
 from toolkit.api.triton import ENGINE_MODEL, TritonBackend
 from toolkit.repository.reader import Repository
 from toolkit.settings import ApiLimits
+from toolkit.trace.config import TracePlan
 
 # Long prompts tokenized at once: each takes ~150-700 bytes of memory per character while it is encoded,
 # so the API's memory is bounded by this count, not by how many clients send long prompts together.
@@ -33,6 +34,8 @@ class ApiSettings:
     retry_after_s: int = 1
     # Header, body and send timeouts; body size and read budget; the engine's stall timeout.
     limits: ApiLimits = ApiLimits()
+    # Where and how to trace (toolkit.trace.config.plan_tracing); None: no tracing, no SDK loaded.
+    trace: TracePlan | None = None
 
 
 class ApiState:
@@ -55,6 +58,11 @@ class ApiState:
             vocab_size=self.vocab_size,
         )
         self.metrics = ApiMetrics()
+        self.tracer = None
+        if settings.trace is not None:
+            from toolkit.api.tracing import ApiTracer
+
+            self.tracer = ApiTracer(settings.trace)
         self.model_id = settings.served_model_name or repository.served_model_name
         self.created = int(time.time())
         self.long_encodes = asyncio.Semaphore(LONG_ENCODES_AT_ONCE)

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ pack_word_lists = common_module("textcodec").pack_word_lists
 log = logging.getLogger("toolkit.api")
 
 FINAL_FLAG = "triton_final_response"
+TRACEPARENT = "traceparent"  # W3C trace context: gRPC metadata key and request parameter name
 ENGINE_MODEL = c.ENGINE  # the engine contract: token ids in, token ids out
 # Triton's words for a model that can serve nothing at all (not one request refused): its Python-backend
 # stub died ("Stub process 'tensorrt_llm_0_0' is not healthy."), or the model was unloaded.
@@ -358,17 +360,28 @@ class TritonBackend:
         sampling: Sampling,
         *,
         watched: bool = True,
+        traceparent: str | None = None,
+        timing=None,
     ) -> AsyncGenerator[Piece, None]:
         """Stream the pieces of one generation; closing the iterator early cancels the request.
 
-        `watched`: the watchdog checks the engine when this stream stalls (not for its own check)."""
+        `watched`: the watchdog checks the engine when this stream stalls (not for its own check).
+        `traceparent`: the W3C trace context of the caller's span, sent as gRPC metadata (Triton's
+        spans) and as a request parameter (the engines', and an ensemble passes it to its steps).
+        `timing`: has `detokenize_ns` summed into it (toolkit.api.tracing.RequestTrace)."""
         done = asyncio.Event()
         request = (
             self._engine_request(prompt_ids, max_tokens, sampling)
             if self.engine
             else self._text_request(prompt, max_tokens, sampling)
         )
-        call = self.client.stream_infer(_one_request(request, done))
+        if traceparent is None:
+            call = self.client.stream_infer(_one_request(request, done))
+        else:
+            request["parameters"][TRACEPARENT] = traceparent
+            call = self.client.stream_infer(
+                _one_request(request, done), headers={TRACEPARENT: traceparent}
+            )
         loop = asyncio.get_running_loop()
         stream = _Stream(call, loop.time())
         if watched:
@@ -383,7 +396,11 @@ class TritonBackend:
                     raise self._failure(
                         str(error.message() if hasattr(error, "message") else error)
                     )
-                piece = self._engine_piece(result, total) if self.engine else _text_piece(result)
+                piece = (
+                    self._engine_piece(result, total, timing)
+                    if self.engine
+                    else _text_piece(result)
+                )
                 total = piece.output_tokens if piece.output_tokens is not None else total
                 finished = piece.final
                 if finished:
@@ -463,7 +480,7 @@ class TritonBackend:
             request["outputs"] = [grpcclient.InferRequestedOutput(name) for name in outputs]
         return request
 
-    def _engine_piece(self, result, total: int) -> Piece:
+    def _engine_piece(self, result, total: int, timing=None) -> Piece:
         """Read the raw INT32 outputs straight from the protobuf (one per streamed token: kept cheap)."""
         response = result.get_response()
         parameters = response.parameters
@@ -480,7 +497,12 @@ class TritonBackend:
             tokens = (int.from_bytes(ids[:4], "little", signed=True),)
         else:
             tokens = np.frombuffer(ids, "<i4")[:length].tolist()
-        return Piece(self.decoder.decode_bytes(tokens), total + len(tokens), final)
+        if timing is None:
+            return Piece(self.decoder.decode_bytes(tokens), total + len(tokens), final)
+        started = time.perf_counter_ns()
+        data = self.decoder.decode_bytes(tokens)
+        timing.detokenize_ns += time.perf_counter_ns() - started
+        return Piece(data, total + len(tokens), final)
 
 
 _GREEDY = Sampling(temperature=0)

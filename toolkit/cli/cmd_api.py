@@ -13,6 +13,7 @@ from toolkit.cli.options import (
     max_in_flight_option,
     reject_api_key_value,
     repo_option,
+    trace_options,
     triton_url_option,
 )
 from toolkit.cli.render import emit_json, note
@@ -67,6 +68,7 @@ from toolkit.settings import api_keys as read_api_keys
     default="info",
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
+@trace_options
 @drain_timeout_option(
     "On SIGTERM/Ctrl-C, seconds to let in-flight requests and streams finish (new connections are "
     "refused at once)."
@@ -88,6 +90,7 @@ def command(
     event_loop,
     http_impl,
     log_level,
+    trace,
     drain_timeout,
     dry_run,
 ):
@@ -107,7 +110,14 @@ def command(
     keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
     settings = ApiSettings(
-        triton_url, repo, model_name, served_model_name, keys, max_in_flight, limits=limits
+        triton_url,
+        repo,
+        model_name,
+        served_model_name,
+        keys,
+        max_in_flight,
+        limits=limits,
+        trace=trace,
     )
     if dry_run:
         emit_json(
@@ -129,6 +139,7 @@ def command(
                 "loop": event_loop,
                 "http": http_impl,
                 "drain_timeout_s": drain_timeout,
+                "trace": trace.to_dict() if trace else None,
             }
         )
         return

@@ -14,6 +14,7 @@ from toolkit.cli.options import (
     max_in_flight_option,
     reject_api_key_value,
     repo_option,
+    trace_options,
 )
 from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
@@ -70,6 +71,7 @@ from toolkit.settings import api_keys as read_api_keys
     default=600.0,
     help="Seconds to wait for every model to be ready.",
 )
+@trace_options
 @drain_timeout_option("On SIGTERM/Ctrl-C, seconds to let in-flight requests finish.")
 @click.option(
     "--log-file",
@@ -98,6 +100,7 @@ def command(
     expose_triton,
     allow_modified,
     ready_timeout,
+    trace,
     drain_timeout,
     log_file,
     background,
@@ -133,6 +136,7 @@ def command(
         api_keys=keys,
         max_in_flight=max_in_flight,
         api_limits=limits,
+        trace=trace,
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
         session = start_serving(

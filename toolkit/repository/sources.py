@@ -16,7 +16,7 @@ from types import ModuleType
 
 from toolkit.errors import RepositoryError
 
-COMMON_MODULES = ("textcodec", "params", "engine_metrics", "engine_requests")
+COMMON_MODULES = ("textcodec", "params", "engine_metrics", "engine_requests", "tracing")
 
 
 def model_repo_sources() -> Path:

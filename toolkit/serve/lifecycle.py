@@ -16,6 +16,7 @@ child's whole session (toolkit.subprocs) is ended on every exit; a stop signal d
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import threading
@@ -37,6 +38,7 @@ from toolkit.subprocs import (
     stop_process,
     tail_lines,
 )
+from toolkit.trace.config import TracePlan
 
 STUB = "triton_python_backend_stub"
 WATCH_INTERVAL_S = 0.5
@@ -52,6 +54,7 @@ class ServeOptions:
     max_in_flight: int = 64
     api_log: Path | None = None
     api_limits: ApiLimits = ApiLimits()  # the OpenAI API's timeouts, body size and body read budget
+    trace: TracePlan | None = None  # every layer's tracing (toolkit.trace.config); None: off
 
 
 @dataclass
@@ -189,7 +192,12 @@ def start_serving(
     The API's port is checked first: a busy one is named before the minutes a GPU engine takes to load."""
     if options.openai_port is not None:
         check_port_free(options.api_host, options.openai_port, "--openai-port")
-    server = launch_server(options.server, on_wait, detached=detached)
+    config = options.server
+    if options.trace is not None:
+        config = dataclasses.replace(
+            config, trace=options.trace, traced_by_api=options.openai_port is not None
+        )
+    server = launch_server(config, on_wait, detached=detached)
     try:
         return _start_api(ServeSession(options, server, stubs=python_stubs(server.pid)), detached)
     except BaseException:  # a failed API, or a stop signal: nothing that started may stay
@@ -211,6 +219,7 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
         api_keys=options.api_keys,
         max_in_flight=options.max_in_flight,
         limits=options.api_limits,
+        trace=options.trace,
     )
     session.api, session.api_log = launch_api(
         settings,

@@ -35,6 +35,7 @@ from engine_requests import (  # noqa: E402
 
 from params import ModelParams, final_flag, scalar  # noqa: E402
 from textcodec import Refused, unpack_word_list  # noqa: E402
+from tracing import EngineTracer  # noqa: E402
 
 RESULT_WAIT_S = 0.02
 # Below this a temperature divides logits past float32's range (NaN probabilities); sampling at it
@@ -74,6 +75,7 @@ class Stream:
     seen: int = 0
     tokens: list = field(default_factory=list)
     unsent: int = 0  # tokens appended since the last streamed response
+    spans: object = None  # tracing.RequestSpans of a traced request, else None
 
 
 class TritonPythonModel:
@@ -145,6 +147,7 @@ class TritonPythonModel:
             kv_blocks=params.integer("kv_cache_blocks"),
             tokens_per_block=self.block_size,
         )
+        self.tracer = EngineTracer(params.model)
         self._router = threading.Thread(target=self._route, name="cpu-engine-router", daemon=True)
         self._router.start()
 
@@ -210,7 +213,7 @@ class TritonPythonModel:
         with self._lock:
             streams = [s for s in self._streams.values() if s.triton_id == target]
         for stream in streams:
-            if self._drop(stream.request_id):
+            if self._drop(stream.request_id, "stopped"):
                 self.manager.cancel_request(stream.request_id)
                 # what it generated so far, as a normal final response
                 self._respond(stream, final=True)
@@ -219,6 +222,7 @@ class TritonPythonModel:
     def _admit(self, request, sender) -> None:
         self.refusals.check(pb_utils, request)
         stream, sampling = self._parse(request, sender)
+        stream.spans = self.tracer.start(request, len(stream.prompt), self.block_size)
         with self._lock:
             self._check_queue()
             self._streams[stream.request_id] = stream
@@ -417,7 +421,7 @@ class TritonPythonModel:
         with self._lock:
             streams = list(self._streams.values())
         for stream in streams:
-            if stream.request.is_cancelled() and self._drop(stream.request_id):
+            if stream.request.is_cancelled() and self._drop(stream.request_id, "cancelled"):
                 self.manager.cancel_request(stream.request_id)
                 self.cancelled.increment(1)
                 stream.sender.send(flags=_final())
@@ -428,6 +432,8 @@ class TritonPythonModel:
         if stream is None:
             return  # finished or cancelled already
         stream.timing.scheduled = stream.timing.scheduled or time.time_ns()
+        if stream.spans is not None:
+            stream.spans.scheduled(_wall_ns(result.lifespan[0]))
         if result.error:
             if self._drop(stream.request_id):
                 stream.sender.send(_error(f"CPU engine: {result.error}"), flags=_final())
@@ -448,6 +454,8 @@ class TritonPythonModel:
         stream.seen = len(generated)
         if new:
             stream.timing.on_tokens()
+            if stream.spans is not None:
+                stream.spans.step(len(new))
         for token in new:
             if token == stream.end_id and len(stream.tokens) >= stream.min_tokens:
                 return True
@@ -483,17 +491,20 @@ class TritonPythonModel:
             pb_utils.InferenceResponse(output_tensors=outputs), flags=_final() if final else 0
         )
 
-    def _drop(self, request_id: str) -> bool:
+    def _drop(self, request_id: str, reason: str = "finished") -> bool:
         """Forget a request; True only for the one caller that removed it, which alone sends its final response."""
         with self._lock:
-            removed = self._streams.pop(request_id, None) is not None
+            stream = self._streams.pop(request_id, None)
             self.in_flight.set(len(self._streams))
-        return removed
+        if stream is not None and stream.spans is not None:
+            stream.spans.finish(reason)
+        return stream is not None
 
     def finalize(self):
         self._running = False
         self._router.join(timeout=5)
         self.manager.stop(block=True, timeout=10, hard_stop=True)
+        self.tracer.shutdown()
         with self._lock:
             streams = list(self._streams.values())
         for stream in streams:  # whoever still waits gets a final answer, not a hang
@@ -502,6 +513,13 @@ class TritonPythonModel:
                     stream.sender.send(_error("the CPU engine is shutting down"), flags=_final())
                 except Exception:  # noqa: BLE001 - the server may already have released the request
                     pass
+
+
+def _wall_ns(perf_counter_s: float) -> int | None:
+    """A time.perf_counter() stamp (transformers' request lifespan) as ns since the epoch; None when unset."""
+    if perf_counter_s <= 0:
+        return None
+    return time.time_ns() - int((time.perf_counter() - perf_counter_s) * 1e9)
 
 
 def _words(request, name: str) -> list:

@@ -40,6 +40,7 @@ from engine_requests import NO_REQUEST_ID, Collector, Refusals, is_stop_request 
 
 from params import ModelParams, scalar  # noqa: E402
 from textcodec import Refused  # noqa: E402
+from tracing import EngineTracer  # noqa: E402
 
 FINAL = (
     1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL_FLAG; pb_utils only gets its constants after import
@@ -60,6 +61,7 @@ class _Stream:
         "streaming",
         "prefix",
         "input_len",
+        "spans",
     )
 
     def __init__(
@@ -71,6 +73,7 @@ class _Stream:
         prefix: np.ndarray | None,
         input_len: int,
         position: int,
+        spans=None,
     ):
         self.request = request
         self.sender = sender
@@ -81,6 +84,7 @@ class _Stream:
         self.streaming = streaming
         self.prefix = prefix  # input ids echoed before the output (non-streaming, exclude_input_in_output false)
         self.input_len = input_len
+        self.spans = spans  # tracing.RequestSpans of a traced request, else None
 
 
 def _scalar(request, name: str, default):
@@ -120,6 +124,7 @@ class TritonPythonModel:
             pb_utils.Tensor("output_ids", np.full((1, 1, 1), t, np.int32)) for t in self.token_ids
         ]
         self.one_length = pb_utils.Tensor("sequence_length", np.ones((1, 1), np.int32))
+        self.tracer = EngineTracer(params.model)
         self.pending: deque[_Stream] = deque()
         # The generator thread's, in arrival order: the first max_batch_size run, the rest wait for a
         # slot. Other threads only read its length.
@@ -194,7 +199,8 @@ class TritonPythonModel:
         position = self.next_position
         # requests start at different tokens
         self.next_position = (position + 7) % len(self.token_ids)
-        return _Stream(request, sender, output_len, streaming, prefix, input_len, position)
+        spans = self.tracer.start(request, input_len, self.block_size)
+        return _Stream(request, sender, output_len, streaming, prefix, input_len, position, spans)
 
     # -- tokens out -----------------------------------------------------------------------------
     def _generate(self) -> None:
@@ -248,8 +254,12 @@ class TritonPythonModel:
         with what it has (nothing)."""
         if check_cancel and s.request.is_cancelled():
             s.sender.send(flags=FINAL)
+            if s.spans is not None:
+                s.spans.finish("cancelled")
             return False
         if s.triton_id in stops:
+            if s.spans is not None:
+                s.spans.finish("stopped")
             if s.streaming:
                 s.sender.send(flags=FINAL)
             else:
@@ -264,6 +274,8 @@ class TritonPythonModel:
         """Emit one token for `s`; returns whether it stays active."""
         if check_cancel and s.request.is_cancelled():
             s.sender.send(flags=FINAL)
+            if s.spans is not None:
+                s.spans.finish("cancelled")
             return False
         # stopped by a `stop` request: a normal final response with what it has
         if s.triton_id in stops:
@@ -271,6 +283,10 @@ class TritonPythonModel:
         s.remaining -= 1
         s.produced += 1
         last = s.remaining == 0
+        if s.spans is not None:
+            s.spans.step(1)
+            if last:
+                s.spans.finish("length")
         if s.streaming:
             outputs = [self.id_tensors[s.position], self.one_length]
             s.position = (s.position + 1) % len(self.id_tensors)
@@ -298,3 +314,4 @@ class TritonPythonModel:
             self.running = False
             self.wake.notify()
         self.thread.join(timeout=5)
+        self.tracer.shutdown()
