@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Any
 
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.stops import StopScanner
@@ -59,11 +60,9 @@ class Generation:
         scanner = StopScanner(list(job.stops))
         trace = job.trace
         # a traced request's context goes on to Triton, and the backend times its detokenizing
-        traced = (
-            {}
-            if trace is None
-            else {"traceparent": trace.call(self.backend.model_name), "timing": trace}
-        )
+        traced: dict[str, Any] = {}
+        if trace is not None:
+            traced = {"traceparent": trace.call(self.backend.model_name), "timing": trace}
         sent = time.perf_counter()
         metrics.admission.observe(sent - job.arrival)
         pieces = self.backend.generate(
