@@ -133,6 +133,7 @@ class TritonPythonModel:
         self.wake = threading.Condition()
         self.running = True
         self.next_position = 0
+        self.reported_steps = 0  # engine steps already counted in the iteration counter
         self.thread = threading.Thread(target=self._generate, name="synthetic-engine", daemon=True)
         self.thread.start()
 
@@ -209,7 +210,7 @@ class TritonPythonModel:
         while True:
             with self.wake:
                 while self.running and not self.active and not self.pending and not self.stops:
-                    self._report()
+                    self._report(step)
                     self.wake.wait(timeout=1.0)
                     deadline = time.monotonic()
                 if not self.running:
@@ -227,7 +228,7 @@ class TritonPythonModel:
             ]
             if time.monotonic() - reported >= METRICS_EVERY_S:
                 reported = time.monotonic()
-                self._report()
+                self._report(step)
             if self.step_s > 0:
                 deadline += self.step_s
                 delay = deadline - time.monotonic()
@@ -238,7 +239,8 @@ class TritonPythonModel:
         for stream in self.active:
             stream.sender.send(flags=FINAL)
 
-    def _report(self) -> None:
+    def _report(self, steps: int) -> None:
+        """The backend's metric families; `steps`: engine steps so far (the iteration counter)."""
         running = self.active[: self.max_batch_size]
         used = sum(-(-(s.input_len + s.produced) // self.block_size) for s in running)
         self.metrics.update(
@@ -247,7 +249,9 @@ class TritonPythonModel:
             context=0,
             used_blocks=used,
             context_tokens=0,
+            iterations=steps - self.reported_steps,
         )
+        self.reported_steps = steps
 
     def _still_queued(self, s: _Stream, check_cancel: bool, stops: set) -> bool:
         """Whether `s`, waiting for a batch slot, still waits: a cancelled or stopped one ends now,
