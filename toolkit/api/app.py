@@ -42,8 +42,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_app(settings: ApiSettings) -> FastAPI:
-    """The ASGI app, wrapped in the gate (API keys, in-flight bound); its lifespan opens the gRPC channel."""
+def create_app(settings: ApiSettings, in_flight=None) -> FastAPI:
+    """The ASGI app, wrapped in the gate (API keys, in-flight bound); its lifespan opens the gRPC channel.
+    `in_flight`: the count the bound is kept in when several worker processes share it."""
     state = ApiState(settings, open_repository(Path(settings.repo)))
 
     @contextlib.asynccontextmanager
@@ -68,6 +69,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         metrics=state.metrics,
         limits=settings.limits,
         tracer=state.tracer,
+        in_flight=in_flight,
     )
     return app
 

@@ -49,6 +49,7 @@ class Gate:
         metrics: ApiMetrics,
         limits: ApiLimits | None = None,
         tracer=None,
+        in_flight=None,
     ):
         self.app = app
         self.api_keys = tuple(key.encode() for key in api_keys)
@@ -56,7 +57,8 @@ class Gate:
         self.retry_after_s = retry_after_s
         self.metrics = metrics
         self.limits = limits or ApiLimits()
-        self.in_flight = 0
+        # Requests admitted and not yet answered: this process's, or every worker's (toolkit.api.workers).
+        self.in_flight = in_flight or LocalInFlight()
         self.budget = ReadBudget(self.limits.read_budget_bytes, metrics.body_read.set)
         self.tracer = tracer  # toolkit.api.tracing.ApiTracer, or None: no tracing
 
@@ -101,15 +103,14 @@ class Gate:
             state[ARRIVAL] = time.perf_counter()
             if self.tracer is not None:
                 trace = state[SCOPE_KEY] = self.tracer.start(scope, received_ns, time.time_ns())
-            if self.in_flight >= self.max_in_flight:
+            if not self.in_flight.acquire(self.max_in_flight):
                 await self._refuse_busy(send_and_record)
                 return
-            self.in_flight += 1
             self.metrics.in_flight.inc()
             try:
                 await self.app(scope, receive, send_and_record)
             finally:
-                self.in_flight -= 1
+                self.in_flight.release()
                 self.metrics.in_flight.dec()
         finally:
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
@@ -166,6 +167,22 @@ class Gate:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+class LocalInFlight:
+    """Requests in flight in this process (one event loop: no lock)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def acquire(self, limit: int) -> bool:
+        if self.count >= limit:
+            return False
+        self.count += 1
+        return True
+
+    def release(self) -> None:
+        self.count -= 1
 
 
 def _announces_body(scope) -> bool:

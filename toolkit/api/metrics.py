@@ -1,8 +1,17 @@
-"""Prometheus metrics of the API, in a registry of its own (several apps can live in one process)."""
+"""Prometheus metrics of the API, in a registry of its own (several apps can live in one process).
+
+With API workers (toolkit.api.workers) prometheus_client runs in its multiprocess mode: every
+worker writes its values to files in PROMETHEUS_MULTIPROC_DIR, and /metrics, whichever worker
+answers it, renders the sum over all of them (gauges: the sum over the live workers).
+"""
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Seconds. TTFT spans a cold CPU prefill (seconds) down to a warm GPU one (milliseconds).
 TTFT_BUCKETS = (
@@ -85,12 +94,16 @@ class ApiMetrics:
             registry=r,
         )
         self.in_flight = Gauge(
-            "toolkit_api_requests_in_flight", "Generation requests being served now", registry=r
+            "toolkit_api_requests_in_flight",
+            "Generation requests being served now",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.body_read = Gauge(
             "toolkit_api_body_read_bytes",
             "Bytes of request bodies being read now, before admission (bounded by --body-read-budget-mib)",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.rejected = Counter(
             "toolkit_api_rejected_requests",
@@ -115,4 +128,10 @@ class ApiMetrics:
         )
 
     def render(self) -> bytes:
+        if os.environ.get(MULTIPROCESS_ENV):
+            from prometheus_client import multiprocess
+
+            every_worker = CollectorRegistry()
+            multiprocess.MultiProcessCollector(every_worker)
+            return generate_latest(every_worker)
         return generate_latest(self.registry)

@@ -9,6 +9,7 @@ import click
 from toolkit.cli.options import (
     api_key_options,
     api_limit_options,
+    api_workers_option,
     drain_timeout_option,
     max_in_flight_option,
     reject_api_key_value,
@@ -35,6 +36,7 @@ from toolkit.settings import api_keys as read_api_keys
 @click.option(
     "-p", "--port", default=9000, type=click.IntRange(1, 65535), help="Port to listen on."
 )
+@api_workers_option("-w", "--workers")
 @api_key_options
 @click.option(
     "--model-name",
@@ -81,6 +83,7 @@ def command(
     repo,
     host,
     port,
+    workers,
     api_key_files,
     api_key,
     model_name,
@@ -140,6 +143,7 @@ def command(
                 "http": http_impl,
                 "drain_timeout_s": drain_timeout,
                 "trace": trace.to_dict() if trace else None,
+                "workers": workers,
             }
         )
         return
@@ -149,8 +153,26 @@ def command(
         )
     note(
         f"OpenAI API on http://{host}:{port}/v1 -> Triton {triton_url} "
-        f"({'API keys required' if keys else 'no auth'})"
+        f"({'API keys required' if keys else 'no auth'}"
+        f"{f', {workers} worker processes' if workers > 1 else ''})"
     )
+    if workers > 1:
+        from toolkit.serve.api_process import api_payload, exec_api
+        from toolkit.serve.net import check_port_free
+
+        check_port_free(host, port, "--port")
+        exec_api(
+            api_payload(
+                settings,
+                host=host,
+                port=port,
+                workers=workers,
+                log_level=log_level,
+                loop=event_loop,
+                http=http_impl,
+                drain_timeout_s=drain_timeout,
+            )  # fmt: skip
+        )
     run_api(
         settings,
         host=host,

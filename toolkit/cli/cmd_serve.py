@@ -9,6 +9,7 @@ import click
 from toolkit.cli.options import (
     api_key_options,
     api_limit_options,
+    api_workers_option,
     drain_timeout_option,
     json_option,
     max_in_flight_option,
@@ -52,6 +53,7 @@ from toolkit.settings import api_keys as read_api_keys
     default=None,
     help="Also serve the OpenAI-compatible API on this port.",
 )
+@api_workers_option("--api-workers")
 @api_key_options
 @max_in_flight_option
 @api_limit_options
@@ -93,6 +95,7 @@ def command(
     metrics_port,
     metrics_host,
     openai_port,
+    api_workers,
     api_key_files,
     api_key,
     max_in_flight,
@@ -137,6 +140,7 @@ def command(
         max_in_flight=max_in_flight,
         api_limits=limits,
         trace=trace,
+        api_workers=api_workers,
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
         session = start_serving(

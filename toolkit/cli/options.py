@@ -74,6 +74,19 @@ def max_in_flight_option(function):
     )(function)
 
 
+def api_workers_option(*decls: str):
+    return click.option(
+        *decls,
+        "api_workers" if "--api-workers" in decls else "workers",
+        type=click.IntRange(1, 64),
+        default=1,
+        envvar=f"{API_ENV_PREFIX}WORKERS",
+        show_envvar=True,
+        help="OpenAI API: worker processes on its one port (one core relays ~10k streamed tokens/s); "
+        "--max-in-flight and the metrics count them all.",
+    )
+
+
 def api_key_options(function):
     """-k/--api-key-file (repeatable) and a hidden --api-key that refuses a key on the command line."""
     function = click.option("--api-key", "api_key", default=None, hidden=True, expose_value=True)(

@@ -55,6 +55,7 @@ class ServeOptions:
     api_log: Path | None = None
     api_limits: ApiLimits = ApiLimits()  # the OpenAI API's timeouts, body size and body read budget
     trace: TracePlan | None = None  # every layer's tracing (toolkit.trace.config); None: off
+    api_workers: int = 1  # OpenAI API processes on its one port (toolkit.api.workers)
 
 
 @dataclass
@@ -228,6 +229,7 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
         log_file=options.api_log,
         detached=detached,
         drain_timeout_s=options.server.exit_timeout_s,  # streams drain as long as Triton's requests
+        workers=options.api_workers,
     )
     return session
 
