@@ -116,8 +116,8 @@ def test_two_workers_serve_one_port_and_metrics_count_both(workers):
 def test_the_in_flight_bound_holds_over_all_workers(workers):
     _, url, _, _ = workers
     with ThreadPoolExecutor(MAX_IN_FLIGHT + 6) as pool:
-        codes = list(pool.map(lambda _: _complete(url, max_tokens=100), range(MAX_IN_FLIGHT + 6)))
-    # 12 at once (each 1 s long) over two workers: a bound per worker would admit up to 12
+        codes = list(pool.map(lambda _: _complete(url, max_tokens=60), range(MAX_IN_FLIGHT + 6)))
+    # 12 at once (each 0.6 s long) over two workers: a bound per worker would admit up to 12
     assert codes.count(200) == MAX_IN_FLIGHT and codes.count(429) == 6
     assert _metric(url, "toolkit_api_requests_in_flight") == 0
 

@@ -237,9 +237,10 @@ def test_the_engine_step_comes_from_its_iteration_counter():
     from toolkit.bench.scrape import parse_samples, summarize
 
     def snapshot(iterations: int, at: float) -> dict:
+        labels = 'general_type="iteration_counter",model="tensorrt_llm",version="1"'
         text = (
             "# TYPE nv_trt_llm_general_metrics gauge\n"
-            f'nv_trt_llm_general_metrics{{general_type="iteration_counter",model="tensorrt_llm",version="1"}} {iterations}\n'
+            f"nv_trt_llm_general_metrics{{{labels}}} {iterations}\n"
         )
         return {**parse_samples(text), "_time": at}
 
