@@ -74,6 +74,12 @@ from toolkit.settings import api_keys as read_api_keys
     help="Seconds to wait for every model to be ready.",
 )
 @trace_options
+@click.option(
+    "--trace-context-only",
+    is_flag=True,
+    help="Traces: Triton traces only requests that carry a trace context (an OpenAI API in front "
+    "samples them; on by itself with --openai-port).",
+)
 @drain_timeout_option("On SIGTERM/Ctrl-C, seconds to let in-flight requests finish.")
 @click.option(
     "--log-file",
@@ -104,6 +110,7 @@ def command(
     allow_modified,
     ready_timeout,
     trace,
+    trace_context_only,
     drain_timeout,
     log_file,
     background,
@@ -140,6 +147,7 @@ def command(
         max_in_flight=max_in_flight,
         api_limits=limits,
         trace=trace,
+        trace_context_only=trace_context_only,
         api_workers=api_workers,
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:

@@ -56,6 +56,8 @@ class ServeOptions:
     api_limits: ApiLimits = ApiLimits()  # the OpenAI API's timeouts, body size and body read budget
     trace: TracePlan | None = None  # every layer's tracing (toolkit.trace.config); None: off
     api_workers: int = 1  # OpenAI API processes on its one port (toolkit.api.workers)
+    # Triton traces only what carries a context: an API in front samples (also with openai_port).
+    trace_context_only: bool = False
 
 
 @dataclass
@@ -195,9 +197,8 @@ def start_serving(
         check_port_free(options.api_host, options.openai_port, "--openai-port")
     config = options.server
     if options.trace is not None:
-        config = dataclasses.replace(
-            config, trace=options.trace, traced_by_api=options.openai_port is not None
-        )
+        behind_api = options.openai_port is not None or options.trace_context_only
+        config = dataclasses.replace(config, trace=options.trace, traced_by_api=behind_api)
     server = launch_server(config, on_wait, detached=detached)
     try:
         return _start_api(ServeSession(options, server, stubs=python_stubs(server.pid)), detached)
