@@ -71,6 +71,34 @@ def test_a_rate_without_an_endpoint_names_the_variable_and_the_receiver():
         plan_tracing(0.5, "grpc://127.0.0.1:4317", OtelEnvironment())
 
 
+def test_trace_context_only_runs_triton_at_rate_0_without_an_api_beside_it(monkeypatch, tmp_path):
+    """The chart's triton container runs `toolkit serve` with no --openai-port (the API is its own
+    container, which samples): --trace-context-only must start tritonserver at rate 0 all the same,
+    else Triton would also trace 1 in 1/rate of the requests the API chose not to."""
+    from toolkit.serve import lifecycle
+    from toolkit.serve.launcher import ServerConfig
+
+    started = []
+
+    class Stop(Exception):
+        pass
+
+    def launch(config, on_wait, detached=False):
+        started.append(triton_args(config.trace, behind_api=config.traced_by_api))
+        raise Stop
+
+    monkeypatch.setattr(lifecycle, "launch_server", launch)
+    plan = TracePlan("http://127.0.0.1:4318/v1/traces", 0.1, "svc")
+    for context_only in (True, False):
+        options = lifecycle.ServeOptions(
+            ServerConfig(tmp_path), trace=plan, trace_context_only=context_only
+        )
+        with pytest.raises(Stop):
+            lifecycle.start_serving(options)
+    assert "--trace-config=rate=0" in started[0]
+    assert "--trace-config=rate=10" in started[1]  # alone, Triton samples 1 in 1/0.1 itself
+
+
 def test_tritons_flags_are_its_documented_settings():
     plan = TracePlan("http://127.0.0.1:4318/v1/traces", 0.1, "svc")
     globals_, modes = UPSTREAM["global_settings"], UPSTREAM["mode_settings"]
