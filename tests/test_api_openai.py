@@ -181,8 +181,8 @@ def test_seeded_sampling_repeats(client, model_id):
 
 def test_unsupported_field_is_400_in_openai_format(client, model_id):
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=model_id, messages=MESSAGES, n=2)
-    assert caught.value.body["param"] == "n"
+        client.chat.completions.create(model=model_id, messages=MESSAGES, modalities=["audio"])
+    assert caught.value.body["param"] == "modalities"
 
 
 def test_wrong_or_missing_key_is_401(api, model_id):

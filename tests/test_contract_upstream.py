@@ -21,7 +21,6 @@ FAMILY = {
     "encoder-decoder",
     "lora",
     "speculative",
-    "guided",
     "retention",
     "disaggregated",
     "prompt-table",
@@ -75,7 +74,6 @@ LEFT_OUT = {
         "num_draft_tokens",
         "use_draft_logits",
     },
-    "guided": {"guided_decoding_guide_type", "guided_decoding_guide"},
     "retention": {
         "retention_token_range_starts",
         "retention_token_range_ends",
@@ -137,6 +135,26 @@ def test_every_tensor_we_declare_is_the_stock_one(model):
         assert tensor.dtype == up["data_type"] or up["data_type"].startswith("${"), (
             f"{model}.{tensor.name}"
         )
+
+
+def test_the_python_engines_declare_the_stock_tensors_and_only_optional_ones_of_their_own():
+    own = set(c.OWN_EXTENSIONS[c.ENGINE])
+    extra_in = [t for t in c.PYTHON_ENGINE_INPUTS if t not in c.ENGINE_INPUTS]
+    extra_out = [t for t in c.PYTHON_ENGINE_OUTPUTS if t not in c.ENGINE_OUTPUTS]
+    assert {t.name for t in (*extra_in, *extra_out)} == own
+    assert all(t.optional for t in extra_in)
+    stock = PINNED["models"][c.ENGINE]
+    stock_names = {t["name"] for t in (*stock["inputs"], *stock["outputs"])}
+    assert not own & stock_names, "an extension of ours must not take a stock tensor's name"
+
+
+def test_our_guide_kinds_are_the_backend_s_guide_types():
+    """An unknown guide type is silently ignored by the backend (the request runs unconstrained)."""
+    from toolkit.capabilities import GUIDE_KINDS
+
+    backend_types = PINNED["guided_decoding"]["guide_types"]
+    assert set(c.GUIDE_TYPES) == set(GUIDE_KINDS)
+    assert set(c.GUIDE_TYPES.values()) == set(backend_types)
 
 
 @pytest.mark.parametrize("model", sorted(OURS))

@@ -29,7 +29,11 @@ def _engine_parameters(planned) -> dict[str, str]:
     engine = TrtllmEngine(
         "h100-sxm", "/engines/x", "0.20.0", planned.memory.max_batch_size, 1, runtime
     )
-    plan = SimpleNamespace(limits=RepositoryLimits.from_memory_plan(planned.memory), decoupled=True)
+    plan = SimpleNamespace(
+        limits=RepositoryLimits.from_memory_plan(planned.memory),
+        decoupled=True,
+        output=Path("/repository"),  # where the guided-decoding tokenizer info is written
+    )
     parsed = parse_pbtxt(to_pbtxt(engine.config(plan)))
     return {key: value.string_value for key, value in parsed.parameters.items()}
 

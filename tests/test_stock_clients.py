@@ -433,3 +433,34 @@ def test_toolkit_bench_refuses_a_unary_repository_clearly(unary_server):
     )
     assert result.exit_code == 1
     assert "--no-decoupled" in result.output and "time to first token" in result.output
+
+
+def test_a_tokenizer_llguidance_cannot_read_refuses_guided_requests_and_serves_the_rest(
+    streaming_server,
+):
+    """The bigram checkpoint's word-level Metaspace tokenizer has no byte mapping llguidance takes: the CPU
+    engine still loads, and a guided request is a 400 saying why."""
+    import httpx
+
+    from toolkit.api import ApiSettings, run_api_in_background
+
+    repo, server = streaming_server
+    handle = run_api_in_background(ApiSettings(server.grpc_url, repo), port=free_port())
+    try:
+        model = httpx.get(f"{handle.url}/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "prompt": "hello", "max_tokens": 4, "temperature": 0}
+        guided = httpx.post(
+            f"{handle.url}/v1/completions",
+            json={**body, "response_format": {"type": "regex", "regex": "[a-z]+"}},
+            timeout=60,
+        )
+        assert guided.status_code == 400, guided.text
+        error = guided.json()["error"]
+        assert (
+            error["code"] == "unsupported_parameter"
+            and "llguidance cannot read" in error["message"]
+        )
+        plain = httpx.post(f"{handle.url}/v1/completions", json=body, timeout=60)
+        assert plain.status_code == 200, plain.text
+    finally:
+        handle.stop()

@@ -170,3 +170,56 @@ def make_bigram_checkpoint(path: Path) -> Path:
         json.dumps({"bos_token_id": 1, "eos_token_id": [2, 3, 4]})
     )
     return path
+
+
+# --- tokenizers with each tool-calling family's markers (for synthetic repositories) -----------------
+TOOL_MARKERS = {
+    # family -> (tokens added to the vocabulary, whether they are special: dropped from the text)
+    "hermes": (["<tool_call>", "</tool_call>"], False),  # Qwen2.5 keeps them as text
+    "mistral": (["[TOOL_CALLS]"], True),
+    "llama3_json": (["<|python_tag|>"], True),
+}
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}call {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}{% endfor %}{% else %}{{ m['content'] }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tool_tokenizer(path: Path, family: str) -> dict[str, str]:
+    """The tiny tokenizer with `family`'s tool-call markers added, and a chat template that renders tools:
+    {file name: text}, for a config-only checkpoint."""
+    from tokenizers import AddedToken, Tokenizer
+
+    make_tiny_tokenizer(path)
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokens, special = TOOL_MARKERS[family]
+    tokenizer.add_tokens([AddedToken(t, special=special, normalized=False) for t in tokens])
+    tokenizer.save(str(path / "tokenizer.json"))
+    return {
+        "tokenizer.json": (path / "tokenizer.json").read_text(),
+        "tokenizer_config.json": json.dumps(
+            {"eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}
+        ),
+        "chat_template.jinja": TOOL_TEMPLATE,
+    }
+
+
+def make_tiny_tokenizer(path: Path) -> Path:
+    """The tiny checkpoint's tokenizer.json alone."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(CORPUS * 5, trainer)
+    tokenizer.save(str(path / "tokenizer.json"))
+    return path

@@ -68,6 +68,7 @@ class BuildPlan:
             "model": self.model.source,
             "recipe": self.recipe.name,
             **self.planned.to_dict(),
+            **self.target.dry_run_details(self.planned, Path(self.request.output)),
         }
 
 

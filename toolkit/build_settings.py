@@ -227,6 +227,15 @@ class BuildSettings:
         default="the smallest that fits",
         choices=TP_CHOICES,
     )
+    moe_ep_size: int | None = setting(
+        "GPU, mixture-of-experts models: expert-parallel ranks (whole experts per rank); the TP ranks left "
+        "shard each expert (TensorRT-LLM's --moe_ep_size / --moe_tp_size).",
+        kind=int,
+        targets=_GPU,
+        recipe="parallelism.moe_ep",
+        default="1 (experts sharded over the TP ranks)",
+        choices=TP_CHOICES,
+    )
     pp: int | None = setting(
         "GPU: pipeline-parallel ranks.",
         kind=int,
@@ -352,9 +361,19 @@ class BuildSettings:
         default="on",
         negation="no-chunked-context",
     )
+    gather_generation_logits: bool | None = setting(
+        "GPU: build the engine with --gather_generation_logits, so that requests can ask for top_logprobs "
+        "(the backend then returns each step's logits; its logits buffer is counted in the memory plan).",
+        kind=bool,
+        targets=_GPU,
+        recipe="engine.gather_generation_logits",
+        default="off",
+        negation="no-gather-generation-logits",
+    )
     # --- engine
     num_threads: int | None = setting(
-        "CPU engine: torch threads (0: torch's default).",
+        "CPU engine: torch threads (0: the CPUs the server may use, but one: the rest of the server "
+        "needs one; on a busy host fewer threads are faster).",
         kind=int,
         targets=_CPU,
         recipe="engine.num_threads",
@@ -368,6 +387,15 @@ class BuildSettings:
         recipe="engine.step_time_ms",
         default="0",
         minimum=0,
+    )
+    synthetic_output: str | None = setting(
+        "Synthetic engine: the text every request is answered with, then the end token (tokenized with the "
+        "repository's tokenizer, special tokens included), to test what reads the output (tool-call "
+        "parsers, stop strings); default: plain words up to max_tokens.",
+        kind=str,
+        targets=_SYN,
+        recipe="engine.synthetic_output",
+        default="plain words",
     )
     # FP8 / tensor-parallel fusions (trtllm-build flags; their upstream conditions: toolkit.engine.fusions)
     reduce_fusion: bool | None = setting(

@@ -13,6 +13,11 @@ from typing import Any
 
 # Guided-decoding kinds, by the names the OpenAI API and TensorRT-LLM's guided decoding use.
 GUIDE_KINDS = ("json_object", "json_schema", "regex", "ebnf")
+MAX_N = 128  # OpenAI's bound on n
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+# Where top log probs come from: the engine's own outputs (the Python engines' top_logprob_ids and
+# top_logprobs), or the generation logits the API reduces itself (a GPU engine built to gather them).
+TOP_LOGPROBS_SOURCES = ("engine", "generation_logits")
 
 # Each feature: what a client asks for, in words (the refusal's subject).
 FEATURES = {
@@ -43,6 +48,7 @@ class Capabilities:
     guided_decoding: tuple[str, ...] = ()  # GUIDE_KINDS it takes
     logprobs: bool = False  # the log prob of each generated token
     top_logprobs: int = 0  # most alternatives per token (0: none)
+    top_logprobs_source: str = ""  # TOP_LOGPROBS_SOURCES ("" when top_logprobs is 0)
     prompt_logprobs: bool = False
     max_n: int = 1  # most choices (return sequences) per request
     max_beam_width: int = 1
@@ -55,6 +61,9 @@ class Capabilities:
     context_logits: bool = False
     top_p_decay: bool = False
     streaming: bool = True
+    # Whether the engine reports the KV blocks a request took from its prefix cache (kv_cache_reused_blocks),
+    # from which the API gives usage.prompt_tokens_details.cached_tokens.
+    cached_tokens: bool = False
     enable: dict[str, str] = field(default_factory=dict)
 
     def supports(self, feature: str) -> bool:

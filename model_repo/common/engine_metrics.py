@@ -112,11 +112,13 @@ class EngineMetrics:
         used_blocks: int,
         context_tokens: int,
         iterations: int = 0,
+        reused_blocks: int = 0,
     ) -> None:
         """One reading of the engine's state, as the backend reports each iteration's statistics.
 
         `held`: every request the engine holds (running, or queued for a batch slot); `scheduled`:
         those running this step. Reported as the backend does: active capped at max_batch_size.
+        `reused_blocks`: KV blocks taken from the prefix cache since the engine started.
         """
         self.iterations += iterations
         active = min(held, self.max_batch_size)
@@ -137,7 +139,7 @@ class EngineMetrics:
             ("max", self.kv_blocks),
             ("free", self.kv_blocks - used),
             ("used", used),
-            ("reused", 0),
+            ("reused", reused_blocks),  # cumulative, as TensorRT-LLM's KvCacheStats
             ("fraction", used / self.kv_blocks if self.kv_blocks else 0.0),
         ):
             self._set(kv, label, value)

@@ -94,17 +94,20 @@ class Timing:
         self.last_token = now
 
 
-def perf_outputs(pb_utils, timing: Timing, total_tokens: int, block_size: int) -> list:
-    """The backend's perf outputs, each [1, 1]: KV blocks the request holds (none reused: the Python
-    engines share no prefixes), its timestamps, and no speculative decoding."""
+def perf_outputs(
+    pb_utils, timing: Timing, total_tokens: int, block_size: int, reused_blocks: int = 0
+) -> list:
+    """The backend's perf outputs, each [1, 1]: KV blocks the request holds, of which `reused_blocks` came
+    from the prefix cache (the CPU engine's; the synthetic one computes none), its timestamps, and no
+    speculative decoding."""
     blocks = -(-total_tokens // block_size)
 
     def tensor(name, value, dtype):
         return pb_utils.Tensor(name, np.array([[value]], dtype=dtype))
 
     return [
-        tensor("kv_cache_alloc_new_blocks", blocks, np.int32),
-        tensor("kv_cache_reused_blocks", 0, np.int32),
+        tensor("kv_cache_alloc_new_blocks", blocks - reused_blocks, np.int32),
+        tensor("kv_cache_reused_blocks", reused_blocks, np.int32),
         tensor("kv_cache_alloc_total_blocks", blocks, np.int32),
         tensor("arrival_time_ns", timing.arrival, np.int64),
         tensor("first_scheduled_time_ns", timing.scheduled, np.int64),

@@ -7,6 +7,7 @@ and is answered (toolkit.api.responses); the state it is served with is toolkit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from toolkit.api.errors import ApiError, install_error_handlers
+from toolkit.api.errors import ApiError, install_error_handlers, short_text
+from toolkit.api.fairness import hold_share
 from toolkit.api.gate import ARRIVAL, Gate
-from toolkit.api.jobs import plan_job, refuse_unsupported, render_chat
+from toolkit.api.generation import Job
+from toolkit.api.jobs import plan_job, refuse_unsupported, render_chat, request_features
 from toolkit.api.responses import respond
 from toolkit.api.schemas import (
     ChatCompletion,
@@ -30,6 +33,15 @@ from toolkit.api.schemas import (
     unsupported_content,
 )
 from toolkit.api.state import ApiSettings, ApiState
+from toolkit.api.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    detokenize,
+    tokenize,
+)
+from toolkit.api.tools import template_messages, template_tools, tool_setup
 from toolkit.api.tracing import request_trace
 from toolkit.errors import ToolkitError
 from toolkit.repository.reader import open_repository
@@ -57,7 +69,14 @@ def create_app(settings: ApiSettings, in_flight=None) -> FastAPI:
             if state.tracer is not None:
                 state.tracer.shutdown()
 
-    app = FastAPI(title="toolkit OpenAI-compatible API", version="1", lifespan=lifespan)
+    # No slash redirects: Starlette builds their Location from the Host header (an open redirect to
+    # whatever host a client names); /v1/chat/completions/ is a 404 naming the path instead.
+    app = FastAPI(
+        title="toolkit OpenAI-compatible API",
+        version="1",
+        lifespan=lifespan,
+        redirect_slashes=False,
+    )
     app.state.api = state
     install_error_handlers(app)
     _add_routes(app, state)
@@ -82,23 +101,26 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
         found = unsupported_content(body)
         if found:
             raise ApiError(400, found[1], param=found[0], code="unsupported_content")
-        messages = [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in body.messages
-        ]
+        tools, tool_guide = tool_setup(state, body)
+        features, _ = request_features(state, body, tool_guide)
+        messages = template_messages(body.messages)
         try:
-            prompt = await render_chat(state, messages)
+            prompt = await render_chat(state, messages, template_tools(body.tools))
         except ToolkitError as exc:  # no template at all: one sentence, not the CLI's "fix:" line
             fix = f"; {exc.hint}" if exc.hint else ""
             raise ApiError(
                 400,
                 f"This server cannot render chat messages: {exc.message}{fix}.",
                 param="messages",
+                code="chat_template_missing",
             ) from exc
         except Exception as exc:  # noqa: BLE001 - a template's own error (jinja2 or raise_exception) is the client's 400
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise ApiError(
-                400, f"The chat template refused these messages: {reason}", param="messages"
+                400,
+                f"The chat template refused these messages: {short_text(reason, 400)}",
+                param="messages",
+                code="chat_template_refused",
             ) from exc
         job = await plan_job(
             state,
@@ -109,24 +131,45 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
             "messages",
             _arrival(request),
             request_trace(request.scope),
+            features=features,
+            tools=tools,
         )
+        await hold_share(state.share, request, job.prompt_tokens + job.max_tokens)
         return await respond(state, job, bool(body.stream), request)
 
     @app.post("/v1/completions", response_model=Completion, responses=ERRORS)
     async def completions(body: CompletionRequest, request: Request):
         state.check_model(body.model)
         refuse_unsupported(state, body)
-        job = await plan_job(
-            state,
-            "completion",
-            body,
-            body.prompt_text(),
-            body.max_tokens,
-            "prompt",
-            _arrival(request),
-            request_trace(request.scope),
-        )
-        return await respond(state, job, bool(body.stream), request)
+        features, _ = request_features(state, body)
+        trace = request_trace(request.scope)
+        jobs: list[Job] = []
+        for i, prompt in enumerate(body.prompts()):  # each prompt its own engine request
+            param = "prompt" if isinstance(body.prompt, str) else f"prompt.{i}"
+            job = await plan_job(
+                state,
+                "completion",
+                body,
+                prompt,
+                body.max_tokens,
+                param,
+                _arrival(request),
+                trace,
+                features=features,
+                first_index=i * features.n,
+            )
+            jobs.append(dataclasses.replace(job, id=jobs[0].id) if jobs else job)
+        held = sum((job.prompt_tokens + job.max_tokens) * features.n for job in jobs)
+        await hold_share(state.share, request, held)
+        return await respond(state, jobs, bool(body.stream), request)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
+    async def tokenize_text(body: TokenizeRequest):
+        return await tokenize(state, body)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERRORS)
+    async def detokenize_tokens(body: DetokenizeRequest):
+        return await detokenize(state, body)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
     async def list_models():

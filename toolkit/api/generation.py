@@ -1,4 +1,5 @@
-"""One generation: Triton pieces in, stop-checked text out, with usage, finish reason and latency metrics."""
+"""One generation: Triton pieces in, stop-checked text out, per choice, with usage, finish reasons, log probs,
+tool calls and latency metrics."""
 
 from __future__ import annotations
 
@@ -6,17 +7,30 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from toolkit.api.features import Features, TokenLogprob
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.stops import StopScanner
+from toolkit.api.tool_parsers import ParsedCall, ToolCallParser, new_call_id
 from toolkit.api.tracing import RequestTrace
-from toolkit.api.triton import Sampling, TritonBackend
+from toolkit.api.triton import Piece, Sampling, TritonBackend
 
 # The text models (ensemble, BLS): a re-tokenized count under this share of max_tokens is an early end.
 RETOKENIZED_MARGIN = 0.9
+
+
+@dataclass(frozen=True)
+class ToolSetup:
+    """How a job's output becomes tool calls: `parse` (the family's parser, tool_choice auto), `required` (a
+    guided JSON list of {"name", "parameters"}), or `named` (guided arguments of the one function)."""
+
+    mode: str
+    names: frozenset[str]
+    parser: Callable[[], ToolCallParser] | None = None  # parse mode: a fresh parser per choice
+    function: str | None = None  # named mode
 
 
 @dataclass(frozen=True)
@@ -36,10 +50,118 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
     arrival: float = field(default_factory=time.perf_counter)
     trace: RequestTrace | None = field(default=None, compare=False, repr=False)
+    features: Features | None = None  # None: plain text (no log probs, one choice)
+    tools: ToolSetup | None = None
+    echo: str = ""  # completions' echo: the prompt text, before the answer
+    first_index: int = 0  # completions with a list of prompts: this prompt's first choice index
+    block_size: int = 0  # KV tokens per block (cached tokens = reused blocks x this)
+
+    @property
+    def n(self) -> int:
+        return self.features.n if self.features is not None else 1
+
+
+@dataclass
+class Delta:
+    """What one choice gets in one chunk: text, its tokens' log probs, and at its end its tool calls."""
+
+    index: int
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    tool_calls: list[ParsedCall] | None = None
+
+    def merged(self, other: Delta) -> Delta:
+        return Delta(
+            self.index, self.text + other.text, self.logprobs + other.logprobs, other.tool_calls
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.text or self.logprobs or self.tool_calls)
+
+
+class ChoiceOutput:
+    """One choice's text as it is generated: stop strings, tool calls, token count, finish reason."""
+
+    def __init__(self, job: Job, index: int):
+        self.job = job
+        self.index = index
+        self.scanner = StopScanner(list(job.stops))
+        tools = job.tools
+        make_parser = tools.parser if tools is not None and tools.mode == "parse" else None
+        self.parser = make_parser() if make_parser is not None else None
+        # Guided tool calls (required, named) come back whole at the end: nothing streams before.
+        self.holds = tools is not None and tools.mode != "parse"
+        self.held: list[str] = []
+        self.completion_tokens = 0
+        self.finish_reason = "length"
+        self.shown: list[str] = []  # what the client got, for a whole body
+        self.logprobs: list[TokenLogprob] = []
+        self.tool_calls: list[ParsedCall] | None = None
+        self.done = False
+
+    def feed(self, piece: Piece) -> Delta:
+        if self.done or self.scanner.stopped:
+            return Delta(self.index)
+        text = self.scanner.feed(piece.data)
+        if self.parser is not None:
+            text = self.parser.feed(piece.tokens, text)
+        if self.holds:
+            self.held.append(text)
+            text = ""
+        return self._kept(Delta(self.index, text, list(piece.logprobs)))
+
+    def finish(self, max_tokens: int) -> Delta:
+        """The held-back text and the tool calls at the end of the output."""
+        self.done = True
+        text = self.scanner.flush()
+        calls: list[ParsedCall] = []
+        if self.parser is not None:
+            text = self.parser.feed((), text) if text else ""
+            held, calls = self.parser.finish()
+            text += held
+        elif self.holds and self.job.tools is not None:
+            whole = "".join(self.held) + text
+            calls = guided_calls(self.job.tools, whole)
+            text = "" if calls else whole
+        if self.scanner.stopped or self.completion_tokens < max_tokens:
+            self.finish_reason = "stop"
+        if calls:
+            self.finish_reason = "tool_calls"
+            self.tool_calls = calls
+        return self._kept(Delta(self.index, text, [], calls or None))
+
+    def _kept(self, delta: Delta) -> Delta:
+        self.shown.append(delta.text)
+        self.logprobs += delta.logprobs
+        return delta
+
+
+def guided_calls(tools: ToolSetup, text: str) -> list[ParsedCall]:
+    """The calls of a guided output: the named function's arguments, or a list of {"name", "parameters"};
+    none when it does not parse as such (the text is then the content)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []
+    if tools.mode == "named":
+        if not isinstance(value, dict):
+            return []
+        name = tools.function or ""
+        return [ParsedCall(name, json.dumps(value, ensure_ascii=False), new_call_id())]
+    if not isinstance(value, list):
+        return []
+    calls = []
+    for item in value:
+        if not isinstance(item, dict) or item.get("name") not in tools.names:
+            return []
+        arguments = json.dumps(item.get("parameters", {}), ensure_ascii=False)
+        calls.append(ParsedCall(item["name"], arguments, new_call_id()))
+    return calls
 
 
 class Generation:
-    """Iterate `texts()` for the text to send; afterwards `completion_tokens` and `finish_reason` hold."""
+    """Iterate `deltas()` (or, one choice, `texts()`) for what to send; afterwards each choice's
+    `completion_tokens` and `finish_reason` hold."""
 
     def __init__(self, job: Job, backend: TritonBackend, metrics: ApiMetrics, count_tokens=None):
         self.job = job
@@ -50,56 +172,66 @@ class Generation:
         # own tokens need not be how the tokenizer splits their text.
         self.count_tokens = None if backend.engine else count_tokens
         self.received: list[bytes] = []
-        self.completion_tokens = 0
-        self.finish_reason = "length"
+        self.choices = [ChoiceOutput(job, i) for i in range(job.n)]
+        self.reused_blocks: int | None = None
         self.done = False
 
+    # one choice (the common case), as callers read it
+    @property
+    def completion_tokens(self) -> int:
+        return sum(choice.completion_tokens for choice in self.choices)
+
+    @completion_tokens.setter
+    def completion_tokens(self, value: int) -> None:
+        self.choices[0].completion_tokens = value
+
+    @property
+    def finish_reason(self) -> str:
+        return self.choices[0].finish_reason
+
+    @finish_reason.setter
+    def finish_reason(self, value: str) -> None:
+        self.choices[0].finish_reason = value
+
     async def texts(self) -> AsyncGenerator[str, None]:
-        """Text pieces (possibly empty) in order; one per engine response, then the held-back tail."""
+        """Text pieces (possibly empty) of choice 0, in order: one per engine response, then the tail."""
+        async for delta in self.deltas():
+            yield delta.text
+
+    async def deltas(self) -> AsyncGenerator[Delta, None]:
+        """Each choice's deltas (possibly empty) in order: one per engine response, then each one's tail."""
         job, metrics = self.job, self.metrics
-        scanner = StopScanner(list(job.stops))
         trace = job.trace
-        # a traced request's context goes on to Triton, and the backend times its detokenizing
-        traced: dict[str, Any] = {}
+        # A traced request's context goes on to Triton, and the backend times its detokenizing.
+        options: dict[str, Any] = {}
         if trace is not None:
-            traced = {"traceparent": trace.call(self.backend.model_name), "timing": trace}
-        sent = time.perf_counter()
+            options = {"traceparent": trace.call(self.backend.model_name), "timing": trace}
+        if job.features is not None:
+            options["features"] = job.features
+        self._sent = sent = time.perf_counter()
         metrics.admission.observe(sent - job.arrival)
         pieces = self.backend.generate(
-            job.prompt, job.prompt_ids, job.max_tokens, job.sampling, **traced
+            job.prompt, job.prompt_ids, job.max_tokens, job.sampling, **options
         )
-        last = None
         failed = False
+        self._last: float | None = None
         try:
             async for piece in pieces:
-                now = time.perf_counter()
-                before = self.completion_tokens
-                if piece.output_tokens is not None:
-                    self.completion_tokens = max(before, piece.output_tokens)
-                elif piece.data:
-                    self.completion_tokens = before + 1
-                new = self.completion_tokens - before
-                if new and trace is not None:
-                    trace.response(time.time_ns())
-                if new:
-                    if last is None:
-                        metrics.ttft.observe(now - job.arrival)
-                        metrics.engine_first.observe(now - sent)
-                    else:
-                        gap = (now - last) / new
-                        for _ in range(new):
-                            metrics.itl.observe(gap)
-                    last = now
+                choice = self.choices[piece.index] if piece.index < len(self.choices) else None
+                if piece.reused_blocks is not None:
+                    self.reused_blocks = piece.reused_blocks
+                if choice is None:
+                    continue
+                self._count(choice, piece)
                 if self.count_tokens is not None:
                     self.received.append(piece.data)
-                text = scanner.feed(piece.data)
-                if scanner.stopped:
-                    yield text
+                delta = choice.feed(piece)
+                yield self._shown(choice, delta)
+                if all(c.scanner.stopped for c in self.choices):
                     break
-                yield text
-            else:
-                yield scanner.flush()
-            self._finish(scanner.stopped)
+            for choice in self.choices:
+                yield self._shown(choice, self._finish(choice))
+            self._record()
         except Exception:
             failed = True  # the engine or Triton failed it: not a cancellation
             metrics.failed.inc()
@@ -109,54 +241,111 @@ class Generation:
             if not self.done and not failed:
                 metrics.cancelled.inc()
 
-    def _finish(self, stopped: bool) -> None:
+    def _shown(self, choice: ChoiceOutput, delta: Delta) -> Delta:
+        """The delta under its index in the response (completions with a list of prompts offset it)."""
+        return (
+            replace(delta, index=delta.index + self.job.first_index)
+            if self.job.first_index
+            else delta
+        )
+
+    def _count(self, choice: ChoiceOutput, piece: Piece) -> None:
+        """Token counts and the latency metrics. The engine contract gives each response's tokens; a fake or
+        older engine may give the running count of a one-choice request instead; the text contract
+        neither (a piece counts one, until the text is counted at the end)."""
+        now = time.perf_counter()
+        before = choice.completion_tokens
+        if piece.tokens:
+            choice.completion_tokens = before + len(piece.tokens)
+        elif piece.output_tokens is not None and self.job.n == 1:
+            choice.completion_tokens = max(before, piece.output_tokens)
+        elif piece.data:
+            choice.completion_tokens = before + 1
+        new = choice.completion_tokens - before
+        if not new:
+            return
+        if self.job.trace is not None:
+            self.job.trace.response(time.time_ns())
+        if self._last is None:
+            self.metrics.ttft.observe(now - self.job.arrival)
+            self.metrics.engine_first.observe(now - self._sent)
+        else:
+            gap = (now - self._last) / new
+            for _ in range(new):
+                self.metrics.itl.observe(gap)
+        self._last = now
+
+    def _finish(self, choice: ChoiceOutput) -> Delta:
+        if self.count_tokens is not None and choice.index == 0:
+            text = b"".join(self.received)
+            choice.completion_tokens = self.count_tokens(text)
+            delta = choice.finish(self.job.max_tokens)
+            if not choice.tool_calls:
+                early = choice.scanner.stopped or self._ended_early(text)
+                choice.finish_reason = "stop" if early else "length"
+            return delta
+        return choice.finish(self.job.max_tokens)
+
+    def _record(self) -> None:
         self.done = True
-        text = b"".join(self.received)  # the text models' answer (nothing is kept for the engine's)
-        if self.count_tokens is not None:
-            self.completion_tokens = self.count_tokens(text)
-        if stopped or self._ended_early(text):
-            self.finish_reason = "stop"
-        self.metrics.finished.labels(self.finish_reason).inc()
+        for choice in self.choices:
+            self.metrics.finished.labels(choice.finish_reason).inc()
         if self.job.trace is not None:
             self.job.trace.usage(self.job.prompt_tokens, self.completion_tokens, self.finish_reason)
         self.metrics.prompt_tokens.inc(self.job.prompt_tokens)
         self.metrics.completion_tokens.inc(self.completion_tokens)
 
     def _ended_early(self, text: bytes) -> bool:
-        """Whether the engine ended before max_tokens (an end token or stop word).
+        """Whether the text model's engine ended before max_tokens (an end token or stop word).
 
-        The engine contract counts the engine's own tokens: fewer than max_tokens is an early end. The text
-        contract gives bytes only. A text of fewer bytes than max_tokens proves an early end (every token
-        but a special one, which the text leaves out, is at least one byte). Otherwise the re-tokenized
+        The text contract gives bytes only. A text of fewer bytes than max_tokens proves an early end (every
+        token but a special one, which the text leaves out, is at least one byte). Otherwise the re-tokenized
         count is an estimate of the engine's (a sampled answer may split differently, by a few percent):
         clearly under max_tokens (RETOKENIZED_MARGIN) is taken as an early end, near or over it as a cut."""
-        if self.count_tokens is None:
-            return self.completion_tokens < self.job.max_tokens
         return (
             len(text) < self.job.max_tokens
-            or self.completion_tokens < RETOKENIZED_MARGIN * self.job.max_tokens
+            or self.choices[0].completion_tokens < RETOKENIZED_MARGIN * self.job.max_tokens
         )
 
     def usage(self) -> dict:
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": self.job.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.job.prompt_tokens + self.completion_tokens,
         }
+        if self.reused_blocks is not None and self.job.block_size:
+            cached = min(self.reused_blocks * self.job.block_size, self.job.prompt_tokens)
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
+
+
+def combined_usage(generations: list[Generation]) -> dict:
+    """The usage of several generations (completions with a list of prompts) as one."""
+    total: dict[str, Any] = {}
+    for generation in generations:
+        for key, value in generation.usage().items():
+            if isinstance(value, dict):
+                inner = total.setdefault(key, {})
+                for name, count in value.items():
+                    inner[name] = inner.get(name, 0) + count
+            else:
+                total[key] = total.get(key, 0) + value
+    return total
 
 
 class Coalesced:
-    """Iterate text pieces as they arrive, joined: each item is everything that came since the last one.
+    """Iterate pieces as they arrive, joined: each item is everything that came since the last one.
 
-    A task reads `source` (the engine's pieces, via Generation.texts) while the consumer writes the
-    previous item to the client. When the client side is behind (a busy event loop, a slow socket),
+    A task reads `source` (the engine's pieces, via Generation.texts or .deltas) while the consumer writes
+    the previous item to the client. When the client side is behind (a busy event loop, a slow socket),
     several pieces wait in the buffer and go out as one SSE chunk: one JSON encode, one trip down the
-    ASGI send chain and one socket write for all of them. Pieces still concatenate to the full text.
+    ASGI send chain and one socket write for all of them. Text pieces are joined into one string (they
+    still concatenate to the full text); deltas into one per choice, in the order the choices came.
     """
 
-    def __init__(self, source: AsyncGenerator[str, None]):
+    def __init__(self, source: AsyncGenerator):
         self.source = source
-        self.buffer: list[str] = []
+        self.buffer: list = []
         self.done = False
         self.error: BaseException | None = None
         self.waiter: asyncio.Future | None = None
@@ -164,9 +353,9 @@ class Coalesced:
 
     async def _pump(self) -> None:
         try:
-            async for text in self.source:
-                if text:
-                    self.buffer.append(text)
+            async for item in self.source:
+                if item:
+                    self.buffer.append(item)
                     self._wake()
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it after the text before it
             self.error = exc
@@ -181,7 +370,7 @@ class Coalesced:
     def __aiter__(self):
         return self
 
-    async def __anext__(self) -> str:
+    async def __anext__(self):
         while not self.buffer:
             if self.done:
                 if self.error is not None:
@@ -191,9 +380,9 @@ class Coalesced:
             await self.waiter
             # one more turn of the loop: pieces already on their way join this chunk
             await asyncio.sleep(0)
-        text = self.buffer[0] if len(self.buffer) == 1 else "".join(self.buffer)
+        items = self.buffer[:]
         self.buffer.clear()
-        return text
+        return _joined(items)
 
     async def aclose(self) -> None:
         """Stop reading (the source's own cleanup cancels the Triton request) and close the source."""
@@ -204,11 +393,68 @@ class Coalesced:
         await self.source.aclose()
 
 
-class SseFormatter:
-    """Server-sent events in OpenAI's chunk format; the constant part of each chunk is built once."""
+def _joined(items: list):
+    """Text pieces as one string; deltas as one list, one per choice (in the order the choices came)."""
+    if isinstance(items[0], str):
+        return items[0] if len(items) == 1 else "".join(items)
+    by_index: dict[int, Delta] = {}
+    for delta in items:
+        by_index[delta.index] = (
+            by_index[delta.index].merged(delta) if delta.index in by_index else delta
+        )
+    return list(by_index.values())
 
-    def __init__(self, job: Job):
+
+async def merged(sources: list[AsyncGenerator]) -> AsyncGenerator:
+    """The items of several iterators as they come (completions with a list of prompts, streamed)."""
+    if len(sources) == 1:
+        try:
+            async for item in sources[0]:
+                yield item
+        finally:
+            await sources[0].aclose()  # closing this closes the source at once (it cancels Triton)
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(source):
+        try:
+            async for item in source:
+                await queue.put(item)
+        except Exception as exc:  # noqa: BLE001 - raised in the consumer
+            await queue.put(exc)
+        finally:
+            await queue.put(end)
+
+    tasks = [asyncio.ensure_future(pump(source)) for source in sources]
+    running = len(tasks)
+    try:
+        while running:
+            item = await queue.get()
+            if item is end:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for source in sources:
+            with contextlib.suppress(Exception):
+                await source.aclose()
+
+
+class SseFormatter:
+    """Server-sent events in OpenAI's chunk format; the constant part of each chunk is built once.
+
+    `logprobs`: a function (index, token log probs) -> the choice's `logprobs` object, when the request
+    asked for them."""
+
+    def __init__(self, job: Job, logprobs: Callable | None = None, choices: int | None = None):
         self.job = job
+        self.logprobs = logprobs
+        self.indexes = range(job.first_index, job.first_index + (choices or job.n))
         head = {"id": job.id, "created": job.created, "model": job.model}
         if job.kind == "chat":
             head["object"] = "chat.completion.chunk"
@@ -222,39 +468,77 @@ class SseFormatter:
         self._usage_null = ',"usage":null}' if job.include_usage else "}"
 
     def first(self) -> bytes | None:
-        """Chat streams open with the assistant role, as OpenAI's do."""
+        """Chat streams open with the assistant role, as OpenAI's do (one chunk per choice)."""
         if self.job.kind != "chat":
             return None
-        choice = {
-            "index": 0,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": None,
-            "finish_reason": None,
-        }
-        return self._event({**self._head, "choices": [choice], **self._usage_field()})
+        return b"".join(
+            self._event(
+                {
+                    **self._head,
+                    "choices": [
+                        {
+                            "index": index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                    **self._usage_field(),
+                }
+            )
+            for index in self.indexes
+        )
 
     def text(self, text: str) -> bytes:
         piece = json.dumps(text, ensure_ascii=False)
         return f"data: {self._text_prefix}{piece}{self._text_suffix}{self._usage_null}\n\n".encode()
 
-    def end(self, generation: Generation) -> bytes:
+    def reasoning(self, index: int, text: str) -> bytes:
+        """A chat chunk of a reasoning model's <think> part (toolkit.api.reasoning), as reasoning_content."""
+        choice = {
+            "index": index,
+            "delta": {"reasoning_content": text},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        return self._event({**self._head, "choices": [choice], **self._usage_field()})
+
+    def delta(self, delta: Delta) -> bytes:
+        if delta.index == 0 and not delta.logprobs and not delta.tool_calls:
+            return self.text(delta.text)  # the common chunk, from the prebuilt prefix
+        choice: dict = {"index": delta.index}
         if self.job.kind == "chat":
-            choice = {
-                "index": 0,
-                "delta": {},
-                "logprobs": None,
-                "finish_reason": generation.finish_reason,
-            }
+            body: dict = {"content": delta.text} if delta.text or not delta.tool_calls else {}
+            if delta.tool_calls:
+                body["tool_calls"] = [
+                    {"index": i, **call.to_dict()} for i, call in enumerate(delta.tool_calls)
+                ]
+            choice["delta"] = body
         else:
-            choice = {
-                "index": 0,
-                "text": "",
-                "logprobs": None,
-                "finish_reason": generation.finish_reason,
-            }
-        out = self._event({**self._head, "choices": [choice], **self._usage_field()})
+            choice["text"] = delta.text
+        choice["logprobs"] = (
+            self.logprobs(delta.index, delta.logprobs)
+            if self.logprobs is not None and delta.logprobs
+            else None
+        )
+        choice["finish_reason"] = None
+        return self._event({**self._head, "choices": [choice], **self._usage_field()})
+
+    def end(self, generation: Generation | list[Generation], usage: dict | None = None) -> bytes:
+        generations = generation if isinstance(generation, list) else [generation]
+        out = b""
+        for gen in generations:
+            for choice in gen.choices:
+                index = choice.index + gen.job.first_index
+                if self.job.kind == "chat":
+                    last = {"index": index, "delta": {}}
+                else:
+                    last = {"index": index, "text": ""}
+                last.update({"logprobs": None, "finish_reason": choice.finish_reason})
+                out += self._event({**self._head, "choices": [last], **self._usage_field()})
         if self.job.include_usage:
-            out += self._event({**self._head, "choices": [], "usage": generation.usage()})
+            usage = usage if usage is not None else generations[0].usage()
+            out += self._event({**self._head, "choices": [], "usage": usage})
         return out + b"data: [DONE]\n\n"
 
     def error(self, body: dict) -> bytes:

@@ -1,4 +1,5 @@
-"""A request body -> a Job for the engine: what the repository honours, the prompt, its limits."""
+"""A request body -> a Job for the engine: what the repository honours, the prompt, its limits, the features
+(structured output, tool calls, log probs, n) it asks for."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import time
 import uuid
 
 from toolkit.api.errors import ApiError
-from toolkit.api.generation import Job
+from toolkit.api.features import Features, Guide
+from toolkit.api.generation import Job, ToolSetup
 from toolkit.api.schemas import (
     COMPLETION_DEFAULT_MAX_TOKENS,
+    ChatCompletionRequest,
     lone_surrogate,
     requested_features,
     unsupported_fields,
 )
 from toolkit.api.state import ApiState
+from toolkit.api.structured import check_guide, response_format_guide
 from toolkit.api.tracing import RequestTrace
 from toolkit.api.triton import Sampling
 
@@ -33,12 +37,49 @@ def refuse_unsupported(state: ApiState, body) -> None:
             raise ApiError(
                 400, capabilities.refusal(feature) + ".", param=param, code="unsupported_parameter"
             )
-    if body.logit_bias and not state.backend.engine:
+    _refuse_guide_kinds(state, body)
+    if not state.backend.engine:
+        _refuse_on_text_models(state, body)
+
+
+def _refuse_guide_kinds(state: ApiState, body) -> None:
+    """A structured output of a kind the repository's guided decoding does not take."""
+    capabilities = state.capabilities
+    found = response_format_guide(body.response_format)
+    wanted = [("response_format", found[0])] if found else []
+    tool_choice = getattr(body, "tool_choice", None)
+    if getattr(body, "tools", None) and tool_choice not in (None, "auto", "none"):
+        wanted.append(("tool_choice", "json_schema"))  # enforced with a guide over the parameters
+    for param, kind in wanted:
+        if kind not in capabilities.guided_decoding:
+            detail = f"{param} {kind}" if param == "response_format" else f"{param} {tool_choice!r}"
+            raise ApiError(
+                400,
+                capabilities.refusal("guided_decoding", detail) + ".",
+                param=param,
+                code="unsupported_parameter",
+            )
+
+
+# What the text models (ensemble, BLS) cannot give back: they return text, not token ids. Each: why, and
+# whether a value asks for it (chat's logprobs is a bool, completions' an int where 0 asks too).
+_TOKEN_FEATURES = {
+    "logit_bias": ("logit_bias takes token ids", lambda v: bool(v)),
+    "logprobs": ("log probs come per token", lambda v: v is not None and v is not False),
+    "top_logprobs": ("log probs come per token", lambda v: bool(v)),
+    "n": ("the choices of n come back by sequence index", lambda v: v is not None and v > 1),
+}
+
+
+def _refuse_on_text_models(state: ApiState, body) -> None:
+    for param, (reason, asks) in _TOKEN_FEATURES.items():
+        if not asks(getattr(body, param, None)):
+            continue
         raise ApiError(
             400,
-            f"logit_bias takes token ids, and `{state.settings.model_name}` takes text: serve the API on "
-            "the tensorrt_llm model (--model-name tensorrt_llm) for it.",
-            param="logit_bias",
+            f"{reason}, and `{state.settings.model_name}` returns text: serve the API on the tensorrt_llm "
+            f"model (--model-name tensorrt_llm) for {param}.",
+            param=param,
             code="unsupported_parameter",
         )
 
@@ -59,11 +100,52 @@ def _logit_bias(state: ApiState, body) -> tuple[tuple[int, float], ...]:
     return tuple(pairs)
 
 
-async def render_chat(state: ApiState, messages: list[dict]) -> str:
+async def render_chat(
+    state: ApiState, messages: list[dict], tools: list[dict] | None = None
+) -> str:
     """The chat prompt; rendering megabytes of messages (pure Python, jinja2) runs on a worker thread."""
     if sum(len(m["content"]) for m in messages) > LONG_PROMPT_CHARS:
-        return await asyncio.to_thread(state.codec.render_chat, messages)
-    return state.codec.render_chat(messages)
+        return await asyncio.to_thread(state.codec.render_chat, messages, tools)
+    return state.codec.render_chat(messages, tools)
+
+
+def request_features(
+    state: ApiState, body, tool_guide: Guide | None = None
+) -> tuple[Features, str | None]:
+    """The engine features of a body, each guide compiled (a 400 naming the error when it does not); and
+    the param a guide came from."""
+    found = response_format_guide(body.response_format)
+    if found is not None and tool_guide is not None:
+        raise ApiError(
+            400,
+            "response_format and a tool_choice that forces a call both constrain the output: send one.",
+            param="response_format",
+            code="invalid_value",
+        )
+    guide, param = (found[1], "response_format") if found else (tool_guide, "tool_choice")
+    if guide is not None:
+        check_guide(guide, param)
+    if isinstance(body, ChatCompletionRequest):
+        logprobs, top = bool(body.logprobs), body.top_logprobs or 0
+        if top and not logprobs:
+            raise ApiError(
+                400,
+                "top_logprobs needs logprobs true.",
+                param="top_logprobs",
+                code="invalid_value",
+            )
+    else:
+        logprobs, top = body.logprobs is not None, body.logprobs or 0
+    capabilities = state.capabilities
+    features = Features(
+        guide=guide,
+        logprobs=logprobs,
+        top_logprobs=top,
+        top_from_logits=capabilities.top_logprobs_source == "generation_logits",
+        n=body.n or 1,
+        cached_tokens=state.backend.engine and capabilities.cached_tokens,
+    )
+    return features, param if guide is not None else None
 
 
 async def _encode(state: ApiState, prompt: str, param: str) -> list[int]:
@@ -101,6 +183,10 @@ async def plan_job(
     param: str,
     arrival: float,
     trace: RequestTrace | None = None,
+    *,
+    features: Features | None = None,
+    tools: ToolSetup | None = None,
+    first_index: int = 0,
 ) -> Job:
     """Check the prompt and max_tokens against the engine's limits; a request over them is a 400 naming the limit."""
     limits = state.limits
@@ -173,6 +259,7 @@ async def plan_job(
         min_tokens=body.min_tokens,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
         logit_bias=_logit_bias(state, body),
     )
     include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
@@ -190,4 +277,9 @@ async def plan_job(
         include_usage,
         arrival=arrival,
         trace=trace,
+        features=features,
+        tools=tools,
+        echo=prompt if getattr(body, "echo", False) else "",
+        first_index=first_index,
+        block_size=state.kv_block_size,
     )

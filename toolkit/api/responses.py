@@ -10,7 +10,17 @@ from fastapi import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from toolkit.api.errors import ApiError, log
-from toolkit.api.generation import Coalesced, Generation, Job, SseFormatter
+from toolkit.api.generation import (
+    Coalesced,
+    Delta,
+    Generation,
+    Job,
+    SseFormatter,
+    combined_usage,
+    merged,
+)
+from toolkit.api.logprobs import chat_logprobs, completion_logprobs
+from toolkit.api.reasoning import ReasoningParser, ReasoningStream
 from toolkit.api.state import ApiState
 from toolkit.api.triton import (
     EngineFault,
@@ -36,27 +46,57 @@ class ClientGone(Exception):
     """The HTTP client disconnected while we waited for the engine."""
 
 
-async def respond(state: ApiState, job: Job, stream: bool, request: Request):
-    generation = Generation(job, state.backend, state.metrics, state.codec.count_generated)
-    texts = generation.texts()
+async def respond(state: ApiState, jobs: Job | list[Job], stream: bool, request: Request):
+    """Serve one job (or, completions with a list of prompts, several, concurrently) as JSON or SSE."""
+    jobs = [jobs] if isinstance(jobs, Job) else jobs
+    generations = [
+        Generation(job, state.backend, state.metrics, state.codec.count_generated) for job in jobs
+    ]
+    render = _logprob_renderer(state, jobs[0])
+    reasoning = state.reasoning if jobs[0].kind == "chat" else None
+    sources = [g.deltas() for g in generations]
+    deltas = merged(sources)
     try:
         if not stream:
-            text = await until_disconnect(request, _collect(texts))
-            return JSONResponse(_whole_body(job, text, generation))
+            await until_disconnect(request, _drain(deltas))
+            return JSONResponse(_whole_body(jobs, generations, render, reasoning))
         # Wait for the engine's first response before answering, so that an engine error is an HTTP status.
-        first = await until_disconnect(request, anext(texts, None))
+        first = await until_disconnect(request, anext(deltas, None))
     except ClientGone:
-        await texts.aclose()
+        await deltas.aclose()
         return Response(status_code=499)
     except TritonUnavailable as exc:
-        await texts.aclose()
+        await deltas.aclose()
         raise ApiError(503, str(exc), type="server_error", code="triton_unavailable") from exc
     except InferenceFailed as exc:
-        await texts.aclose()
+        await deltas.aclose()
         raise engine_error(exc) from exc
+    sse = SseFormatter(jobs[0], render, choices=sum(job.n for job in jobs))
     return _EventStream(
-        _sse(job, generation, texts, first), media_type="text/event-stream", headers=SSE_HEADERS
+        _sse(sse, generations, deltas, first, reasoning),
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
     )
+
+
+def _logprob_renderer(state: ApiState, job: Job):
+    """(index, token log probs) -> the choice's logprobs object, when the job asked for them."""
+    features = job.features
+    if features is None or not features.logprobs:
+        return None
+    texts = state.token_texts
+    top = features.top_logprobs
+    if job.kind == "chat":
+        return lambda index, entries: chat_logprobs(texts, entries, top)
+    offsets: dict[int, int] = {}
+
+    def render(index: int, entries) -> dict:
+        body = completion_logprobs(texts, entries, top, offsets.get(index, len(job.echo)))
+        if body["text_offset"]:
+            offsets[index] = body["text_offset"][-1] + len(body["tokens"][-1])
+        return body
+
+    return render
 
 
 class _EventStream(StreamingResponse):
@@ -76,34 +116,46 @@ class _EventStream(StreamingResponse):
             await self.events.aclose()
 
 
-async def _collect(texts: AsyncGenerator[str, None]) -> str:
-    return "".join([text async for text in texts])
+async def _drain(deltas: AsyncGenerator[Delta, None]) -> None:
+    async for _ in deltas:
+        pass
 
 
 async def _sse(
-    job: Job, generation: Generation, texts: AsyncGenerator[str, None], first: str | None
+    sse: SseFormatter,
+    generations: list[Generation],
+    deltas: AsyncGenerator[Delta, None],
+    first: Delta | None,
+    reasoning: ReasoningParser | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """The event stream; cancelled (client gone) at an await, which closes `texts` and cancels Triton."""
-    sse = SseFormatter(job)
+    """The event stream; cancelled (client gone) at an await, which closes `deltas` and cancels Triton."""
+    job = generations[0].job
+    splits: dict[int, ReasoningStream] = {}  # a reasoning model's choices, each split on its own
     pieces = None
     trace, counted = job.trace, 0
     try:
         opening = sse.first()
         if opening:
             yield opening
-        if first:
-            yield sse.text(first)
+        for generation in generations:
+            if generation.job.echo:  # completions' echo: the prompt first
+                yield sse.delta(Delta(generation.job.first_index, generation.job.echo))
+        if first and (chunk := _events(sse, reasoning, splits, first)):
+            yield chunk
             if trace is not None:  # the chunk has been written: the stream pulls the next one
-                trace.wrote(generation.completion_tokens)
-                counted = generation.completion_tokens
-        # what arrives while a chunk is being written goes out together in the next
-        pieces = Coalesced(texts)
-        async for text in pieces:
-            yield sse.text(text)
-            if trace is not None:
-                trace.wrote(generation.completion_tokens - counted)
-                counted = generation.completion_tokens
-        yield sse.end(generation)
+                counted = _wrote(trace, generations, counted)
+        # What arrives while a chunk is being written goes out together in the next.
+        pieces = Coalesced(deltas)
+        async for batch in pieces:
+            # a reasoning model's piece may be held back: a tag cut in two
+            if chunk := b"".join(_events(sse, reasoning, splits, delta) for delta in batch):
+                yield chunk
+                if trace is not None:
+                    counted = _wrote(trace, generations, counted)
+        for index, split in splits.items():
+            for field, text in split.flush():
+                yield _part(sse, index, field, text)
+        yield sse.end(generations, combined_usage(generations))
     except (TritonUnavailable, InferenceFailed) as exc:
         code = STREAM_ERROR_CODES.get(type(exc), "engine_error")
         yield sse.error(
@@ -122,34 +174,80 @@ async def _sse(
             }
         )
     finally:
-        await (pieces.aclose() if pieces is not None else texts.aclose())
+        await (pieces.aclose() if pieces is not None else deltas.aclose())
 
 
-def _whole_body(job: Job, text: str, generation: Generation) -> dict:
-    if job.kind == "chat":
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": None,
-            "finish_reason": generation.finish_reason,
-        }
-        kind = "chat.completion"
-    else:
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": generation.finish_reason,
-        }
-        kind = "text_completion"
+def _wrote(trace, generations: list[Generation], counted: int) -> int:
+    """Stamp a written chunk with the tokens it carried (all choices); the count written so far."""
+    total = sum(g.completion_tokens for g in generations)
+    trace.wrote(total - counted)
+    return total
+
+
+def _events(
+    sse: SseFormatter,
+    reasoning: ReasoningParser | None,
+    splits: dict[int, ReasoningStream],
+    delta: Delta,
+) -> bytes:
+    """The events of one delta: as it is, or (reasoning models) its reasoning and content parts."""
+    if reasoning is None:
+        return sse.delta(delta)
+    split = splits.setdefault(delta.index, reasoning.stream())
+    parts = split.feed(delta.text) if delta.text else []
+    events = [_part(sse, delta.index, field, text) for field, text in parts]
+    if delta.logprobs or delta.tool_calls:  # what is not text goes with an empty content delta
+        events.append(sse.delta(Delta(delta.index, "", delta.logprobs, delta.tool_calls)))
+    return b"".join(events)
+
+
+def _part(sse: SseFormatter, index: int, field: str, text: str) -> bytes:
+    if field == "content":
+        return sse.delta(Delta(index, text))
+    return sse.reasoning(index, text)
+
+
+def _whole_body(
+    jobs: list[Job], generations: list[Generation], render, reasoning: ReasoningParser | None = None
+) -> dict:
+    job = jobs[0]
+    choices = []
+    for generation in generations:
+        for choice in generation.choices:
+            choices.append(_choice(generation.job, choice, render, reasoning))
     return {
         "id": job.id,
-        "object": kind,
+        "object": "chat.completion" if job.kind == "chat" else "text_completion",
         "created": job.created,
         "model": job.model,
-        "choices": [choice],
-        "usage": generation.usage(),
+        "choices": choices,
+        "usage": combined_usage(generations),
         "system_fingerprint": None,
+    }
+
+
+def _choice(job: Job, choice, render, reasoning: ReasoningParser | None = None) -> dict:
+    index = choice.index + job.first_index
+    text = "".join(choice.shown)
+    logprobs = render(index, choice.logprobs) if render is not None else None
+    if job.kind != "chat":
+        return {
+            "index": index,
+            "text": job.echo + text,
+            "logprobs": logprobs,
+            "finish_reason": choice.finish_reason,
+        }
+    message: dict = {"role": "assistant", "content": text, "refusal": None}
+    if reasoning is not None:  # vLLM's field for the <think> part (toolkit.api.reasoning)
+        message["reasoning_content"], message["content"] = reasoning.split(text)
+    if choice.tool_calls:
+        message["content"] = text or None
+        message["tool_calls"] = [call.to_dict() for call in choice.tool_calls]
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": choice.finish_reason,
     }
 
 

@@ -1,10 +1,13 @@
 """Request and response bodies, following the OpenAI API reference (chat completions, completions, models).
 
 Requests forbid unknown fields: OpenAI answers an unrecognized argument with a 400, and so do we.
-Fields whose support depends on the repository (n, logprobs, penalties, logit_bias, ...) are typed
-here and checked against its capabilities (`requested_features`); fields of the reference this
-server cannot honour at all are declared so that `unsupported_fields` refuses them by name instead
-of dropping them silently.
+They are strict about JSON types too, as OpenAI is: `"max_tokens": true` or `"16"`, `"stream": "true"`,
+`"temperature": "1"` are 400s, never converted (an integer is still a number: `"temperature": 1`).
+Fields whose support depends on the repository (n, logprobs, penalties, logit_bias, structured
+outputs, ...) are typed here and checked against its capabilities (`requested_features`); fields of
+the reference this server cannot honour at all are declared so that `unsupported_fields` refuses them
+by name instead of dropping them silently. The structured-output and tool types are
+toolkit.api.openai_types'.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 from pydantic_core import PydanticCustomError
 
+from toolkit.api.openai_types import ResponseFormat, TextFormat, Tool, ToolCall, ToolChoice
+
 UINT64_MAX = 2**64 - 1
 INT64_MIN = -(2**63)
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_N = 128  # OpenAI's bound on n
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs (and vLLM's on completions' logprobs)
+MAX_PROMPTS = 64  # prompts in one completions request (each is its own engine request)
 StrictInt = Annotated[int, Strict()]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 Bias = Annotated[float, Field(ge=-100, le=100)]
@@ -58,7 +64,7 @@ def valid_unicode(value):
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Request):
@@ -95,9 +101,11 @@ PART_KINDS = {"image_url": "image", "input_audio": "audio", "file": "file"}
 
 
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart | OtherPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     _unicode = field_validator("content", "name")(valid_unicode)
 
@@ -130,6 +138,10 @@ class _Sampling(_Request):
     frequency_penalty: Penalty | None = None
     # Token id (as a string, as in JSON object keys) -> a bias added to its logit before sampling.
     logit_bias: dict[str, Bias] | None = None
+    # Extension (TensorRT-LLM's, vLLM's): > 1 discourages tokens already in the prompt or the output.
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    # json_object, json_schema; regex and ebnf as extensions (trtllm-serve's), on completions too.
+    response_format: ResponseFormat | None = None
 
     _unicode = field_validator("model", "stop", "user")(valid_unicode)
 
@@ -145,12 +157,11 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: Annotated[bool, Strict()] | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -169,11 +180,11 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | Annotated[list[str], Field(min_length=1)]
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
     max_tokens: int | None = Field(COMPLETION_DEFAULT_MAX_TOKENS, ge=1)
     # How many alternatives per token to return with their log probs (0: the sampled token's only).
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    echo: Any = None
+    echo: bool | None = None  # the prompt before the completion
     best_of: Any = None
     suffix: Any = None
 
@@ -181,6 +192,9 @@ class CompletionRequest(_Sampling):
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
 
 def _other_than(*allowed):
@@ -192,12 +206,8 @@ def _other_than(*allowed):
 def unsupported_fields(request: _Sampling) -> list[tuple[str, str]]:
     """(field, reason) for every field set to a value this server cannot honour on any repository."""
     checks = {
-        "tools": _other_than([]),
-        "tool_choice": _other_than("none"),
-        "parallel_tool_calls": _other_than(),
         "functions": _other_than([]),
         "function_call": _other_than("none"),
-        "response_format": _other_than({"type": "text"}),
         "audio": _other_than(),
         "modalities": _other_than(["text"]),
         "prediction": _other_than(),
@@ -206,7 +216,6 @@ def unsupported_fields(request: _Sampling) -> list[tuple[str, str]]:
         "metadata": _other_than(),
         "service_tier": _other_than("auto", "default"),
         "web_search_options": _other_than(),
-        "echo": _other_than(False),
         "best_of": _other_than(1),
         "suffix": _other_than(""),
     }
@@ -219,17 +228,6 @@ def unsupported_fields(request: _Sampling) -> list[tuple[str, str]]:
                     f"`{name}` = {_short(getattr(request, name))} is not supported by this server",
                 )
             )
-    if (
-        isinstance(request, CompletionRequest)
-        and isinstance(request.prompt, list)
-        and len(request.prompt) != 1
-    ):
-        found.append(
-            (
-                "prompt",
-                "a list of prompts is not supported by this server: send one prompt per request",
-            )
-        )
     return found
 
 
@@ -241,6 +239,8 @@ def requested_features(request: _Sampling) -> list[tuple[str, str]]:
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(request, name):
             found.append((name, "penalties"))
+    if request.repetition_penalty is not None and request.repetition_penalty != 1.0:
+        found.append(("repetition_penalty", "penalties"))
     if request.logit_bias:
         found.append(("logit_bias", "logit_bias"))
     if isinstance(request, ChatCompletionRequest):
@@ -252,7 +252,13 @@ def requested_features(request: _Sampling) -> list[tuple[str, str]]:
         found.append(("logprobs", "logprobs"))
         if request.logprobs > 0:
             found.append(("logprobs", "top_logprobs"))
+        if request.echo:
+            found.append(("echo", "prompt_logprobs"))
     return found
+
+
+def wants_text(response_format) -> bool:
+    return response_format is None or isinstance(response_format, TextFormat)
 
 
 def _short(value, limit: int = 80) -> str:
@@ -277,23 +283,29 @@ def unsupported_content(request: ChatCompletionRequest) -> tuple[str, str] | Non
 
 
 # --- responses -----------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens whose KV blocks the engine reused from its prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
-    finish_reason: Literal["stop", "length"]
+    logprobs: dict[str, Any] | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"]
 
 
 class ChatCompletion(BaseModel):
@@ -309,7 +321,7 @@ class ChatCompletion(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: Literal["stop", "length"]
 
 

@@ -7,9 +7,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.api.errors import ApiError
+from toolkit.api.errors import ApiError, short_text
+from toolkit.api.fairness import EngineShare
+from toolkit.api.logprobs import TokenTexts
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.prompt import PromptCodec
+from toolkit.api.reasoning import reasoning_parser
+from toolkit.api.tools import resolve_tool_parser
 from toolkit.api.triton import ENGINE_MODEL, TritonBackend
 from toolkit.repository.reader import Repository
 from toolkit.settings import ApiLimits
@@ -34,6 +38,13 @@ class ApiSettings:
     retry_after_s: int = 1
     # Header, body and send timeouts; body size and read budget; the engine's stall timeout.
     limits: ApiLimits = ApiLimits()
+    # How chat answers carry their reasoning (toolkit.api.reasoning): auto takes the model's, none turns it off.
+    reasoning_parser: str = "auto"
+    # How tool calls are read from the output: auto (from the model's tokenizer), a family, or none.
+    tool_parser: str = "auto"
+    # Trusted callers only: special-token text in message content (<|im_start|>, ...) is read as those
+    # tokens. Off, content is text, as at OpenAI: a user cannot write a turn of another role.
+    special_tokens_in_messages: bool = False
     # Where and how to trace (toolkit.trace.config.plan_tracing); None: no tracing, no SDK loaded.
     trace: TracePlan | None = None
 
@@ -43,9 +54,14 @@ class ApiState:
         self.settings = settings
         self.repository = repository
         self.limits = repository.limits
-        self.codec = PromptCodec(repository)
+        self.codec = PromptCodec(
+            repository, content_as_text=not settings.special_tokens_in_messages
+        )
         decoder = self.codec if settings.model_name == ENGINE_MODEL else None
         self.capabilities = repository.capabilities
+        self.reasoning = reasoning_parser(
+            settings.reasoning_parser, repository.manifest.model.facts.reasoning_parser
+        )
         self.vocab_size = repository.manifest.model.facts.vocab_size
         self.backend = TritonBackend(
             settings.triton_url,
@@ -63,15 +79,32 @@ class ApiState:
             from toolkit.api.tracing import ApiTracer
 
             self.tracer = ApiTracer(settings.trace)
+        self.share = EngineShare(
+            repository.limits, len(settings.api_keys), self.metrics.share_waiting.set
+        )
         self.model_id = settings.served_model_name or repository.served_model_name
         self.created = int(time.time())
         self.long_encodes = asyncio.Semaphore(LONG_ENCODES_AT_ONCE)
+        self._token_texts: TokenTexts | None = None
+        self.tool_parser = resolve_tool_parser(settings.tool_parser, self.codec)
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        """Token id -> text and bytes (log probs), built on first use."""
+        if self._token_texts is None:
+            self._token_texts = TokenTexts(self.codec)
+        return self._token_texts
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block of the engine (cached tokens are its reused blocks times this)."""
+        return self.limits.kv_block_size
 
     def check_model(self, name: str) -> None:
         if name not in (self.model_id, self.settings.model_name):
             raise ApiError(
                 404,
-                f"The model `{name}` does not exist; this server serves `{self.model_id}`.",
+                f"The model `{short_text(name)}` does not exist; this server serves `{self.model_id}`.",
                 param="model",
                 code="model_not_found",
             )

@@ -22,6 +22,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from toolkit.api.features import Features, TokenLogprob, token_logprobs
 from toolkit.client.tensors import infer_inputs
 from toolkit.errors import ClientError
 from toolkit.model.tokens import TokenFacts
@@ -89,6 +90,7 @@ class Sampling:
     min_tokens: int | None = None  # extension: no end token before this many generated tokens
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # extension (TensorRT-LLM's and vLLM's)
     # (token id, bias) pairs added to the logits (the engine contract's embedding_bias)
     logit_bias: tuple[tuple[int, float], ...] = ()
 
@@ -117,6 +119,10 @@ class Sampling:
             )
             if value
         ]
+        if self.repetition_penalty is not None and self.repetition_penalty != 1.0:
+            out.append(
+                ("repetition_penalty", np.array([[self.repetition_penalty]], np.float32), "FP32")
+            )
         if self.min_tokens:
             out.append(
                 (
@@ -146,6 +152,10 @@ class Piece:
     data: bytes
     output_tokens: int | None  # cumulative generated tokens, when the engine reports them
     final: bool
+    tokens: tuple[int, ...] = ()  # the new tokens' ids (the engine contract)
+    index: int = 0  # the choice (sequence_index) they belong to
+    logprobs: tuple[TokenLogprob, ...] = ()  # theirs, when asked
+    reused_blocks: int | None = None  # KV blocks the prefix cache gave the request, when reported
 
 
 class TritonBackend:
@@ -359,6 +369,7 @@ class TritonBackend:
         max_tokens: int,
         sampling: Sampling,
         *,
+        features: Features | None = None,
         watched: bool = True,
         traceparent: str | None = None,
         timing=None,
@@ -370,10 +381,11 @@ class TritonBackend:
         spans) and as a request parameter (the engines', and an ensemble passes it to its steps).
         `timing`: has `detokenize_ns` summed into it (toolkit.api.tracing.RequestTrace)."""
         done = asyncio.Event()
+        features = features or Features(cached_tokens=False)
         request = (
-            self._engine_request(prompt_ids, max_tokens, sampling)
+            self._engine_request(prompt_ids, max_tokens, sampling, features)
             if self.engine
-            else self._text_request(prompt, max_tokens, sampling)
+            else self._text_request(prompt, max_tokens, sampling, features)
         )
         if traceparent is None:
             call = self.client.stream_infer(_one_request(request, done))
@@ -397,7 +409,7 @@ class TritonBackend:
                         str(error.message() if hasattr(error, "message") else error)
                     )
                 piece = (
-                    self._engine_piece(result, total, timing)
+                    self._engine_piece(result, total, features, timing)
                     if self.engine
                     else _text_piece(result)
                 )
@@ -432,7 +444,9 @@ class TritonBackend:
             return EngineFault(message)
         return InferenceFailed(message)
 
-    def _engine_request(self, prompt_ids: list[int], max_tokens: int, sampling: Sampling) -> dict:
+    def _engine_request(
+        self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, features: Features
+    ) -> dict:
         tensors = [
             ("input_ids", np.array([prompt_ids], np.int32), "INT32"),
             ("input_lengths", np.array([[len(prompt_ids)]], np.int32), "INT32"),
@@ -442,6 +456,7 @@ class TritonBackend:
             ("streaming", np.array([[self.decoupled]], bool), "BOOL"),
             ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
             *sampling.tensors(engine=True, names=self.names),
+            *features.tensors(self.names),
         ]
         if sampling.logit_bias:
             tensors.append(("embedding_bias", self._embedding_bias(sampling.logit_bias), "FP32"))
@@ -449,7 +464,7 @@ class TritonBackend:
         stop_ids = self._tokens.stop_ids
         if stop_ids and not sampling.min_tokens:
             tensors.append(("stop_words_list", pack_word_lists([[[i] for i in stop_ids]]), "INT32"))
-        return self._request(tensors, ["output_ids", "sequence_length"])
+        return self._request(tensors, ["output_ids", "sequence_length", *features.outputs()])
 
     def _embedding_bias(self, biases: tuple[tuple[int, float], ...]) -> np.ndarray:
         """[1, vocab] FP32: each biased token's bias, 0 elsewhere (added to the logits before sampling)."""
@@ -458,13 +473,16 @@ class TritonBackend:
             bias[0, token] = value
         return bias
 
-    def _text_request(self, prompt: str, max_tokens: int, sampling: Sampling) -> dict:
+    def _text_request(
+        self, prompt: str, max_tokens: int, sampling: Sampling, features: Features
+    ) -> dict:
         tensors = [
             ("text_input", np.array([[prompt.encode("utf-8")]], dtype=object), "BYTES"),
             ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
             ("stream", np.array([[self.decoupled]], bool), "BOOL"),
             ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
             *sampling.tensors(engine=False),
+            *Features(guide=features.guide, cached_tokens=False).tensors({}),  # only guides pass
         ]
         return self._request(tensors, None)
 
@@ -480,32 +498,45 @@ class TritonBackend:
             request["outputs"] = [grpcclient.InferRequestedOutput(name) for name in outputs]
         return request
 
-    def _engine_piece(self, result, total: int, timing=None) -> Piece:
-        """Read the raw INT32 outputs straight from the protobuf (one per streamed token: kept cheap)."""
+    def _engine_piece(self, result, total: int, features: Features, timing=None) -> Piece:
+        """Read the raw INT32 outputs straight from the protobuf (one per streamed token: kept cheap); the
+        outputs of the features asked for, when any, as arrays. `timing`: detokenize_ns summed into it."""
         response = result.get_response()
         parameters = response.parameters
         final = FINAL_FLAG in parameters and parameters[FINAL_FLAG].bool_param
         ids = length = None
+        extras = {}
         for output, raw in zip(response.outputs, response.raw_output_contents, strict=False):
             if output.name == "output_ids":  # [batch 1, beam 1, new tokens], INT32 little-endian
                 ids = raw
             elif output.name == "sequence_length":
                 length = int.from_bytes(raw[:4], "little", signed=True)
+            else:
+                extras[output.name] = _array(output, raw)
+        index = int(extras["sequence_index"].reshape(-1)[0]) if "sequence_index" in extras else 0
+        reused = extras.get("kv_cache_reused_blocks")
+        reused_blocks = None if reused is None else int(reused.reshape(-1)[0])
         if ids is None or not length:
-            return Piece(b"", total, final)
+            return Piece(b"", total, final, index=index, reused_blocks=reused_blocks)
         if length == 1:
             tokens = (int.from_bytes(ids[:4], "little", signed=True),)
         else:
-            tokens = np.frombuffer(ids, "<i4")[:length].tolist()
-        if timing is None:
-            return Piece(self.decoder.decode_bytes(tokens), total + len(tokens), final)
-        started = time.perf_counter_ns()
+            tokens = tuple(np.frombuffer(ids, "<i4")[:length].tolist())
+        logprobs = token_logprobs(extras, list(tokens), features.top_logprobs) if extras else ()
+        started = time.perf_counter_ns() if timing is not None else 0
         data = self.decoder.decode_bytes(tokens)
-        timing.detokenize_ns += time.perf_counter_ns() - started
-        return Piece(data, total + len(tokens), final)
+        if timing is not None:
+            timing.detokenize_ns += time.perf_counter_ns() - started
+        return Piece(data, total + len(tokens), final, tokens, index, logprobs, reused_blocks)
 
 
 _GREEDY = Sampling(temperature=0)
+_DTYPES = {"FP32": "<f4", "INT32": "<i4", "INT64": "<i8", "FP16": "<f2", "BOOL": "?"}
+
+
+def _array(output, raw: bytes) -> np.ndarray:
+    """An output's raw little-endian bytes as an array of its shape."""
+    return np.frombuffer(raw, _DTYPES.get(output.datatype, "<i4")).reshape(tuple(output.shape))
 
 
 def _cancel_requested() -> bool:

@@ -6,6 +6,7 @@ import importlib.util
 
 import click
 
+from toolkit.api.reasoning import CHOICES as REASONING_CHOICES
 from toolkit.cli.options import (
     api_key_options,
     api_limit_options,
@@ -14,6 +15,8 @@ from toolkit.cli.options import (
     max_in_flight_option,
     reject_api_key_value,
     repo_option,
+    special_tokens_option,
+    tool_parser_option,
     trace_options,
     triton_url_option,
 )
@@ -49,6 +52,15 @@ from toolkit.settings import api_keys as read_api_keys
     default=None,
     help="The model id clients send; default: the repository's model name.",
 )
+@click.option(
+    "--reasoning-parser",
+    default="auto",
+    type=click.Choice(REASONING_CHOICES),
+    help="How chat answers carry a reasoning model's <think> part (returned as reasoning_content, as vLLM's "
+    "parser of that name): auto takes the repository's model's (DeepSeek-R1 distills: deepseek_r1), none "
+    "leaves it in content.",
+)
+@tool_parser_option
 @max_in_flight_option
 @api_limit_options
 @click.option(
@@ -75,6 +87,7 @@ from toolkit.settings import api_keys as read_api_keys
     "On SIGTERM/Ctrl-C, seconds to let in-flight requests and streams finish (new connections are "
     "refused at once)."
 )
+@special_tokens_option
 @click.option(
     "--dry-run", is_flag=True, help="Print the settings (keys counted, never shown) and exit."
 )
@@ -88,6 +101,8 @@ def command(
     api_key,
     model_name,
     served_model_name,
+    reasoning_parser,
+    tool_parser,
     max_in_flight,
     limits,
     event_loop,
@@ -95,6 +110,7 @@ def command(
     log_level,
     trace,
     drain_timeout,
+    special_tokens_in_messages,
     dry_run,
 ):
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) over Triton gRPC."""
@@ -121,6 +137,9 @@ def command(
         max_in_flight,
         limits=limits,
         trace=trace,
+        reasoning_parser=reasoning_parser,
+        tool_parser=tool_parser,
+        special_tokens_in_messages=special_tokens_in_messages,
     )
     if dry_run:
         emit_json(
@@ -131,6 +150,8 @@ def command(
                 "port": port,
                 "model_name": model_name,
                 "served_model_name": served_model_name,
+                "reasoning_parser": reasoning_parser,
+                "tool_parser": tool_parser,
                 "api_keys": len(keys),
                 "max_in_flight": max_in_flight,
                 "header_timeout_s": limits.header_timeout_s,
@@ -144,6 +165,7 @@ def command(
                 "drain_timeout_s": drain_timeout,
                 "trace": trace.to_dict() if trace else None,
                 "workers": workers,
+                "special_tokens_in_messages": special_tokens_in_messages,
             }
         )
         return

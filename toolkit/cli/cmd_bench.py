@@ -11,6 +11,7 @@ from rich.table import Table
 from toolkit.bench.report import write_report
 from toolkit.bench.sweep import (
     SweepResult,
+    SweepStopped,
     default_metrics_url,
     parse_points,
     plan_sweep,
@@ -148,15 +149,25 @@ def command(
         api_url=api_url if breakdown else None,
         traces=traces.resolve() if breakdown and traces else None,
     )
-    result = write_report(_run_with_progress(plan))
+    try:
+        result = write_report(_run_with_progress(plan))
+    # A sweep that stops keeps and shows the points that finished, then says why it stopped.
+    except SweepStopped as stopped:
+        _report(write_report(stopped.partial), as_json)
+        note(f"[yellow]{stopped}[/]; the finished points are kept in {plan.out_dir}")
+        raise stopped.cause from None
+    _report(result, as_json)
+
+
+def _report(result: SweepResult, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_dict())
-    else:
-        _print_summary(result)
-        if breakdown:
-            print_breakdowns(result)
-        files = ", ".join(Path(path).name for path in result.files.values())
-        note(f"results in {plan.out_dir}: {files}")
+        return
+    _print_summary(result)
+    if result.plan.api_url is not None:  # a traced sweep (--breakdown)
+        print_breakdowns(result)
+    files = ", ".join(Path(path).name for path in result.files.values())
+    note(f"results in {result.plan.out_dir}: {files}")
 
 
 def _recorded_api(record: dict) -> str:

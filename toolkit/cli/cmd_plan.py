@@ -64,4 +64,6 @@ def command(model, gpu, concurrency, as_json, **rest) -> None:
         return
     title = f"{plan.model} on {plan.gpu} ({plan.dtype}, KV {plan.kv_dtype}, TP={plan.tp_size} PP={plan.pp_size})"
     emit_table(title, plan_rows(plan) + estimate_rows(estimate))
+    for line in plan.notes:
+        note(line)
     note(f"model config: {source.config_from}")

@@ -266,3 +266,29 @@ def setting_options(*names: str):
 def pop_settings(values: dict) -> BuildSettings:
     """The BuildSettings among a command's keyword arguments (removed from `values`)."""
     return BuildSettings(**{name: values.pop(name) for name in SETTINGS if name in values})
+
+
+def tool_parser_option(function):
+    """--tool-parser: how the OpenAI API reads tool calls from the output (toolkit.api.tool_parsers)."""
+    from toolkit.api.tool_parsers import CHOICES
+
+    return click.option(
+        "--tool-parser",
+        default="auto",
+        type=click.Choice(CHOICES),
+        show_default=True,
+        help="OpenAI API: how tool calls are read from the output with tool_choice auto: auto picks the family "
+        "whose markers the model's tokenizer has (hermes: Qwen2.5 <tool_call>, mistral: [TOOL_CALLS], "
+        "llama3_json: Llama 3.x JSON and <|python_tag|>); none reads no calls.",
+    )(function)
+
+
+def special_tokens_option(function):
+    """--special-tokens-in-messages: trust special-token text in chat message content."""
+    return click.option(
+        "--special-tokens-in-messages",
+        is_flag=True,
+        help="OpenAI API, trusted callers only: read special-token text in chat message content "
+        "(<|im_start|>, ...) as those tokens. Off, content is plain text, as at OpenAI, and no message "
+        "can forge a turn of another role.",
+    )(function)

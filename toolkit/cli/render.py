@@ -31,13 +31,31 @@ def emit_table(title: str, rows: list[tuple[str, Any]]) -> None:
 
 
 def note(message: str) -> None:
-    stderr_console.print(message, highlight=False)
+    stderr_console.print(message, highlight=False, soft_wrap=True)  # a note is one line, never cut
 
 
 def plan_rows(plan: MemoryPlan) -> list[tuple[str, str]]:
     gb = lambda n: f"{n / GB:.2f} GB"  # noqa: E731
+    experts = (
+        [
+            (
+                "experts",
+                f"{plan.num_experts} per layer, all resident; {plan.experts_per_token} routed per token "
+                f"({plan.active_parameter_count:,} active parameters)",
+            )
+        ]
+        if plan.num_experts
+        else []
+    )
+    windows = (
+        [("max_attention_window_size", ",".join(str(w) for w in plan.max_attention_window_size))]
+        if plan.max_attention_window_size
+        else []
+    )
     return [
         ("parameters", f"{plan.parameter_count:,}"),
+        *experts,
+        *windows,
         ("weights", f"{gb(plan.weights_bytes)} ({gb(plan.weights_bytes_per_gpu)} per GPU)"),
         (
             "GPU memory",

@@ -13,7 +13,7 @@ import numpy as np
 from toolkit.repository import contract as c
 
 NUMPY = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": bool}
-_ENGINE_DTYPES = {t.name: t.dtype for t in c.ENGINE_INPUTS}
+_ENGINE_DTYPES = {t.name: t.dtype for t in c.PYTHON_ENGINE_INPUTS}
 
 
 def infer_inputs(tensors: Iterable[tuple[str, np.ndarray, str]]) -> list:

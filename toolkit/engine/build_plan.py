@@ -43,9 +43,15 @@ class EngineRuntime:
     # None: no cap, the runtime takes kv_cache_free_gpu_mem_fraction of its free memory (the backend
     # otherwise takes the smaller of the two: a planned cap would bound the pool twice).
     max_tokens_in_paged_kv_cache: int | None = None
+    # Per layer, the tokens it attends to (sliding windows); (): every layer attends to max_seq_len.
+    max_attention_window_size: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["max_attention_window_size"] = list(
+            self.max_attention_window_size
+        )  # as JSON gives it back
+        return data
 
 
 @dataclass(frozen=True)
@@ -122,8 +128,10 @@ def plan_engine_build(
         enable_kv_cache_reuse=_on(settings.enable_kv_cache_reuse),
         enable_chunked_context=_on(settings.enable_chunked_context),
         batch_scheduler_policy=settings.batch_scheduler_policy or DEFAULT_BATCH_SCHEDULER_POLICY,
+        max_attention_window_size=tuple(memory.max_attention_window_size),
     )
     check_precisions(memory)
+    check_expert_parallel(memory, settings.moe_ep_size or 1)
     check_context_fits(memory, runtime)
     check_fusions(memory, settings, gpu_sm)
     calibration = plan_calibration(memory, settings)
@@ -143,8 +151,10 @@ def plan_engine_build(
         timing_cache=work_dir / "timing.cache",
         calib_size=settings.calib_size or DEFAULT_CALIB_SIZE,
         awq_block_size=settings.awq_block_size or DEFAULT_AWQ_BLOCK_SIZE,
+        moe_ep_size=settings.moe_ep_size or 1,
         fusions=chosen_fusions(settings),
         calib_dataset=Path(calibration.dataset) if calibration and calibration.offline else None,
+        gather_generation_logits=bool(settings.gather_generation_logits),
     )
     offline = calibration is not None and calibration.offline
     environment = tuple(
@@ -191,6 +201,24 @@ def check_precisions(memory: MemoryPlan) -> None:
             "without chunked context and KV-cache reuse",
             hint=f"use --kv-dtype bf16 with --dtype {memory.dtype}, or --dtype fp8 --kv-dtype fp8 "
             "(in a recipe: quantization.dtype / quantization.kv_cache_dtype)",
+        )
+
+
+def check_expert_parallel(memory: MemoryPlan, ep: int) -> None:
+    """--moe-ep-size splits the TP ranks: moe_tp_size x moe_ep_size must equal tp_size (the converters
+    assert it), and only a mixture-of-experts model has experts to split."""
+    if ep == 1:
+        return
+    if not memory.num_experts:
+        raise EngineBuildError(
+            f"--moe-ep-size {ep}: {memory.model} is a dense model, it has no experts to place",
+            hint="drop --moe-ep-size (parallelism.moe_ep in a recipe)",
+        )
+    if memory.tp_size % ep or memory.num_experts % ep:
+        raise EngineBuildError(
+            f"--moe-ep-size {ep} does not divide --tp {memory.tp_size} and the model's {memory.num_experts} "
+            "experts (moe_tp_size x moe_ep_size must equal tp_size)",
+            hint=f"pass a --moe-ep-size that divides {memory.tp_size}, or a larger --tp",
         )
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from toolkit.engine.fusions import fusion_argv
 from toolkit.engine.trtllm_flags import QUANTIZE_SCRIPT
-from toolkit.model.architectures import family_named
+from toolkit.errors import EngineBuildError
+from toolkit.model.architectures import ConverterCli, family_named
 from toolkit.plan.memory import MemoryPlan
 from toolkit.plan.precisions import WEIGHT_PRECISIONS
 from toolkit.settings import TrtllmTools
@@ -36,10 +37,19 @@ class StepSettings:
     awq_block_size: int = 128
     fusions: tuple[str, ...] = ()  # toolkit.engine.fusions settings that are on
     calib_dataset: Path | None = None  # a local calibration set (None: quantize.py's, from the hub)
+    # MoE: ranks that hold whole experts (expert parallel); the rest of the TP ranks shard each expert.
+    moe_ep_size: int = 1
+    # --gather_generation_logits: the backend can return each step's logits (top_logprobs).
+    gather_generation_logits: bool = False
 
 
 def needs_quantizer(plan: MemoryPlan) -> bool:
-    """ModelOpt's quantize path for quantized weights or KV cache; the family's converter otherwise."""
+    """ModelOpt's quantize path for quantized weights or KV cache; the family's converter otherwise. A
+    pre-quantized checkpoint is always converted, never quantized again (TensorRT-LLM's CLI-flow tests
+    convert such checkpoints with convert_checkpoint.py: tests/data/upstream/trtllm_tools.json,
+    prequantized_conversion)."""
+    if plan.stored_quantization is not None:
+        return False
     return WEIGHT_PRECISIONS[plan.dtype].qformat is not None or plan.kv_dtype != "bf16"
 
 
@@ -49,29 +59,59 @@ def checkpoint_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools
     return convert_argv(plan, settings, tools)
 
 
+def converter_of(plan: MemoryPlan) -> ConverterCli:
+    """The converter of the model's family (toolkit.model.architectures): Llama, Mistral and Mixtral go
+    through the Llama one, Qwen2 through the Qwen one (the Llama converter would drop its q/k/v biases),
+    Gemma 2/3 and Phi-3/4 through their own."""
+    converter = family_named(plan.architecture).converter
+    if converter is None:
+        raise EngineBuildError(
+            f"{plan.architecture} has no TensorRT-LLM converter in the pinned release",
+            hint="this is a bug: the GPU target refuses such a model before planning",
+        )
+    return converter
+
+
 def convert_script(plan: MemoryPlan) -> str:
-    """The converter of the model's family (toolkit.model.architectures): Llama and Mistral go through the
-    Llama one, Qwen2 through the Qwen one (the Llama converter would drop its q/k/v biases)."""
-    return family_named(plan.architecture).converter
+    return converter_of(plan).script
 
 
 def convert_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
-    return [
+    cli = converter_of(plan)
+    argv = [
         tools.python,
-        f"{tools.examples_dir}/{convert_script(plan)}",
-        "--model_dir",
+        f"{tools.examples_dir}/{cli.script}",
+        *cli.fixed,
+        cli.model_dir,
         str(settings.model_dir),
-        "--output_dir",
+        cli.output_dir,
         str(settings.checkpoint_dir),
         "--dtype",
         "bfloat16",
-        "--tp_size",
+        cli.tp,
         str(plan.tp_size),
-        "--pp_size",
-        str(plan.pp_size),
-        "--workers",
-        "1",
     ]
+    if cli.pp is not None:
+        argv += [cli.pp, str(plan.pp_size)]
+    if cli.moe and plan.num_experts:
+        ep = settings.moe_ep_size
+        argv += ["--moe_tp_size", str(plan.tp_size // ep), "--moe_ep_size", str(ep)]
+    if cli.workers:
+        argv += ["--workers", "1"]
+    return argv + prequantized_flags(plan, cli)
+
+
+def prequantized_flags(plan: MemoryPlan, cli: ConverterCli) -> list[str]:
+    """What tells the converter the checkpoint's own quantization (the GPU target has refused a format its
+    converter does not take)."""
+    if plan.stored_quantization is None:
+        return []
+    flags = list(cli.prequantized[plan.dtype])
+    if plan.dtype == "int4-gptq" and plan.stored_group_size and cli.group_size:
+        flags += [cli.group_size, str(plan.stored_group_size)]
+    if plan.kv_dtype == "fp8" and cli.fp8_kv_cache:
+        flags.append(cli.fp8_kv_cache)
+    return flags
 
 
 def quantize_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmTools) -> list[str]:
@@ -149,4 +189,6 @@ def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmToo
         argv += ["--use_fused_mlp", "enable"]
     if plan.dtype == "fp8" and plan.kv_dtype == "fp8":
         argv += ["--use_fp8_context_fmha", "enable"]  # FP8 attention in the context phase on Hopper
+    if settings.gather_generation_logits:
+        argv.append("--gather_generation_logits")
     return argv + fusion_argv(settings.fusions)

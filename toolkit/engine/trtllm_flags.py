@@ -279,6 +279,42 @@ _QWEN_CONVERT = [
 ]
 QWEN_CONVERT_CHECKPOINT_FLAGS = {f.name: f for f in _QWEN_CONVERT}
 
+# --- examples/models/core/gemma/convert_checkpoint.py, parse_arguments() (Gemma, Gemma 2, Gemma 3 text) -----
+# Its own CLI: dashed names (--model-dir, --output-model-dir, --world-size), tensor parallelism only.
+_GEMMA_CONVERT = [
+    Flag("ckpt-type", "choice", ("jax", "keras", "torch", "hf")),
+    *_flags(
+        "str", "model-dir", "output-model-dir", "quant_ckpt_path", "calib_dataset", "tokenizer_dir"
+    ),
+    Flag("world-size", "int"),
+    Flag("smoothquant", "float"),
+    Flag("dtype", "choice", _WEIGHT_DTYPES),
+    Flag("weight_only_precision", "choice", ("int8", "int4", "w4a8_awq", "w4a16_awq")),
+    *_flags(
+        "store_true",
+        "use_weight_only",
+        "use-int8-weight-only-embedding",
+        "enable_fp8",
+        "fp8_kv_cache",
+        "use_smooth_quant",
+        "int8_kv_cache",
+        "per_channel",
+        "per_token",
+        "load_model_on_cpu",
+    ),
+]
+GEMMA_CONVERT_CHECKPOINT_FLAGS = {f.name: f for f in _GEMMA_CONVERT}
+
+# --- examples/models/core/phi/convert_checkpoint.py, parse_arguments() (Phi-2, Phi-3, Phi-3.5, Phi-4) ------
+_PHI_CONVERT = [
+    *_flags("str", "model_dir", "output_dir"),
+    *_flags("int", "tp_size", "pp_size", "moe_tp_size", "moe_ep_size", "workers"),
+    Flag("dtype", "choice", _WEIGHT_DTYPES),
+    Flag("weight_only_precision", "choice", ("int8", "int4")),
+    Flag("use_weight_only", "store_true"),
+]
+PHI_CONVERT_CHECKPOINT_FLAGS = {f.name: f for f in _PHI_CONVERT}
+
 # --- examples/quantization/quantize.py (ModelOpt's quantize-and-export path) -------------------
 _QUANTIZE = [
     *_flags(
@@ -328,6 +364,8 @@ TOOL_FLAGS = {
     "trtllm-build": TRTLLM_BUILD_FLAGS,
     "llama/convert_checkpoint.py": CONVERT_CHECKPOINT_FLAGS,
     "qwen/convert_checkpoint.py": QWEN_CONVERT_CHECKPOINT_FLAGS,
+    "gemma/convert_checkpoint.py": GEMMA_CONVERT_CHECKPOINT_FLAGS,
+    "phi/convert_checkpoint.py": PHI_CONVERT_CHECKPOINT_FLAGS,
     "quantize.py": QUANTIZE_FLAGS,
 }
 

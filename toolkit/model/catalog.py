@@ -25,6 +25,12 @@ class CatalogEntry:
     tokenizer: dict  # eos_token, eos_token_id, bos_token, bos_token_id, adds_bos, turn_end_token, turn_end_id
     sources: tuple[str, ...]
 
+    @property
+    def reasoning_parser(self) -> str | None:
+        """How its answers carry their reasoning (toolkit.model.facts.detect_reasoning_parser reads the same
+        from a downloaded tokenizer)."""
+        return self.tokenizer.get("reasoning_parser")
+
 
 @functools.lru_cache(maxsize=1)
 def _entries() -> dict[str, CatalogEntry]:

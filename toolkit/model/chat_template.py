@@ -11,26 +11,33 @@ from datetime import datetime
 from pathlib import Path
 
 
-def template_from_tokenizer_dir(tokenizer_dir: Path) -> str | None:
-    """The chat template's source, or None when the checkpoint has none."""
+def template_from_tokenizer_dir(tokenizer_dir: Path, name: str = "default") -> str | None:
+    """The chat template's source (or, `name`, one of a checkpoint's named templates: "tool_use"), or None
+    when the checkpoint has none."""
     jinja = Path(tokenizer_dir) / "chat_template.jinja"
     if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
+        return jinja.read_text(encoding="utf-8") if name == "default" else None
     template = _tokenizer_config(tokenizer_dir).get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
         template = {
             item.get("name"): item.get("template") for item in template if isinstance(item, dict)
-        }.get("default")
+        }.get(name)
+    elif name != "default":
+        return None
     return template if isinstance(template, str) else None
 
 
 class ChatTemplate:
     """A compiled chat template and the special tokens templates refer to (bos_token, eos_token, ...)."""
 
-    def __init__(self, source: str, special_tokens: dict | None = None):
+    def __init__(
+        self, source: str, special_tokens: dict | None = None, tool_source: str | None = None
+    ):
         self.source = source
         self.special_tokens = special_tokens or {}
         self._template = _compile(source)
+        # A checkpoint's "tool_use" template (Hermes, Mistral, Cohere name one), used when tools are given.
+        self._tool_template = _compile(tool_source) if tool_source else None
 
     @classmethod
     def from_tokenizer_dir(cls, tokenizer_dir: Path) -> ChatTemplate | None:
@@ -42,15 +49,27 @@ class ChatTemplate:
             key: _token_text(config.get(key))
             for key in ("bos_token", "eos_token", "unk_token", "pad_token")
         }
-        return cls(source, special)
+        return cls(source, special, template_from_tokenizer_dir(tokenizer_dir, "tool_use"))
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text for `messages`, ending with the assistant's generation prompt.
+    def render(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+    ) -> str:
+        """The prompt text for `messages` (and the `tools` the model may call, as transformers passes them),
+        ending with the assistant's generation prompt.
 
         A template's own refusal (raise_exception, a jinja error) propagates: it is the caller's bad input.
         """
-        return self._template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **self.special_tokens
+        template = self._tool_template if tools and self._tool_template else self._template
+        extra = {"tools": tools} if tools else {}
+        return template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            **extra,
+            **self.special_tokens,
         )
 
 

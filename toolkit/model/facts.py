@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from toolkit.errors import UnsupportedModelError
-from toolkit.model.architectures import ModelFamily, family_for, family_named
+from toolkit.model.architectures import ModelFamily, family_for, family_named, sliding_layers
+from toolkit.model.quantization import StoredQuantization, read_quantization
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -29,6 +30,20 @@ class ModelFacts:
     attention_bias: bool
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # Sliding-window attention: the window (tokens) and, per layer, whether it is windowed (() for none).
+    sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] = ()
+    # Mixture of experts: experts per MoE layer (0: dense), routed per token, and each expert's MLP width.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    attn_logit_softcapping: float | None = None  # Gemma 2: tanh cap of attention scores
+    final_logit_softcapping: float | None = None
+    rope_scaling_type: str | None = None  # llama3, longrope, yarn, linear, ...
+    partial_rotary_factor: float = 1.0  # the share of head_dim that is rotated (Phi-4-mini: 0.75)
+    quantization: StoredQuantization | None = None  # pre-quantized weights (quantization_config)
+    # The reasoning format of its answers ("deepseek_r1": a <think> ... </think> part first), if any.
+    reasoning_parser: str | None = None
 
     @property
     def family(self) -> ModelFamily:
@@ -38,9 +53,15 @@ class ModelFacts:
     def parameter_count(self) -> int:
         return self.family.parameter_count(self)
 
+    @property
+    def active_parameter_count(self) -> int:
+        """Parameters one token reads (MoE: the routed experts only; dense models: all)."""
+        return self.family.active_parameter_count(self)
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["eos_token_ids"] = list(self.eos_token_ids)
+        data["sliding_layers"] = list(self.sliding_layers)
         data["parameter_count"] = self.parameter_count
         return data
 
@@ -50,6 +71,8 @@ class ModelFacts:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["eos_token_ids"] = tuple(values.get("eos_token_ids", ()))
+        values["sliding_layers"] = tuple(values.get("sliding_layers", ()))
+        values["quantization"] = StoredQuantization.from_dict(values.get("quantization"))
         return cls(**values)
 
 
@@ -67,10 +90,23 @@ def read_model_facts(checkpoint: Path) -> ModelFacts:
         raise UnsupportedModelError(
             f"{path} is not valid JSON: {exc}", hint="re-download the checkpoint"
         ) from exc
-    return facts_from_config(config, source=str(path))
+    return facts_from_config(
+        config,
+        source=str(path),
+        folder=path.parent,
+        reasoning_parser=detect_reasoning_parser(path.parent),
+    )
 
 
-def facts_from_config(config: dict, source: str = "config.json") -> ModelFacts:
+def facts_from_config(
+    config: dict,
+    source: str = "config.json",
+    *,
+    folder: Path | None = None,
+    reasoning_parser: str | None = None,
+) -> ModelFacts:
+    """`folder`: the checkpoint folder (ModelOpt's hf_quant_config.json may sit there); `reasoning_parser`:
+    what the tokenizer (or the catalog) says of its answers' format."""
     family = family_for(config.get("architectures") or [config.get("model_type") or ""], source)
     architecture = next(a for a in config.get("architectures") or () if a in family.architectures)
     heads = _required(config, "num_attention_heads", source)
@@ -89,11 +125,65 @@ def facts_from_config(config: dict, source: str = "config.json") -> ModelFacts:
         vocab_size=_required(config, "vocab_size", source),
         max_position_embeddings=config.get("max_position_embeddings", 4096),
         dtype=_dtype(config),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", family.default_tied_embeddings)),
         attention_bias=bool(config.get("attention_bias", family.default_attention_bias)),
         bos_token_id=config.get("bos_token_id"),
         eos_token_ids=eos_ids,
+        **_attention_facts(family, config),
+        **_expert_facts(config),
+        rope_scaling_type=_rope_type(config),
+        partial_rotary_factor=float(config.get("partial_rotary_factor") or 1.0),
+        quantization=read_quantization(config, folder),
+        reasoning_parser=reasoning_parser,
     )
+
+
+def _attention_facts(family: ModelFamily, config: dict) -> dict:
+    layers = sliding_layers(family.window_rule, config)
+    return {
+        "sliding_window": config.get("sliding_window") if layers else None,
+        "sliding_layers": layers,
+        "attn_logit_softcapping": config.get("attn_logit_softcapping"),
+        "final_logit_softcapping": config.get("final_logit_softcapping"),
+    }
+
+
+def _expert_facts(config: dict) -> dict:
+    """Mixtral and GPT-OSS: num_local_experts; Qwen3-MoE: num_experts and moe_intermediate_size."""
+    experts = config.get("num_local_experts") or config.get("num_experts") or 0
+    if not experts:
+        return {}
+    return {
+        "num_experts": experts,
+        "experts_per_token": config.get("num_experts_per_tok") or 0,
+        "moe_intermediate_size": config.get("moe_intermediate_size") or 0,
+    }
+
+
+def _rope_type(config: dict) -> str | None:
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if not isinstance(scaling, dict):
+        return None
+    kind = scaling.get("rope_type") or scaling.get("type")
+    return None if kind in (None, "default") else str(kind)
+
+
+# Reasoning models open their answer with a <think> part (DeepSeek-R1 and its distills, as vLLM's
+# deepseek_r1 reasoning parser reads them): their tokenizer holds both tags as tokens.
+THINK_TOKENS = ("<think>", "</think>")
+
+
+def detect_reasoning_parser(folder: Path) -> str | None:
+    """ "deepseek_r1" when the checkpoint's tokenizer has <think> and </think> tokens, else None."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        added = json.loads(path.read_text(encoding="utf-8")).get("added_tokens") or []
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return None
+    contents = {t.get("content") for t in added if isinstance(t, dict)}
+    return "deepseek_r1" if set(THINK_TOKENS) <= contents else None
 
 
 def _required(config: dict, key: str, source: str) -> int:

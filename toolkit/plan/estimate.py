@@ -114,6 +114,20 @@ class EngineShape:
     tp: int
     pp: int
     max_num_tokens: int
+    # MoE: the experts' share of linear_params, and the share of experts a token is routed to (k / E).
+    expert_params: float = 0.0
+    routed_share: float = 1.0
+
+    def linear_params_read(self, tokens: float) -> float:
+        """Per layer, the parameters a step of `tokens` reads: every dense one, and the experts its tokens
+        are routed to (uniform routing: E * (1 - (1 - k/E)^tokens) of E)."""
+        touched = 1.0 - (1.0 - self.routed_share) ** max(1.0, tokens)
+        return self.linear_params - self.expert_params * (1.0 - touched)
+
+    @property
+    def linear_params_per_token(self) -> float:
+        """Per layer, the parameters one token's GEMMs multiply (MoE: its routed experts only)."""
+        return self.linear_params - self.expert_params * (1.0 - self.routed_share)
 
 
 @dataclass(frozen=True)
@@ -194,7 +208,18 @@ def engine_shape(facts: ModelFacts, plan: MemoryPlan) -> EngineShape:
         tp=tp,
         pp=pp,
         max_num_tokens=plan.max_num_tokens,
+        **_experts(facts, split, tp),
     )
+
+
+def _experts(facts: ModelFacts, split, tp: int) -> dict:
+    """A MoE model's expert parameters per layer and GPU, and the share a token is routed to."""
+    experts, routed = facts.num_experts, facts.experts_per_token
+    if not experts or routed >= experts:
+        return {}
+    # linear - routed_linear = layers x (E - k) experts: all experts are that x E / (E - k).
+    all_experts = (split.linear - split.routed_linear) * experts / (experts - routed)
+    return {"expert_params": all_experts / facts.num_layers / tp, "routed_share": routed / experts}
 
 
 # --- one step --------------------------------------------------------------------------------------
@@ -225,13 +250,13 @@ def _linear_seconds(
 ) -> tuple[float, bool]:
     """The layers' GEMMs: each streams its weights once per step, or is compute bound at many tokens."""
     memory = (
-        shape.linear_params
+        shape.linear_params_read(tokens)
         * shape.linear_bytes_per_param
         / (costs.weight_bandwidth * gpu.bandwidth_bytes_per_s)
     )
     compute = (
         2
-        * shape.linear_params
+        * shape.linear_params_per_token
         * tokens
         / (costs.gemm_compute[shape.tensor_cores] * _peak_flops(gpu, shape.tensor_cores))
     )

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from toolkit.errors import PlanError
 from toolkit.model.architectures import ParameterSplit
 from toolkit.model.facts import ModelFacts
+from toolkit.plan.families import plan_notes, unread_expert_bytes
 from toolkit.plan.gpus import GB, MIB, GpuProfile
 from toolkit.plan.precisions import (
     KV_DTYPES,
@@ -39,8 +40,15 @@ RUNTIME_OTHER_BYTES = 3584 * MIB
 RUNTIME_NCCL_BYTES = {1: 0, 2: 358_612_992, 4: 411_041_792, 8: 411_041_792}
 # Logits of the last token of every sequence in a step, fp32 (the engine's logits_dtype default).
 LOGITS_BYTES = 4
+# The runtime's generation-logits buffer with --gather_generation_logits (TensorRT-LLM runtimeBuffers.cpp):
+# a cache of [GENERATION_LOGITS_CACHE_STEPS, max_batch_size x beam, vocab_padded] plus one of
+# [beam, GENERATION_LOGITS_CACHE_STEPS, vocab_padded], in the logits dtype.
+GENERATION_LOGITS_CACHE_STEPS = 8
 TOKENS_PER_BLOCK = 64  # paged KV block size passed to trtllm-build (--tokens_per_block)
 DEFAULT_MAX_SEQ_LEN = 8192
+# Reasoning models (a <think> part before the answer): DeepSeek-R1's model card sets "the maximum generation
+# length" of its evaluations to 32,768 tokens; plus room for a 4096-token prompt.
+REASONING_MAX_SEQ_LEN = 32768 + 4096
 # The typical request the batch limits are sized for, as trtllm-bench's --target_input_len /
 # --target_output_len: the KV pool is shared by requests of this size, not of max_seq_len.
 DEFAULT_TARGET_INPUT_LEN = 1024
@@ -104,6 +112,17 @@ class MemoryPlan:
     # this is the pool it serves with; kv_cache_tokens above is the planner's own, more cautious one.
     runtime_reserve_bytes: int = 0
     runtime_kv_cache_tokens: int = 0
+    active_parameter_count: int = 0  # read per token: MoE's routed experts only (dense: all)
+    num_experts: int = 0  # MoE: experts per layer, all resident in memory
+    experts_per_token: int = 0  # MoE: experts routed per token
+    # Per layer, the tokens it attends to (the tensorrtllm backend's max_attention_window_size); (): all.
+    max_attention_window_size: tuple[int, ...] = ()
+    # A pre-quantized checkpoint's format ("ModelOpt FP8") and its weights per scale (GPTQ / AWQ groups).
+    stored_quantization: str | None = None
+    stored_group_size: int | None = None
+    notes: tuple[str, ...] = ()  # what the numbers assume, in words
+    # Per GPU: the runtime's buffer of gathered generation logits (--gather_generation_logits), 0 without it.
+    generation_logits_bytes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -119,6 +138,14 @@ def weights_bytes(facts: ModelFacts, dtype: str) -> int:
     lm_head = 0 if facts.tie_word_embeddings else s.lm_head
     other = s.layer_norms + s.embedding + lm_head + s.final_norm
     return int(s.linear * WEIGHT_PRECISIONS[dtype].linear_bytes + other * UNQUANTIZED_BYTES)
+
+
+def weights_read_per_step(facts: ModelFacts, dtype: str, tp: int, pp: int, batch: int) -> int:
+    """Weight bytes one decode step of `batch` tokens reads on the busiest GPU: all of them for a dense
+    model; for MoE, only the experts its tokens are routed to besides everything else."""
+    layers = stage_layers(facts.num_layers, pp)[0]
+    unread = unread_expert_bytes(facts, WEIGHT_PRECISIONS[dtype].linear_bytes, tp, layers, batch)
+    return int(weights_bytes_per_gpu(facts, dtype, tp, pp) - unread)
 
 
 def stage_layers(num_layers: int, pp: int) -> list[int]:
@@ -180,6 +207,7 @@ def compute_plan(
     target_input_len: int | None = None,
     target_output_len: int | None = None,
     kv_cache_free_gpu_mem_fraction: float | None = None,
+    gather_generation_logits: bool = False,
 ) -> MemoryPlan:
     """Every number of the plan, whether it fits or not (see plan_memory for the checked version)."""
     _check_choices(gpu, dtype, kv_dtype)
@@ -192,12 +220,22 @@ def compute_plan(
     pool = gpu.memory_bytes - w_gpu - reserve
     kv_gpu = kv_bytes_per_token_per_gpu(facts, kv_dtype, tp, pp)
     tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
-    sequences = tokens // seq
     # trtllm-bench's rule on the planned pool bounds the batch and step from above: it sizes the
     # runtime's reserve (activations, logits), then the batch is what the runtime's pool holds.
     bench_batch, bench_tokens = batch_limits(tokens, isl, osl, pp)
+    # The generation-logits buffer, sized for the batch that bounds the final one (never smaller), comes
+    # out of both pools.
+    gathered = (
+        generation_logits_bytes(facts, max_batch_size or bench_batch, tp)
+        if gather_generation_logits
+        else 0
+    )
+    if gathered:
+        pool -= gathered
+        tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
+    sequences = tokens // seq
     fraction = kv_cache_free_gpu_mem_fraction or KV_CACHE_FREE_GPU_MEM_FRACTION
-    runtime_reserve = runtime_reserve_bytes(
+    runtime_reserve = gathered + runtime_reserve_bytes(
         facts, tp, max_num_tokens or bench_tokens, max_batch_size or bench_batch
     )
     runtime_tokens = runtime_kv_cache_tokens(
@@ -216,9 +254,12 @@ def compute_plan(
         if not given
         else f"{' and '.join(given)} given; " + ("the rest: " + rule if len(given) < 2 else "")
     )
-    step_ms = w_gpu / gpu.bandwidth_bytes_per_s * 1e3
+    step_ms = weights_read_per_step(facts, dtype, tp, pp, 1) / gpu.bandwidth_bytes_per_s * 1e3
     running = max(1, min(batch, runtime_tokens // (isl + osl))) if runtime_tokens else 1
-    batch_step_ms = (w_gpu + running * (isl + osl // 2) * kv_gpu) / gpu.bandwidth_bytes_per_s * 1e3
+    batch_weights = weights_read_per_step(facts, dtype, tp, pp, running)
+    batch_step_ms = (
+        (batch_weights + running * (isl + osl // 2) * kv_gpu) / gpu.bandwidth_bytes_per_s * 1e3
+    )
     prefill_tps = _prefill_tokens_per_s(facts, gpu, dtype, tp)
     return MemoryPlan(
         model=model,
@@ -258,7 +299,23 @@ def compute_plan(
         architecture=facts.architecture,
         runtime_reserve_bytes=runtime_reserve,
         runtime_kv_cache_tokens=runtime_tokens,
+        active_parameter_count=facts.active_parameter_count,
+        num_experts=facts.num_experts,
+        experts_per_token=facts.experts_per_token,
+        max_attention_window_size=facts.family.attention_windows(facts, seq),
+        stored_quantization=facts.quantization.description if facts.quantization else None,
+        stored_group_size=facts.quantization.group_size if facts.quantization else None,
+        notes=plan_notes(facts, seq, running),
+        generation_logits_bytes=generation_logits_bytes(facts, batch, tp) if gathered else 0,
     )
+
+
+def generation_logits_bytes(facts: ModelFacts, max_batch_size: int, tp: int) -> int:
+    """Bytes per GPU of the runtime's generation-logits buffer for `max_batch_size` requests (beam 1), the
+    vocabulary padded to a multiple of the TP size as TensorRT-LLM pads it."""
+    vocab_padded = math.ceil(facts.vocab_size / tp) * tp
+    rows = GENERATION_LOGITS_CACHE_STEPS * (max_batch_size + 1)
+    return rows * vocab_padded * LOGITS_BYTES
 
 
 def runtime_reserve_bytes(
@@ -332,7 +389,7 @@ def fitting_options(facts: ModelFacts, gpu: GpuProfile, options: dict) -> list[M
     """For each weight dtype this GPU runs, the plan with the smallest TP that fits."""
     found = []
     for dtype, precision in WEIGHT_PRECISIONS.items():
-        if precision.needs_fp8_hardware and not gpu.supports_fp8:
+        if precision.stored_only or (precision.needs_fp8_hardware and not gpu.supports_fp8):
             continue
         tp = _smallest_tp(facts, gpu, {**options, "dtype": dtype})
         if tp is not None:
@@ -353,27 +410,43 @@ def _smallest_tp(facts: ModelFacts, gpu: GpuProfile, options: dict) -> int | Non
 def _prefill_tokens_per_s(facts: ModelFacts, gpu: GpuProfile, dtype: str, tp: int) -> float:
     """Compute bound: 2 FLOPs per matmul weight per token (attention score FLOPs left out)."""
     s = _split(facts)
-    flops_per_token = 2 * (s.linear + s.lm_head)
+    flops_per_token = 2 * (s.routed_linear + s.lm_head)  # MoE: a token runs its routed experts only
     tflops = gpu.fp8_tflops if dtype == "fp8" and gpu.fp8_tflops else gpu.bf16_tflops
     return tflops * 1e12 * tp / flops_per_token
 
 
 def _max_seq_len(facts: ModelFacts, requested: int | None) -> int:
+    """The default fits the model: 8192, a reasoning model's long answers, never more than it or its engine
+    flow takes (Gemma 2: 4096)."""
+    family_cap = facts.family.max_seq_len or facts.max_position_embeddings
+    limit = min(facts.max_position_embeddings, family_cap)
     if requested is None:
-        return min(facts.max_position_embeddings, DEFAULT_MAX_SEQ_LEN)
-    if requested < 2 or requested > facts.max_position_embeddings:
+        default = REASONING_MAX_SEQ_LEN if facts.reasoning_parser else DEFAULT_MAX_SEQ_LEN
+        return min(limit, default)
+    if requested < 2 or requested > limit:
+        why = (
+            facts.family.max_seq_len_source
+            if limit < facts.max_position_embeddings
+            else "the model's max_position_embeddings"
+        )
         raise PlanError(
-            f"--max-seq-len {requested} is outside 2..{facts.max_position_embeddings} "
-            "(the model's max_position_embeddings)",
-            hint=f"pass --max-seq-len between 2 and {facts.max_position_embeddings}",
+            f"--max-seq-len {requested} is outside 2..{limit} ({why})",
+            hint=f"pass --max-seq-len between 2 and {limit}",
+            value=requested,
         )
     return requested
 
 
 def _check_choices(gpu: GpuProfile, dtype: str, kv_dtype: str) -> None:
-    if dtype not in WEIGHT_DTYPES:
+    if dtype not in WEIGHT_PRECISIONS:
         raise PlanError(
             f"unknown --dtype {dtype!r}", hint=f"use one of: {', '.join(WEIGHT_DTYPES)}"
+        )
+    if WEIGHT_PRECISIONS[dtype].needs_fp4_hardware:
+        raise PlanError(
+            f"{gpu.name} (SM {gpu.sm}) has no FP4 tensor cores; {dtype} weights need Blackwell (SM 10.0)",
+            hint="use the checkpoint's bf16 original with --dtype fp8, or a Blackwell GPU",
+            value=dtype,
         )
     if kv_dtype not in KV_DTYPES:
         raise PlanError(

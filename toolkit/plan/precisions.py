@@ -29,6 +29,9 @@ class WeightPrecision:
     # The tensor cores its GEMMs run on ("bf16" or "fp8"): which peak the performance estimate takes
     # (weight-only int4 dequantizes to bf16 in the GEMM).
     tensor_cores: str = "bf16"
+    # Only ever read from a pre-quantized checkpoint (no --dtype quantizes to it).
+    stored_only: bool = False
+    needs_fp4_hardware: bool = False  # FP4 tensor cores: Blackwell, SM 10.0 or newer
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,31 @@ WEIGHT_PRECISIONS: dict[str, WeightPrecision] = {
             False,
             "INT4 AWQ weight-only",
         ),
+        # Pre-quantized checkpoints only. GPTQ: 4 bits plus an fp16 scale and a 4-bit zero point per group
+        # of 128; NVFP4: 4 bits plus one FP8 scale per 16 weights (ModelOpt's NVFP4 block).
+        WeightPrecision(
+            "int4-gptq",
+            0.5 + (2 + 0.5) / 128,
+            None,
+            "auto",
+            False,
+            False,
+            False,
+            "INT4 GPTQ weight-only (pre-quantized)",
+            stored_only=True,
+        ),
+        WeightPrecision(
+            "nvfp4",
+            0.5 + 1 / 16,
+            None,
+            "disable",
+            True,
+            True,
+            True,
+            "NVFP4 weights and activations (pre-quantized)",
+            stored_only=True,
+            needs_fp4_hardware=True,
+        ),
     )
 }
 KV_PRECISIONS: dict[str, KvPrecision] = {
@@ -75,7 +103,8 @@ KV_PRECISIONS: dict[str, KvPrecision] = {
         KvPrecision("fp8", 1, True, "FP8 KV cache"),
     )
 }
-WEIGHT_DTYPES = tuple(WEIGHT_PRECISIONS)
+# What --dtype takes: the precisions a build can quantize to (the rest come with their checkpoint).
+WEIGHT_DTYPES = tuple(name for name, p in WEIGHT_PRECISIONS.items() if not p.stored_only)
 KV_DTYPES = tuple(KV_PRECISIONS)
 DEFAULT_DTYPE = "bf16"
 DEFAULT_KV_DTYPE = "bf16"

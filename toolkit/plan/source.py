@@ -6,7 +6,7 @@ own copy of its config, so planning works offline; other hub ids fetch config.js
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from toolkit.errors import ModelSourceError
@@ -52,7 +52,9 @@ def load_model_for_plan(model: str | ModelSpec) -> PlannedModel:
         else (None if spec.revision else entry_for_hub_id(spec.value))
     )
     if entry is not None:
-        facts = facts_from_config(entry.config, source=f"catalog {entry.name}")
+        facts = facts_from_config(
+            entry.config, source=f"catalog {entry.name}", reasoning_parser=entry.reasoning_parser
+        )
         return PlannedModel(
             entry.name, spec, facts, f"catalog (config.json of hf:{entry.hub_id})", None
         )
@@ -63,7 +65,10 @@ def load_model_for_plan(model: str | ModelSpec) -> PlannedModel:
     # model was written (toolkit deploy's build Job rebuilds hf:ORG/NAME@REV of a build from hf:ORG/NAME).
     known = entry_for_hub_id(spec.value) if spec.kind == "hub" else None
     name = known.name if known is not None else spec.display_name
-    return PlannedModel(name, spec, read_model_facts(config), str(config), None)
+    facts = read_model_facts(config)
+    if known is not None:  # only config.json is fetched: the catalog knows what its tokenizer says
+        facts = replace(facts, reasoning_parser=known.reasoning_parser)
+    return PlannedModel(name, spec, facts, str(config), None)
 
 
 def _local(spec: ModelSpec) -> PlannedModel:

@@ -73,7 +73,7 @@ def python_model(
 def ensemble_model(max_batch_size: int, trtllm_version: str | None = None) -> mc.ModelConfig:
     """The ensemble, its tensorrt_llm step feeding the input names an engine of `trtllm_version` reads."""
     config = mc.ModelConfig(name=c.ENSEMBLE, platform="ensemble", max_batch_size=max_batch_size)
-    config.input.extend(tensor_inputs(c.TEXT_INPUTS))
+    config.input.extend(tensor_inputs(c.text_inputs(trtllm_version)))
     config.output.extend(tensor_outputs(c.TEXT_OUTPUTS))
     steps = (
         (c.PREPROCESSING, c.PREPROCESSING_INPUT_MAP, c.PREPROCESSING_OUTPUT_MAP),

@@ -3,8 +3,8 @@
 Names, dtypes, dims, optional flags and reshapes follow NVIDIA's stock `all_models/inflight_batcher_llm`
 configs of the backend code TensorRT-LLM 0.20.0 ships (toolkit.trtllm says why that revision), restricted
 to text-only decoder models: the multimodal, encoder-decoder, LoRA, speculative-decoding,
-guided-decoding, KV-retention and disaggregated-serving tensors are left out (a client that sends one
-is refused by Triton as an unexpected input, never silently ignored). So is `runtime_top_p_min`, which
+KV-retention and disaggregated-serving tensors are left out (a client that sends one is refused by
+Triton as an unexpected input, never silently ignored). So is `runtime_top_p_min`, which
 the stock config declares but the backend never reads (its utils.h names top-p-min "runtime_top_k_min",
 an upstream typo): declared, it would be accepted and ignored. `decoder_input_lengths` stays, unread by a
 decoder-only engine, because the stock ensemble feeds it. tests/test_contract_upstream.py
@@ -12,7 +12,12 @@ checks every tensor here against tests/data/upstream/triton_backend.json, transc
 
 Where a release reads another name for the same input (0.17-0.19: `min_length`, `random_seed`;
 0.17-0.18: `return_kv_cache_reuse_stats`), `engine_name` gives the name an engine of that release
-reads; the text models (ensemble, BLS) keep the pinned names and map them.
+reads; the text models (ensemble, BLS) keep the pinned names and map them. Inputs a release does not
+have yet (guided decoding before 0.19) are left out of its engine's config (`engine_inputs`).
+
+The Python engines (cpu, synthetic) also declare tensors of our own (`OWN_ENGINE_INPUTS`,
+`OWN_ENGINE_OUTPUTS`, listed in OWN_EXTENSIONS): optional, so stock clients never see them, and never
+declared on the tensorrtllm backend (which would accept an input and ignore it).
 """
 
 from __future__ import annotations
@@ -82,6 +87,9 @@ ENGINE_INPUTS = (
         "stop",
         "streaming",
     ),
+    # The guide's kind (json, json_schema, regex, ebnf_grammar: GUIDE_TYPES) and the guide itself.
+    _opt("guided_decoding_guide_type", "STRING", ragged=True),
+    _opt("guided_decoding_guide", "STRING", ragged=True),
 )
 ENGINE_OUTPUTS = (
     Tensor("output_ids", "INT32", (-1, -1)),
@@ -113,6 +121,26 @@ ENGINE_OUTPUTS = (
     Tensor("total_accepted_draft_tokens", "INT32", (1,)),
     Tensor("total_draft_tokens", "INT32", (1,)),
 )
+# The backend's guide types (utils.cc), by the capabilities' guide kinds (toolkit.capabilities.GUIDE_KINDS).
+GUIDE_TYPES = {
+    "json_object": "json",
+    "json_schema": "json_schema",
+    "regex": "regex",
+    "ebnf": "ebnf_grammar",
+}
+
+# --- ours, on the Python engines only ------------------------------------------------------------
+OWN_ENGINE_INPUTS = (
+    # With return_log_probs: how many most likely alternatives of each generated token to return too.
+    _opt("num_top_logprobs", "INT32", scalar=True),
+)
+OWN_ENGINE_OUTPUTS = (
+    # [tokens, num_top_logprobs] per response: the alternatives' ids and log probs, most likely first.
+    Tensor("top_logprob_ids", "INT32", (-1, -1)),
+    Tensor("top_logprobs", "FP32", (-1, -1)),
+)
+PYTHON_ENGINE_INPUTS = (*ENGINE_INPUTS, *OWN_ENGINE_INPUTS)
+PYTHON_ENGINE_OUTPUTS = (*ENGINE_OUTPUTS, *OWN_ENGINE_OUTPUTS)
 
 # Engine inputs that ask for a request feature (toolkit.capabilities.FEATURES), with the value that means
 # "off": a value, EMPTY (no words in a word list, no non-zero bias: what the stock preprocessing sends
@@ -135,6 +163,9 @@ ENGINE_INPUT_FEATURES: dict[str, tuple[str, object]] = {
     "bad_words_list": ("bad_words", EMPTY),
     "runtime_top_p_decay": ("top_p_decay", None),
     "runtime_top_p_reset_ids": ("top_p_decay", None),
+    "guided_decoding_guide_type": ("guided_decoding", None),
+    "guided_decoding_guide": ("guided_decoding", None),
+    "num_top_logprobs": ("top_logprobs", 0),
 }
 
 # Inputs an earlier release reads under another name: pinned name -> (name, releases before which it applies).
@@ -154,8 +185,26 @@ def engine_name(name: str, trtllm_version: str | None = None) -> str:
     return renamed[0]
 
 
+# Inputs that a release before the one named does not have (TensorRT-LLM release notes; the backend's configs
+# in tests/data/upstream/triton_backend.json).
+_INTRODUCED = {
+    "guided_decoding_guide_type": (0, 19),
+    "guided_decoding_guide": (0, 19),
+}
+
+
+def has_input(name: str, trtllm_version: str | None = None) -> bool:
+    """Whether an engine of `trtllm_version` (default: the pinned release) has input `name` at all."""
+    version = version_tuple(trtllm_version or PINNED_TRTLLM_VERSION)
+    return name not in _INTRODUCED or version is None or version >= _INTRODUCED[name]
+
+
 def engine_inputs(trtllm_version: str | None = None) -> tuple[Tensor, ...]:
-    return tuple(replace(t, name=engine_name(t.name, trtllm_version)) for t in ENGINE_INPUTS)
+    return tuple(
+        replace(t, name=engine_name(t.name, trtllm_version))
+        for t in ENGINE_INPUTS
+        if has_input(t.name, trtllm_version)
+    )
 
 
 def engine_renames(trtllm_version: str | None = None) -> dict[str, str]:
@@ -192,8 +241,11 @@ PREPROCESSING_OUTPUTS = (
     Tensor("OUT_END_ID", "INT32", (1,)),
     Tensor("OUT_PAD_ID", "INT32", (1,)),
 )
-# ours, not in the stock models; optional, so stock clients never see them
-OWN_EXTENSIONS = {PREPROCESSING: ("MIN_TOKENS",)}
+# Ours, not in the stock models; optional, so stock clients never see them.
+OWN_EXTENSIONS = {
+    PREPROCESSING: ("MIN_TOKENS",),
+    ENGINE: tuple(t.name for t in (*OWN_ENGINE_INPUTS, *OWN_ENGINE_OUTPUTS)),
+}
 
 # --- postprocessing: token ids -> text ---------------------------------------------------------
 POSTPROCESSING_INPUTS = (
@@ -230,12 +282,29 @@ _TEXT = (
     ("embedding_bias_weights", "FP32", (-1,), False),
 )
 _REQUIRED_TEXT = (Tensor("text_input", "STRING", (1,)), Tensor("max_tokens", "INT32", (1,)))
-TEXT_INPUTS = (*_REQUIRED_TEXT, *(_opt(name, dtype, dims) for name, dtype, dims, _ in _TEXT))
+_GUIDED = (
+    "guided_decoding_guide_type",
+    "guided_decoding_guide",
+)  # ragged on the ensemble, not on the BLS
+TEXT_INPUTS = (
+    *_REQUIRED_TEXT,
+    *(_opt(name, dtype, dims) for name, dtype, dims, _ in _TEXT),
+    *(_opt(name, "STRING", ragged=True) for name in _GUIDED),
+)
 BLS_INPUTS = (
     *_REQUIRED_TEXT,
     *(_opt(name, dtype, dims, scalar=reshaped) for name, dtype, dims, reshaped in _TEXT),
+    *(_opt(name, "STRING") for name in _GUIDED),
 )
 TEXT_OUTPUTS = (Tensor("text_output", "STRING", (-1,)), *ENGINE_OUTPUTS[2:])
+
+
+def text_inputs(trtllm_version: str | None = None, bls: bool = False) -> tuple[Tensor, ...]:
+    """The ensemble's (or BLS's) inputs for an engine of `trtllm_version`: none it could not pass on."""
+    return tuple(
+        t for t in (BLS_INPUTS if bls else TEXT_INPUTS) if has_input(t.name, trtllm_version)
+    )
+
 
 # Ensemble wiring, as in NVIDIA's ensemble:
 # (step model, {step tensor: ensemble tensor}, {step output: ensemble tensor}).
@@ -290,6 +359,8 @@ _ENGINE_FROM_TEXT = {
     "streaming": "stream",
     "stop_words_list": "_STOP_WORDS_IDS",
     "bad_words_list": "_BAD_WORDS_IDS",
+    "guided_decoding_guide_type": "guided_decoding_guide_type",
+    "guided_decoding_guide": "guided_decoding_guide",
 }
 ENGINE_OUTPUT_MAP = {
     "output_ids": "_TOKENS_BATCH",
@@ -302,7 +373,11 @@ POSTPROCESSING_OUTPUT_MAP = {"OUTPUT": "text_output"}
 
 def engine_input_map(trtllm_version: str | None = None) -> dict[str, str]:
     """The ensemble's tensorrt_llm step inputs, under the names an engine of `trtllm_version` reads."""
-    return {engine_name(name, trtllm_version): source for name, source in _ENGINE_FROM_TEXT.items()}
+    return {
+        engine_name(name, trtllm_version): source
+        for name, source in _ENGINE_FROM_TEXT.items()
+        if has_input(name, trtllm_version)
+    }
 
 
 # BLS: text inputs passed to tensorrt_llm unchanged but for their name (pinned names; the model renames

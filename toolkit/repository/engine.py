@@ -27,6 +27,10 @@ CHECKPOINT_FILES = (
     "generation_config.json",
     "config.json",
     "tokenizer.model",
+    # Licence notices a redistribution must carry (the Gemma Terms of Use: a "Notice" file and the terms).
+    "NOTICE",
+    "LICENSE",
+    "GEMMA_TERMS.html",
 )
 # The tensorrtllm backend checks for cancelled requests this often; the Python engines use the same parameter.
 CANCELLATION_CHECK_PERIOD_MS = 100

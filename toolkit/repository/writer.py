@@ -310,7 +310,12 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
             c.POSTPROCESSING_OUTPUTS,
             max_batch_size=limits.max_batch_size,
             instances=plan.postprocessing_instances,
-            dynamic_batching=True,
+            # Not dynamically batched (NVIDIA's is): Triton 2.51's batcher fails a queued request whose
+            # ensemble was cancelled, and an ensemble whose step fails while its engine step still streams
+            # never ends (it stops counting its steps' final responses): it stays in flight for good and
+            # every later stop waits the whole drain timeout. Unbatched, a cancelled step runs (its text
+            # goes nowhere) and the ensemble ends with its engine step. tests/test_faults.py
+            dynamic_batching=False,
             parameters={"tokenizer_dir": "tokenizer", "skip_special_tokens": True},
         ),
     )
@@ -318,7 +323,7 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
         root,
         configs.python_model(
             c.BLS,
-            c.BLS_INPUTS,
+            c.text_inputs(plan.engine.trtllm_version, bls=True),
             c.TEXT_OUTPUTS,
             max_batch_size=limits.max_batch_size,
             decoupled=plan.decoupled,
@@ -367,7 +372,9 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
 def _bls_passthrough(trtllm_version: str | None) -> dict[str, str]:
     """Text input -> the engine input it feeds, under the names this engine's release reads."""
     return {
-        text: c.engine_name(engine, trtllm_version) for text, engine in c.BLS_PASSTHROUGH.items()
+        text: c.engine_name(engine, trtllm_version)
+        for text, engine in c.BLS_PASSTHROUGH.items()
+        if c.has_input(engine, trtllm_version)  # guided decoding from 0.19 on
     }
 
 

@@ -147,6 +147,10 @@ class Target(ABC):
         """The request features a repository built with these resolved settings honours."""
 
     # --- the built repository ------------------------------------------------------------------
+    def dry_run_details(self, plan: TargetPlan, output: Path) -> dict[str, Any]:
+        """What a dry run shows besides the plan (GPU: the backend's parameters, the files written)."""
+        return {}
+
     @abstractmethod
     def engine_from_section(self, section: EngineSection) -> EngineSpec:
         """The engine variant the manifest's engine section describes."""

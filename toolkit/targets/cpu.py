@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from toolkit.build_settings import BuildSettings
-from toolkit.capabilities import Capabilities
+from toolkit.capabilities import GUIDE_KINDS, MAX_N, MAX_TOP_LOGPROBS, Capabilities
+from toolkit.errors import UnsupportedModelError
 from toolkit.fsutil import copy_file
 from toolkit.repository.engine import checkpoint_files
 from toolkit.targets.base import HOST_OVERHEAD_BYTES, Resources
@@ -25,7 +26,9 @@ GPU_HINT = "build for a GPU target (--target h100-sxm), whose TensorRT-LLM backe
 class CpuEngine(PythonEngine):
     """transformers' continuous batching over a paged KV cache, fp32 weights copied into the repository."""
 
-    num_threads: int = 0  # torch threads; 0: torch's default
+    num_threads: int = (
+        0  # torch threads; 0: the usable CPUs but one (the engine decides as it loads)
+    )
     kind: ClassVar[str] = "cpu"
     source_folder: ClassVar[str] = "tensorrt_llm_cpu"
     copies_weights: ClassVar[bool] = True
@@ -46,20 +49,35 @@ class CpuTarget(PythonTarget):
     engine_class = CpuEngine
     engine_settings = ("num_threads",)
 
+    def plan(self, settings: BuildSettings, model):
+        if model.kind != "embedded":  # the embedded models are known to run; others are read first
+            from toolkit.plan.source import load_model_for_plan
+
+            check_model(load_model_for_plan(model).facts)
+        return super().plan(settings, model)
+
     def capabilities(self, settings: BuildSettings) -> Capabilities:
+        """What the CPU engine does for real (model_repo/tensorrt_llm_cpu/1): guided decoding of every kind
+        (llguidance masks in the batch step), each token's exact log prob and its top alternatives, n > 1
+        (forks of the request, one response per sequence: decoupled only), TensorRT-LLM's penalties and
+        embedding_bias, prefix-cache reuse reported per request."""
         not_yet = "the CPU engine does not implement it; " + GPU_HINT
+        decoupled = bool(settings.decoupled)
         return Capabilities(
             target=self.name,
-            streaming=bool(settings.decoupled),
+            guided_decoding=GUIDE_KINDS,
+            logprobs=True,
+            top_logprobs=MAX_TOP_LOGPROBS,
+            top_logprobs_source="engine",
+            max_n=MAX_N if decoupled else 1,
+            penalties=True,
+            logit_bias=True,
+            streaming=decoupled,
+            cached_tokens=True,
             enable={
-                "guided_decoding": not_yet,
-                "logprobs": not_yet,
-                "top_logprobs": not_yet,
-                "prompt_logprobs": not_yet,
-                "n": not_yet,
+                "prompt_logprobs": "the CPU engine computes log probs of generated tokens only",
+                "n": "the engine answers each of n sequences on its own: rebuild without --no-decoupled",
                 "beam_width": "the CPU engine has no beam search; " + GPU_HINT,
-                "penalties": not_yet,
-                "logit_bias": not_yet,
                 "bad_words": not_yet,
                 "lora": not_yet,
                 "batched_prompts": "the CPU engine takes one prompt per request: send [1, N] input_ids",
@@ -88,3 +106,28 @@ class CpuTarget(PythonTarget):
             f"drain timeout {drain_s}s assumes at least {CPU_TOKENS_PER_S:.0f} tokens/s per stream; measure "
             "with toolkit bench and pass --drain-timeout"
         ]
+
+
+def check_model(facts) -> None:
+    """Refuse what transformers' continuous batching would run as a different model than the checkpoint.
+
+    Its paged attention (integrations/eager_paged.py, transformers 5.24) ignores `softcap`, and sdpa refuses
+    it: Gemma 2's attention-logit soft-capping would be silently dropped (measured: a capped tiny Gemma 2 gives
+    generate()'s uncapped tokens under continuous batching). The engine loads float32 weights, so a
+    pre-quantized checkpoint is not taken either.
+    """
+    if facts.attn_logit_softcapping:
+        raise UnsupportedModelError(
+            f"{facts.architecture} soft-caps its attention logits (attn_logit_softcapping="
+            f"{facts.attn_logit_softcapping}); transformers' paged attention, which the CPU engine runs, drops "
+            "the cap, so it would serve a different model",
+            hint="build it for a GPU target (--target h100-sxm: TensorRT-LLM applies the cap as max_attn_value)",
+            value=facts.attn_logit_softcapping,
+        )
+    if facts.quantization is not None:
+        raise UnsupportedModelError(
+            f"the checkpoint is pre-quantized as {facts.quantization.description}; the CPU engine runs "
+            "float32 weights and does not dequantize it",
+            hint="build the unquantized checkpoint for --target cpu, or this one for a GPU target",
+            value=facts.quantization.method,
+        )

@@ -3,26 +3,22 @@ tensorrtllm backend."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from toolkit.build_settings import CPU_PRECISION, SETTINGS, BuildSettings
-from toolkit.capabilities import Capabilities
+from toolkit.capabilities import GUIDE_KINDS, MAX_N, MAX_TOP_LOGPROBS, Capabilities
 from toolkit.engine.fusions import FUSIONS
 from toolkit.errors import RecipeError, RepositoryError, ServerError
 from toolkit.plan.gpus import GpuProfile
-from toolkit.plan.precisions import (
-    DEFAULT_DTYPE,
-    DEFAULT_KV_DTYPE,
-    KV_PRECISIONS,
-    WEIGHT_PRECISIONS,
-)
+from toolkit.plan.precisions import KV_PRECISIONS, WEIGHT_PRECISIONS
 from toolkit.repository import configs
 from toolkit.repository import contract as c
 from toolkit.repository.engine import CANCELLATION_CHECK_PERIOD_MS, EngineSection
+from toolkit.repository.guided import TOKENIZER_INFO, write_tokenizer_info
 from toolkit.repository.limits import RepositoryLimits
 from toolkit.targets.base import GIB, Resources, Target, TargetPlan
 
@@ -42,6 +38,26 @@ GPU_START_S = 180
 CHECKPOINT_BYTES_PER_PARAMETER = 2
 NOT_YET = "the OpenAI API does not pass it to the tensorrtllm backend yet"
 FUSION_SETTINGS = tuple(f.setting for f in FUSIONS)
+# The backend's guided decoding (xgrammar): the one backend its C++ accepts (tests/data/upstream).
+GUIDED_DECODING_BACKEND = "xgrammar"
+LOGITS_HINT = (
+    "rebuild with --gather-generation-logits (engine.gather_generation_logits: true in a recipe): the "
+    "engine then returns each step's logits, and its logits buffer takes GPU memory from the KV cache"
+)
+
+
+def guided_decoding_parameters(repository: Path, trtllm_version: str | None) -> dict[str, str]:
+    """The tensorrt_llm parameters the backend reads for guided decoding. Its C++ reads all three with no
+    default (a config without one fails to load), so they are always written where the release has them;
+    `tokenizer_dir` is the Python backend's and stays empty. The info file's path is absolute: the backend
+    checks that it exists, relative to tritonserver's working directory otherwise."""
+    if not c.has_input("guided_decoding_guide", trtllm_version):
+        return {}
+    return {
+        "tokenizer_dir": "",
+        "guided_decoding_backend": GUIDED_DECODING_BACKEND,
+        "xgrammar_tokenizer_info_path": str(Path(repository) / c.ENGINE / "1" / TOKENIZER_INFO),
+    }
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,8 @@ class TrtllmEngine:
     max_batch_size: int  # the engine's own build_config.max_batch_size
     world_size: int
     runtime: dict  # EngineRuntime of the build: KV pool, reuse, chunked context, scheduler policy
+    # Every id that may end a request (the end id, the model's other end tokens): guided decoding's stop tokens.
+    stop_token_ids: tuple[int, ...] = ()
     kind: ClassVar[str] = "tensorrtllm"
     copies_weights: ClassVar[bool] = False
 
@@ -64,10 +82,13 @@ class TrtllmEngine:
         return EngineSection(self.kind, self.world_size, self.trtllm_version, parameters)
 
     def prepared(self, checkpoint: Path, tokens) -> TrtllmEngine:
-        return self
+        ends = tuple(dict.fromkeys((tokens.end_id, *tokens.stop_ids)))
+        return replace(self, stop_token_ids=ends)
 
     def install(self, version: Path, checkpoint: Path) -> None:
         version.mkdir(parents=True)  # the engine stays in engine_dir; gpt_model_path names it
+        if c.has_input("guided_decoding_guide", self.trtllm_version):
+            write_tokenizer_info(version, checkpoint / "tokenizer.json", list(self.stop_token_ids))
 
     def config(self, plan) -> mc.ModelConfig:
         limits = plan.limits
@@ -99,6 +120,8 @@ class TrtllmEngine:
                 "batch_scheduler_policy": self.runtime["batch_scheduler_policy"],
                 "exclude_input_in_output": True,
                 "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,
+                **_attention_window(self.runtime),
+                **guided_decoding_parameters(plan.output, self.trtllm_version),
             },
         )
         return config
@@ -117,11 +140,13 @@ class TrtllmEngine:
 
     @classmethod
     def from_section(cls, section: EngineSection) -> TrtllmEngine:
+        parameters = dict(section.parameters)
+        parameters["stop_token_ids"] = tuple(parameters.get("stop_token_ids", ()))
         try:
             return cls(
                 world_size=section.world_size,
                 trtllm_version=str(section.trtllm_version),
-                **section.parameters,
+                **parameters,
             )
         except TypeError as exc:
             raise RepositoryError(
@@ -167,13 +192,15 @@ class GpuTarget(Target):
     def plan_memory(self, settings: BuildSettings, planned: PlannedModel) -> MemoryPlan:
         """The memory plan of `planned` on this GPU with these settings (toolkit plan shows it)."""
         from toolkit.plan.memory import plan_memory
+        from toolkit.targets.gpu_models import check_buildable, kv_dtype, weight_dtype
 
+        check_buildable(planned.facts, settings)
         return plan_memory(
             planned.facts,
             self.profile,
             model=planned.name,
-            dtype=settings.dtype or DEFAULT_DTYPE,
-            kv_dtype=settings.kv_dtype or DEFAULT_KV_DTYPE,
+            dtype=weight_dtype(planned.facts, settings),
+            kv_dtype=kv_dtype(planned.facts, settings),
             tp=settings.tp,
             pp=settings.pp or 1,
             max_seq_len=settings.max_seq_len,
@@ -183,6 +210,7 @@ class GpuTarget(Target):
             target_input_len=settings.target_input_len,
             target_output_len=settings.target_output_len,
             kv_cache_free_gpu_mem_fraction=settings.kv_cache_free_gpu_mem_fraction,
+            gather_generation_logits=bool(settings.gather_generation_logits),
         )
 
     def plan(self, settings: BuildSettings, model) -> TargetPlan:
@@ -211,6 +239,9 @@ class GpuTarget(Target):
         """The settings as planned: every value the build will use, so a rebuild makes the same engine."""
         runtime = engine_build.runtime
         calibration = engine_build.calibration
+        fusions: dict[str, Any] = {
+            name: name in engine_build.steps.fusions for name in FUSION_SETTINGS
+        }
         return BuildSettings(
             dtype=memory.dtype,
             kv_dtype=memory.kv_dtype,
@@ -219,6 +250,7 @@ class GpuTarget(Target):
             calib_gpus=calibration.gpus if calibration else None,
             awq_block_size=engine_build.steps.awq_block_size,
             tp=memory.tp_size,
+            moe_ep_size=engine_build.steps.moe_ep_size if memory.num_experts else None,
             pp=memory.pp_size,
             max_seq_len=memory.max_seq_len,
             max_input_len=memory.max_input_len,
@@ -232,9 +264,10 @@ class GpuTarget(Target):
             kv_cache_free_gpu_mem_fraction=runtime.kv_cache_free_gpu_mem_fraction,
             enable_kv_cache_reuse=runtime.enable_kv_cache_reuse,
             enable_chunked_context=runtime.enable_chunked_context,
-            **{name: name in engine_build.steps.fusions for name in FUSION_SETTINGS},
+            **fusions,
             engine_dir=Path(engine_build.engine_dir),
             decoupled=True if settings.decoupled is None else settings.decoupled,
+            gather_generation_logits=bool(settings.gather_generation_logits),
         )
 
     def preflight_build(self, plan: TargetPlan) -> None:
@@ -264,28 +297,43 @@ class GpuTarget(Target):
         return engine, (engine_plan, result)
 
     def capabilities(self, settings: BuildSettings) -> Capabilities:
-        """What the tensorrtllm backend of the pinned release honours for an engine built so."""
+        """What the tensorrtllm backend of the pinned release honours for an engine built so: guided decoding
+        (xgrammar), the sampled tokens' log probs (output_log_probs), top log probs only from gathered
+        generation logits, n > 1 (num_return_sequences: one response per sequence, so decoupled only)."""
+        logits = bool(settings.gather_generation_logits)
+        decoupled = bool(settings.decoupled)
         return Capabilities(
             target=self.name,
+            guided_decoding=GUIDE_KINDS,
+            logprobs=True,
+            top_logprobs=MAX_TOP_LOGPROBS if logits else 0,
+            top_logprobs_source="generation_logits" if logits else "",
+            max_n=MAX_N if decoupled else 1,
             penalties=True,
             logit_bias=True,
             bad_words=True,
             top_p_decay=True,
-            streaming=bool(settings.decoupled),
+            generation_logits=logits,
+            streaming=decoupled,
+            cached_tokens=True,
             enable={
-                "guided_decoding": NOT_YET,
-                "logprobs": NOT_YET,
-                "top_logprobs": NOT_YET,
-                "prompt_logprobs": NOT_YET,
-                "n": NOT_YET,
+                "top_logprobs": LOGITS_HINT,
+                "generation_logits": LOGITS_HINT,
+                "prompt_logprobs": "the OpenAI API does not compute them from context logits yet",
+                "n": "the backend answers each of n sequences on its own: rebuild without --no-decoupled",
                 "beam_width": "the toolkit builds GPU engines with max_beam_width 1",
                 "lora": NOT_YET,
                 "batched_prompts": "send one prompt per request",
-                "generation_logits": NOT_YET,
                 "context_logits": NOT_YET,
                 "streaming": "rebuild without --no-decoupled",
             },
         )
+
+    def dry_run_details(self, plan: TargetPlan, output: Path) -> dict[str, Any]:
+        """What the repository will tell the backend besides the runtime settings, and the files it writes."""
+        guided = guided_decoding_parameters(Path(output).resolve(), None)
+        files = [f"{c.ENGINE}/1/{TOKENIZER_INFO}"] if guided else []
+        return {"engine_parameters": guided, "repository_files": files}
 
     # --- the built repository ------------------------------------------------------------------
     def engine_from_section(self, section: EngineSection) -> TrtllmEngine:
@@ -354,6 +402,14 @@ class GpuTarget(Target):
 
     def build_resources(self, checkpoint_bytes: int, world_size: int) -> Resources:
         return Resources(GPU_HOST_OVERHEAD_BYTES + 2 * checkpoint_bytes, 4 + 2 * world_size)
+
+
+def _attention_window(runtime: dict) -> dict:
+    """max_attention_window_size when some layer attends through a sliding window: the backend reads it as
+    a comma-separated list of int32, one per layer (model_instance_state.cc: GetParameter<std::vector<
+    int32_t>>, utils::csvStrToVecInt), as the Gemma 3 README's --max_attention_window_size 512 ... 3100."""
+    windows = runtime.get("max_attention_window_size") or ()
+    return {"max_attention_window_size": ",".join(str(w) for w in windows)} if windows else {}
 
 
 def _gpus_why(build) -> str:

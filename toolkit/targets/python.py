@@ -72,6 +72,7 @@ class PythonEngine:
             "max_num_tokens": limits.max_num_tokens,
             "max_queue_size": limits.max_queue_size,
             "end_id": tokens.end_id,
+            "stop_ids": ",".join(str(i) for i in tokens.stop_ids),  # the model's other end tokens
             "pad_id": tokens.pad_id,
             "exclude_input_in_output": True,
             "vocab_size": plan.facts.vocab_size,
@@ -84,8 +85,8 @@ class PythonEngine:
         }
         return configs.python_model(
             c.ENGINE,
-            c.ENGINE_INPUTS,
-            c.ENGINE_OUTPUTS,
+            c.PYTHON_ENGINE_INPUTS,
+            c.PYTHON_ENGINE_OUTPUTS,
             max_batch_size=limits.max_batch_size,
             decoupled=plan.decoupled,
             parameters=parameters,
@@ -144,7 +145,11 @@ class PythonTarget(Target):
             kv_dtype=CPU_PRECISION,
             decoupled=True if settings.decoupled is None else settings.decoupled,
             **{name: getattr(limits, name) for name in LIMIT_SETTINGS},
-            **{name: getattr(engine, name) for name in self.engine_settings},
+            **{
+                name: getattr(engine, name)
+                for name in self.engine_settings
+                if getattr(engine, name) != ""  # a text setting left unset
+            },
         )
         return TargetPlan(resolved, limits, self.capabilities(resolved), engine)
 

@@ -29,12 +29,16 @@ class SyntheticEngine(PythonEngine):
     step_time_ms: float = 0.0
     # Cycled through as output: plain words of the tokenizer (filled in by prepared()).
     token_ids: tuple[int, ...] = field(default=())
+    # A scripted answer (toolkit build --synthetic-output): every request gets these tokens, then ends.
+    synthetic_output: str = ""
     kind: ClassVar[str] = "synthetic"
     source_folder: ClassVar[str] = "tensorrt_llm_synthetic"
 
     def prepared(self, checkpoint: Path, tokens: TokenFacts) -> SyntheticEngine:
         if self.token_ids:
             return self
+        if self.synthetic_output:
+            return replace(self, token_ids=tuple(script_ids(checkpoint, self.synthetic_output)))
         return replace(self, token_ids=tuple(plain_word_ids(checkpoint, tokens)))
 
     def engine_parameters(self) -> dict:
@@ -42,11 +46,20 @@ class SyntheticEngine(PythonEngine):
             "step_time_ms": self.step_time_ms,
             "token_ids": ",".join(str(i) for i in self.token_ids),
             "cancel_check_steps": 64,
+            "scripted": bool(self.synthetic_output),
         }
 
     @classmethod
     def fields_from(cls, parameters: dict) -> dict:
         return {**parameters, "token_ids": tuple(parameters.get("token_ids", ()))}
+
+
+def script_ids(checkpoint: Path, text: str) -> list[int]:
+    """The token ids of a scripted answer; the tokenizer's special tokens written in it are those tokens."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    return tokenizer.encode(text, add_special_tokens=False).ids
 
 
 def plain_word_ids(checkpoint: Path, tokens: TokenFacts) -> list[int]:
@@ -65,7 +78,7 @@ class SyntheticTarget(PythonTarget):
     kind = "synthetic"
     description = "the synthetic engine (tokens without a model, at a set step time)"
     engine_class = SyntheticEngine
-    engine_settings = ("step_time_ms",)
+    engine_settings = ("step_time_ms", "synthetic_output")
 
     def capabilities(self, settings: BuildSettings) -> Capabilities:
         return Capabilities(

@@ -5,21 +5,20 @@ lives in transformers' paged cache; we write no attention or cache code. This mo
 translates the contract: it parses the request tensors, hands each request to the manager,
 and routes the manager's per-step outputs back to each request's response sender, applying
 end_id, min_tokens, stop words, request_output_len, streaming, `stop` requests and cancellation,
-as the tensorrtllm backend does (sampling rule and defaults included: see `_sampling`).
-Decoupled (streaming) by default; built with --no-decoupled it answers each request with one
-response from execute.
+as the tensorrtllm backend does. Each step's tokens are picked by sampling.Decoder: TensorRT-LLM's
+sampling rule, penalties and embedding_bias, guided decoding (grammars.py), log probs; n > 1
+sequences are transformers' forks of the request (streams.py). Decoupled (streaming) by default;
+built with --no-decoupled it answers each request with one response from execute.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -28,19 +27,15 @@ from engine_requests import (  # noqa: E402
     NO_REQUEST_ID,
     Collector,
     Refusals,
-    Timing,
     is_stop_request,
-    perf_outputs,
 )
-
+from lifetime import bind_to_server  # noqa: E402
 from params import ModelParams, final_flag, scalar  # noqa: E402
+from streams import Stream, response_tensors, take_tokens  # noqa: E402
 from textcodec import Refused, unpack_word_list  # noqa: E402
 from tracing import EngineTracer  # noqa: E402
 
 RESULT_WAIT_S = 0.02
-# Below this a temperature divides logits past float32's range (NaN probabilities); sampling at it
-# is greedy decoding in all but name, so it is decoded greedily (TensorRT-LLM scales by 1/(t + 1e-6)).
-GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 def _final() -> int:
@@ -55,42 +50,22 @@ def _error(message: str):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
-@dataclass
-class Stream:
-    """One request in flight: what it asked for and what has been sent back."""
-
-    request_id: str
-    triton_id: str  # the client's request id: what a `stop` request names
-    request: object
-    sender: object
-    prompt: list
-    max_tokens: int
-    end_id: int
-    min_tokens: int
-    stop_words: list
-    streaming: bool
-    exclude_input: bool
-    want_perf: bool
-    timing: Timing = field(default_factory=Timing)
-    seen: int = 0
-    tokens: list = field(default_factory=list)
-    unsent: int = 0  # tokens appended since the last streamed response
-    spans: object = None  # tracing.RequestSpans of a traced request, else None
-
-
 class TritonPythonModel:
     def initialize(self, args):
+        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-        from sampling import install_seeded_sampler
+        from cache_stats import PrefixHits, record_prefix_hits
+        from request_decoding import DecodingInputs
+        from sampling import Decoder, install_decoder
         from scheduling import unblock_after_cancellation
 
         params = ModelParams(args)
-        threads = params.integer("num_threads")
-        if threads > 0:
-            torch.set_num_threads(threads)
+        threads = params.integer("num_threads") or _default_threads()
+        torch.set_num_threads(threads)
+        print(f"tensorrt_llm (CPU): {threads} torch threads", file=sys.stderr, flush=True)
         self.decoupled = params.flag("decoupled")
         # What this repository does not honour (its capabilities), refused per request.
         self.refusals = Refusals(params.text("refusals"))
@@ -107,16 +82,16 @@ class TritonPythonModel:
             checkpoint, dtype=torch.float32, attn_implementation="sdpa"
         )
         self.vocab_size = model.config.vocab_size
-        # valid input ids: [0, rows)
-        self.embedding_rows = model.get_input_embeddings().num_embeddings
+        self.embedding_rows = (
+            model.get_input_embeddings().num_embeddings
+        )  # valid input ids: [0, rows)
+        _check_finite_logits(model, self.default_end_id)
         unblock_after_cancellation()
-        # Defaults only make transformers create the temperature / top-k / top-p processors;
-        # every request overrides all three (greedy is top_k=1).
+        self.prefix_hits = PrefixHits(self.block_size)
+        record_prefix_hits(self.prefix_hits)
+        # Greedy defaults: transformers then builds no sampling processors; the Decoder decides every token.
         generation = GenerationConfig(
-            do_sample=True,
-            temperature=0.5,
-            top_k=self.vocab_size,
-            top_p=0.5,
+            do_sample=False,
             max_new_tokens=params.integer("max_output_len"),
             eos_token_id=self.default_end_id,
         )
@@ -131,10 +106,20 @@ class TritonPythonModel:
         self.manager = model.init_continuous_batching(
             generation_config=generation, continuous_batching_config=batching
         )
-        install_seeded_sampler(self.manager)
+        self.grammars_missing = ""
+        self.grammars = self._grammars(checkpoint, params)
+        self.decoder = Decoder(self.vocab_size, self.grammars)
+        self.inputs = DecodingInputs(
+            pb_utils, self.vocab_size, self.grammars, self.grammars_missing
+        )
+        install_decoder(self.manager, self.decoder)
         self.manager.start()
         self._streams: dict[str, Stream] = {}
+        self._choices: dict[str, tuple] = {}  # the manager's request id -> (stream, choice)
         self._lock = threading.Lock()
+        self._add_lock = (
+            threading.Lock()
+        )  # num_return_sequences is the manager's, set per add_request
         self._counter = 0
         self._unreported_tokens = 0  # metric updates are round trips to the server: sent in batches
         self._running = True
@@ -150,6 +135,25 @@ class TritonPythonModel:
         self.tracer = EngineTracer(params.model)
         self._router = threading.Thread(target=self._route, name="cpu-engine-router", daemon=True)
         self._router.start()
+
+    def _grammars(self, checkpoint: str, params: ModelParams):
+        """Guided decoding's grammars over the checkpoint's tokenizer, every end id a stop token; None (guided
+        requests refused, saying why) for a tokenizer llguidance cannot read."""
+        from grammars import GrammarMasks
+
+        tokenizer = os.path.join(checkpoint, "tokenizer.json")
+        if not os.path.isfile(tokenizer):
+            self.grammars_missing = "the repository has no tokenizer.json"
+            return None
+        ends = [self.default_end_id, *params.ids("stop_ids")]
+        try:
+            return GrammarMasks(tokenizer, self.vocab_size, ends)
+        except ValueError as exc:  # llguidance's for a tokenizer it cannot map to bytes
+            self.grammars_missing = f"llguidance cannot read this model's tokenizer ({exc})"
+            print(
+                f"tensorrt_llm (CPU): no guided decoding: {self.grammars_missing}", file=sys.stderr
+            )
+            return None
 
     def _own_metrics(self) -> None:
         family = pb_utils.MetricFamily
@@ -173,6 +177,21 @@ class TritonPythonModel:
                     "Requests in the CPU engine's running batch or queue",
                     family.GAUGE,
                 ),
+                (
+                    "toolkit_engine_guides_compiled_total",
+                    "Guided-decoding guides the CPU engine compiled (each distinct guide once while cached)",
+                    family.COUNTER,
+                ),
+                (
+                    "toolkit_engine_guides_reused_total",
+                    "Guided requests whose guide the CPU engine took from its cache of compiled guides",
+                    family.COUNTER,
+                ),
+                (
+                    "toolkit_engine_guide_compile_seconds_total",
+                    "Seconds the CPU engine spent compiling guides",
+                    family.COUNTER,
+                ),
             )
         }
         self.cancelled = self._families["toolkit_engine_requests_cancelled_total"].Metric(
@@ -182,6 +201,15 @@ class TritonPythonModel:
             labels=labels
         )
         self.in_flight = self._families["toolkit_engine_requests_in_flight"].Metric(labels=labels)
+        self.guide_counters = {
+            key: self._families[name].Metric(labels=labels)
+            for key, name in (
+                ("compiled", "toolkit_engine_guides_compiled_total"),
+                ("reused", "toolkit_engine_guides_reused_total"),
+                ("compile_s", "toolkit_engine_guide_compile_seconds_total"),
+            )
+        }
+        self._guides_reported = {"compiled": 0, "reused": 0, "compile_s": 0.0}
 
     # --- request intake ----------------------------------------------------------------------
     def execute(self, requests):
@@ -213,45 +241,62 @@ class TritonPythonModel:
         with self._lock:
             streams = [s for s in self._streams.values() if s.triton_id == target]
         for stream in streams:
-            if self._drop(stream.request_id, "stopped"):
-                self.manager.cancel_request(stream.request_id)
-                # what it generated so far, as a normal final response
-                self._respond(stream, final=True)
+            if self._drop(stream, "stopped"):
+                self._cancel(stream)
+                self._finish(stream)  # what it generated so far, as normal final responses
         sender.send(flags=_final())
 
     def _admit(self, request, sender) -> None:
         self.refusals.check(pb_utils, request)
-        stream, sampling = self._parse(request, sender)
+        stream, decoding = self._parse(request, sender)
         stream.spans = self.tracer.start(request, len(stream.prompt), self.block_size)
         with self._lock:
             self._check_queue()
-            self._streams[stream.request_id] = stream
-            self.in_flight.set(len(self._streams))
-        # with min_tokens we stop at end_id ourselves
-        eos = stream.end_id if stream.min_tokens == 0 else -1
+            self._register(stream)
         try:
-            added = self.manager.add_request(
-                stream.prompt,
-                request_id=stream.request_id,
-                max_new_tokens=stream.max_tokens,
-                streaming=True,
-                eos_token_id=eos,
-                **sampling,
-            )
+            stream.guide = self.inputs.register_guide(request)
+            added = self._add(stream, replace(decoding, guide=stream.guide))
         except BaseException:
-            self._drop(stream.request_id)
+            self._drop(stream)
             raise
         if added is None:
-            if self._drop(stream.request_id):  # else the router already answered it (a restart)
+            if self._drop(stream):  # else the router already answered it (a restart)
                 raise ValueError(
                     "the CPU engine is not accepting requests (restarting its generation loop); retry"
                 )
             return
         with self._lock:
             reaped = stream.request_id not in self._streams
-        # the client cancelled between registration and add_request: stop it in the engine too
-        if reaped:
-            self.manager.cancel_request(stream.request_id)
+        if (
+            reaped
+        ):  # the client cancelled between registration and add_request: stop it in the engine too
+            self._cancel(stream)
+
+    def _add(self, stream: Stream, decoding):
+        """Hand the request to the manager, forked into its n choices (transformers reads n from itself)."""
+        # A guided request ends where its grammar does: min_tokens gives way (it would force tokens past
+        # the end). Otherwise, with min_tokens we stop at end_id ourselves.
+        eos = stream.end_id if stream.min_tokens == 0 else -1
+        with self._add_lock:
+            self.manager.num_return_sequences = stream.n
+            try:
+                return self.manager.add_request(
+                    stream.prompt,
+                    request_id=stream.request_id,
+                    max_new_tokens=stream.max_tokens,
+                    streaming=True,
+                    eos_token_id=eos,
+                    decoding=decoding,
+                )
+            finally:
+                self.manager.num_return_sequences = 1
+
+    def _register(self, stream: Stream) -> None:
+        """Under the lock: the stream, and each of its choices by the manager's id."""
+        self._streams[stream.request_id] = stream
+        for choice in stream.choices:
+            self._choices[choice.request_id] = (stream, choice)
+        self.in_flight.set(len(self._streams))
 
     def _check_queue(self) -> None:
         """Refuse a request that would wait behind max_batch_size running ones and max_queue_size waiting ones."""
@@ -279,7 +324,10 @@ class TritonPythonModel:
                 "streaming is only supported by a decoupled model; this repository was built with "
                 "--no-decoupled: send streaming false, or rebuild without --no-decoupled"
             )
-        min_tokens = min(int(_scalar(request, "min_tokens", 0) or 0), max_tokens)
+        end_id = int(_scalar(request, "end_id", self.default_end_id))
+        decoding = self.inputs.decoding(request, end_id)
+        guided = self.inputs.guide(request) is not None
+        min_tokens = 0 if guided else min(int(_scalar(request, "min_tokens", 0) or 0), max_tokens)
         with self._lock:
             self._counter += 1
             request_id = f"r{self._counter}"
@@ -290,7 +338,7 @@ class TritonPythonModel:
             sender=sender,
             prompt=prompt,
             max_tokens=max_tokens,
-            end_id=int(_scalar(request, "end_id", self.default_end_id)),
+            end_id=end_id,
             min_tokens=min_tokens,
             stop_words=_words(request, "stop_words_list"),
             streaming=streaming,
@@ -298,8 +346,11 @@ class TritonPythonModel:
                 _scalar(request, "exclude_input_in_output", self.default_exclude_input)
             ),
             want_perf=bool(_scalar(request, "return_perf_metrics", False)),
+            want_logprobs=decoding.logprobs >= 0,
+            top_logprobs=max(decoding.logprobs, 0),
+            n=self.inputs.return_sequences(request, self.decoupled),
         )
-        return stream, self._sampling(request)
+        return stream, decoding
 
     def _prompt(self, request) -> list:
         tensor = pb_utils.get_input_tensor_by_name(request, "input_ids")
@@ -326,32 +377,6 @@ class TritonPythonModel:
                 "tokenize with the repository's tokenizer"
             )
         return prompt_ids.tolist()
-
-    def _sampling(self, request) -> dict:
-        """TensorRT-LLM's rule: with beam width 1, greedy unless runtime_top_k > 1 or runtime_top_p > 0.
-
-        A temperature alone does not sample (the stock end-to-end client sends temperature 1.0 and
-        gets greedy text); top_p <= 0 counts as absent; top_k 1 is argmax. An unseeded sampled request
-        uses seed 0, TensorRT-LLM's default, so the same request gives the same sample.
-        """
-        temperature = _scalar(request, "temperature")
-        top_k = int(_scalar(request, "runtime_top_k", 0) or 0)
-        top_p = float(_scalar(request, "runtime_top_p", 0.0) or 0.0)
-        if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
-            raise Refused(f"temperature={temperature} must be a finite number >= 0")
-        if top_k < 0 or top_p > 1.0 or not math.isfinite(top_p):
-            raise Refused(
-                f"runtime_top_k={top_k} must be >= 0 and runtime_top_p={top_p} within (0, 1]"
-            )
-        sampled = top_k > 1 or top_p > 0.0
-        if not sampled or (temperature is not None and temperature < GREEDY_BELOW_TEMPERATURE):
-            return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
-        return {
-            "temperature": 1.0 if temperature is None else float(temperature),
-            "top_k": top_k if top_k > 0 else self.vocab_size,
-            "top_p": top_p if top_p > 0 else 1.0,
-            "seed": int(_scalar(request, "seed", 0) or 0) & 0x7FFFFFFFFFFFFFFF,
-        }
 
     # --- output routing (one thread) ---------------------------------------------------------
     def _route(self) -> None:
@@ -392,9 +417,8 @@ class TritonPythonModel:
                 streams = list(self._streams.values())
             message = f"CPU engine: a generation step failed ({error}); the engine restarted, retry the request"
             for stream in streams:
-                if self._drop(stream.request_id):
-                    # queued after the crash: nobody waits for it now
-                    self.manager.cancel_request(stream.request_id)
+                if self._drop(stream):
+                    self._cancel(stream)  # queued after the crash: nobody waits for it now
                     stream.sender.send(_error(message), flags=_final())
         finally:
             self.manager.start()
@@ -404,101 +428,125 @@ class TritonPythonModel:
         if self._unreported_tokens:
             self.generated.increment(self._unreported_tokens)
             self._unreported_tokens = 0
+        if self.grammars is not None:
+            for key, value in self.grammars.stats().items():
+                new = value - self._guides_reported[key]
+                if new:
+                    self.guide_counters[key].increment(new)
+                    self._guides_reported[key] = value
         with self._lock:
             streams = list(self._streams.values())
         scheduled = [s for s in streams if s.timing.scheduled]
-        context = [s for s in scheduled if not s.tokens]
-        used = sum(-(-(len(s.prompt) + len(s.tokens)) // self.block_size) for s in scheduled)
+        context = [s for s in scheduled if not s.generated()]
+        used = sum(self._blocks(s) for s in scheduled)
         self.metrics.update(
             held=len(streams),  # transformers' manager queues those beyond max_batch_size
             scheduled=len(scheduled),
             context=len(context),
             used_blocks=used,
             context_tokens=sum(len(s.prompt) for s in context),
+            reused_blocks=self.prefix_hits.reused_blocks,
+        )
+
+    def _blocks(self, stream: Stream) -> int:
+        """KV blocks a request holds: its prompt's (shared by its choices), and each choice's own output."""
+        size = self.block_size
+        return -(-len(stream.prompt) // size) + sum(
+            -(-len(c.tokens) // size) for c in stream.choices
         )
 
     def _reap_cancelled(self) -> None:
         with self._lock:
             streams = list(self._streams.values())
         for stream in streams:
-            if stream.request.is_cancelled() and self._drop(stream.request_id, "cancelled"):
-                self.manager.cancel_request(stream.request_id)
+            if stream.request.is_cancelled() and self._drop(stream, "cancelled"):
+                self._cancel(stream)
                 self.cancelled.increment(1)
                 stream.sender.send(flags=_final())
 
     def _on_result(self, result) -> None:
         with self._lock:
-            stream = self._streams.get(result.request_id)
-        if stream is None:
+            found = self._choices.get(result.request_id)
+        if found is None:
             return  # finished or cancelled already
-        stream.timing.scheduled = stream.timing.scheduled or time.time_ns()
-        if stream.spans is not None:
-            stream.spans.scheduled(_wall_ns(result.lifespan[0]))
+        stream, choice = found
+        if (
+            not stream.timing.scheduled
+        ):  # its first result: the scheduler has matched its prompt by now
+            stream.timing.scheduled = time.time_ns()
+            stream.cached_tokens = self.prefix_hits.pop(stream.request_id)
+            if stream.spans is not None:
+                stream.spans.scheduled(_wall_ns(result.lifespan[0]))
         if result.error:
-            if self._drop(stream.request_id):
+            if self._drop(stream):
+                self._cancel(stream)
                 stream.sender.send(_error(f"CPU engine: {result.error}"), flags=_final())
             return
-        done = self._take_tokens(stream, result.generated_tokens)
-        done = done or result.is_finished()
-        if done:
-            if not result.is_finished():
-                self.manager.cancel_request(stream.request_id)
-            if self._drop(stream.request_id):
-                self._respond(stream, final=True)
-        elif stream.streaming and stream.unsent:
-            self._respond(stream, final=False)
-
-    def _take_tokens(self, stream: Stream, generated: list) -> bool:
-        """Append the new tokens; True once the request is complete (end_id, stop word or length)."""
-        new = generated[stream.seen :]
-        stream.seen = len(generated)
-        if new:
-            stream.timing.on_tokens()
-            if stream.spans is not None:
-                stream.spans.step(len(new))
-        for token in new:
-            if token == stream.end_id and len(stream.tokens) >= stream.min_tokens:
-                return True
-            stream.tokens.append(token)
-            stream.unsent += 1
-            self._unreported_tokens += 1
-            if len(stream.tokens) >= stream.max_tokens or _ends_with_stop(
-                stream.tokens, stream.stop_words
-            ):
-                return True
-        return False
-
-    def _respond(self, stream: Stream, final: bool) -> None:
-        if final:
-            self.metrics.request_finished(len(stream.prompt), len(stream.tokens))
-        if stream.streaming:
-            tokens = stream.tokens[len(stream.tokens) - stream.unsent :]
-        else:
-            tokens = stream.tokens if stream.exclude_input else stream.prompt + stream.tokens
-        stream.unsent = 0
-        if not tokens and final and stream.streaming and not stream.want_perf:
-            stream.sender.send(flags=_final())
+        if choice.done:
             return
-        outputs = [
-            pb_utils.Tensor("output_ids", np.array([[tokens]], dtype=np.int32)),
-            pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], dtype=np.int32)),
-        ]
-        if stream.want_perf:
-            outputs += perf_outputs(
-                pb_utils, stream.timing, len(stream.prompt) + len(stream.tokens), self.block_size
-            )
+        ended, appended = take_tokens(stream, choice, result.generated_tokens, result.logprobs)
+        if appended:
+            stream.timing.on_tokens()
+            self._unreported_tokens += appended
+            if stream.spans is not None:
+                stream.spans.step(appended)
+        if ended or result.is_finished():
+            if not result.is_finished():
+                self.manager.cancel_request(choice.request_id)
+            self._choice_done(stream, choice)
+        elif stream.streaming and choice.unsent:
+            self._respond(stream, choice, final=False)
+
+    def _choice_done(self, stream: Stream, choice) -> None:
+        """A choice ended: its last response; the request's final one when it was the last choice."""
+        choice.done = True
+        if not stream.done:
+            self._respond(stream, choice, final=False)
+        elif self._drop(stream):
+            self._respond(stream, choice, final=True)
+
+    def _finish(self, stream: Stream) -> None:
+        """A stopped request: every choice's tokens so far, the last response final."""
+        for choice in stream.choices:
+            choice.done = True
+        for i, choice in enumerate(stream.choices):
+            self._respond(stream, choice, final=i == len(stream.choices) - 1)
+
+    def _respond(self, stream: Stream, choice, final: bool) -> None:
+        if final:
+            self.metrics.request_finished(len(stream.prompt), stream.generated())
+        outputs = response_tensors(pb_utils, stream, choice, self.block_size)
+        if outputs is None:
+            if final:
+                stream.sender.send(flags=_final())
+            return
         stream.sender.send(
             pb_utils.InferenceResponse(output_tensors=outputs), flags=_final() if final else 0
         )
 
-    def _drop(self, request_id: str, reason: str = "finished") -> bool:
-        """Forget a request; True only for the one caller that removed it, which alone sends its final response."""
+    def _cancel(self, stream: Stream) -> None:
+        for choice in stream.choices:
+            if not choice.done:
+                self.manager.cancel_request(choice.request_id)
+
+    def _drop(self, stream: Stream, reason: str = "finished") -> bool:
+        """Forget a request and its choices; True only for the one caller that removed it, which alone sends
+        its final response."""
         with self._lock:
-            stream = self._streams.pop(request_id, None)
+            removed = self._streams.pop(stream.request_id, None) is not None
+            if removed:
+                for choice in stream.choices:
+                    self._choices.pop(choice.request_id, None)
             self.in_flight.set(len(self._streams))
-        if stream is not None and stream.spans is not None:
-            stream.spans.finish(reason)
-        return stream is not None
+        if removed:
+            for choice in stream.choices:
+                self.decoder.release(choice.request_id)
+                self.prefix_hits.pop(choice.request_id)
+            if self.grammars is not None and stream.guide:
+                self.grammars.unregister(stream.guide)
+            if stream.spans is not None:
+                stream.spans.finish(reason)
+        return removed
 
     def finalize(self):
         self._running = False
@@ -508,7 +556,7 @@ class TritonPythonModel:
         with self._lock:
             streams = list(self._streams.values())
         for stream in streams:  # whoever still waits gets a final answer, not a hang
-            if self._drop(stream.request_id):
+            if self._drop(stream):
                 try:
                     stream.sender.send(_error("the CPU engine is shutting down"), flags=_final())
                 except Exception:  # noqa: BLE001 - the server may already have released the request
@@ -522,11 +570,41 @@ def _wall_ns(perf_counter_s: float) -> int | None:
     return time.time_ns() - int((time.perf_counter() - perf_counter_s) * 1e9)
 
 
+def _default_threads() -> int:
+    """All the CPUs this server may use but one (at least 1): the rest of the server (tritonserver,
+    pre/postprocessing, BLS, the API) needs one too. torch's own default takes every core, and on a
+    busy 2-core host 2 threads decoded several times slower than 1 (and erratically)."""
+    return max(1, _usable_cpus() - 1)
+
+
+def _usable_cpus() -> int:
+    """CPUs of this process's affinity, within its cgroup's CPU quota (a pod's limit), if any."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as limit:  # cgroup v2: "max 100000" or "400000 100000"
+            quota, period = limit.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota: the affinity is the bound
+    return cpus
+
+
+def _check_finite_logits(model, token: int) -> None:
+    """One forward pass of one token as the model loads: weights that give NaN or inf logits (a damaged
+    file served with --allow-modified) would fail every request while Triton reported the model ready."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([[token]])).logits
+    if not torch.isfinite(logits).all():
+        raise RuntimeError(
+            "tensorrt_llm (CPU): the checkpoint's weights give non-finite logits (NaN or inf) for a probe "
+            "token: the weights are damaged; rebuild the repository from an intact checkpoint"
+        )
+
+
 def _words(request, name: str) -> list:
     """Decode TensorRT-LLM's [1, 2, N] word list (ids row, end-offsets row) into token-id lists."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     return [] if tensor is None else unpack_word_list(tensor.as_numpy())
-
-
-def _ends_with_stop(tokens: list, stop_words: list) -> bool:
-    return any(len(tokens) >= len(w) and tokens[-len(w) :] == w for w in stop_words)

@@ -21,6 +21,8 @@ Model parameters (config.pbtxt `parameters`, all strings):
   token_ids           comma-separated token ids cycled through as output; ids that decode to plain
                       text and are never an end id (the writer picks them from the tokenizer)
   cancel_check_steps  poll request.is_cancelled() every this many steps
+  scripted            true: token_ids are a scripted answer (toolkit build --synthetic-output): every
+                      request gets them from the first, and ends after the last (as at an end token)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
 from engine_requests import NO_REQUEST_ID, Collector, Refusals, is_stop_request  # noqa: E402
-
+from lifetime import bind_to_server  # noqa: E402
 from params import ModelParams, scalar  # noqa: E402
 from textcodec import Refused  # noqa: E402
 from tracing import EngineTracer  # noqa: E402
@@ -97,6 +99,7 @@ def _error(message: str):
 
 class TritonPythonModel:
     def initialize(self, args):
+        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
         params = ModelParams(args)
         self.decoupled = params.flag("decoupled")
         # What this repository does not honour (its capabilities), refused per request.
@@ -108,6 +111,7 @@ class TritonPythonModel:
                 "synthetic engine: parameter token_ids is empty; rebuild the repository with toolkit build"
             )
         self.cancel_every = max(1, params.integer("cancel_check_steps"))
+        self.scripted = params.flag("scripted")
         self.max_batch_size = params.max_batch_size
         self.max_queue_size = params.integer("max_queue_size")
         self.block_size = params.integer("kv_block_size")
@@ -196,6 +200,16 @@ class TritonPythonModel:
                 ids.as_numpy().reshape(-1)[:input_len].astype(np.int32)
                 if ids is not None
                 else np.zeros(0, np.int32)
+            )
+        if self.scripted:  # the whole script from its start, then the end
+            return _Stream(
+                request,
+                sender,
+                min(output_len, self.token_ids.size),
+                streaming,
+                prefix,
+                input_len,
+                0,
             )
         position = self.next_position
         # requests start at different tokens
