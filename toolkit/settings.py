@@ -21,6 +21,14 @@ TRTLLM_EXAMPLES_DIR = (
     "TOOLKIT_TRTLLM_EXAMPLES_DIR"  # examples/ of a TensorRT-LLM checkout at the pinned tag
 )
 SECRET_VARIABLES = (API_KEYS, "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# OpenTelemetry's own variables (opentelemetry.io/docs/specs/otel/configuration/sdk-environment-variables):
+# the SDKs of the API, of tritonserver and of the engines read them themselves; the toolkit looks at these.
+OTEL_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"  # base URL; /v1/traces is appended
+OTEL_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"  # the traces URL, used as it is
+OTEL_SAMPLER = "OTEL_TRACES_SAMPLER"
+OTEL_SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
+OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
+OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
 
 
 # On SIGTERM/Ctrl-C: how long tritonserver (--exit-timeout-secs) and the API let in-flight requests finish.
@@ -159,6 +167,30 @@ def _key_file(path: Path) -> list[str]:
             hint="pass a text file with one key per line to --api-key-file",
         ) from exc
     return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+@dataclass(frozen=True)
+class OtelEnvironment:
+    """What the OTEL_* variables say, as far as the toolkit decides anything from them."""
+
+    endpoint: str | None = None
+    traces_endpoint: str | None = None
+    sampler: str | None = None
+    sampler_arg: str | None = None
+    service_name: str | None = None
+    sdk_disabled: bool = False
+
+
+def otel_environment(values: dict | None = None) -> OtelEnvironment:
+    env = dict(os.environ) if values is None else values
+    return OtelEnvironment(
+        endpoint=env.get(OTEL_ENDPOINT) or None,
+        traces_endpoint=env.get(OTEL_TRACES_ENDPOINT) or None,
+        sampler=env.get(OTEL_SAMPLER) or None,
+        sampler_arg=env.get(OTEL_SAMPLER_ARG) or None,
+        service_name=env.get(OTEL_SERVICE_NAME) or None,
+        sdk_disabled=env.get(OTEL_SDK_DISABLED, "").strip().lower() == "true",
+    )
 
 
 def child_environment(base: dict | None = None, *, keep_secrets: tuple[str, ...] = ()) -> dict:

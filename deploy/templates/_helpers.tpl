@@ -215,3 +215,80 @@ exec:
 {{- fail "monitoring.podMonitor.enabled=true, but the cluster has no monitoring.coreos.com/v1 PodMonitor: install the Prometheus Operator, or set monitoring.podMonitor.enabled=false (with helm template: --api-versions monitoring.coreos.com/v1/PodMonitor)" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Why the route cannot work in this cluster, or nothing. Takes root and what the cluster holds (lookup:
+empty under helm template): crd (the HTTPRoute CRD), gateway (the parent Gateway), namespace (this
+release's Namespace object), routes (every HTTPRoute, as a list's "items"). Gateway API facts:
+tests/data/k8s/gateway-api_v1.2.0.json. */}}
+{{- define "toolkit.routeProblem" -}}
+{{- $v := .root.Values -}}
+{{- $ns := .root.Release.Namespace -}}
+{{- $gateway := $v.routing.gateway -}}
+{{- $gatewayNs := $gateway.namespace | default $ns -}}
+{{- $annotations := dig "metadata" "annotations" dict (.crd | default dict) -}}
+{{- $bundle := get $annotations "gateway.networking.k8s.io/bundle-version" | default "" -}}
+{{- $channel := get $annotations "gateway.networking.k8s.io/channel" | default "standard" -}}
+{{- if and $bundle (eq $channel "standard") (semverCompare "<1.2.0" $bundle) -}}
+routing.httpRoute sets rules[].timeouts, which the Gateway API's standard CRDs carry from v1.2.0 on; this cluster has {{ $bundle }}: install Gateway API v1.2.0 or newer (its standard-install.yaml), or set routing.httpRoute.enabled=false
+{{- else if and .gateway (ne $gatewayNs $ns) -}}
+{{- $admitted := false -}}
+{{- range (dig "spec" "listeners" list .gateway) -}}
+{{- if or (not $gateway.sectionName) (eq .name $gateway.sectionName) -}}
+{{- $from := dig "allowedRoutes" "namespaces" "from" "Same" . -}}
+{{- if eq $from "All" -}}
+{{- $admitted = true -}}
+{{- else if eq $from "Selector" -}}
+{{- $want := dig "allowedRoutes" "namespaces" "selector" "matchLabels" dict . -}}
+{{- $have := dig "metadata" "labels" dict ($.namespace | default dict) -}}
+{{- $matched := true -}}
+{{- range $key, $value := $want -}}
+{{- if ne (get $have $key | default "") $value -}}
+{{- $matched = false -}}
+{{- end -}}
+{{- end -}}
+{{- if $matched -}}
+{{- $admitted = true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not $admitted -}}
+the Gateway {{ $gatewayNs }}/{{ $gateway.name }} admits no route from namespace {{ $ns }} (its listeners' allowedRoutes.namespaces.from defaults to Same): set from: All, or from: Selector matching this namespace, on its listener{{ if $gateway.sectionName }} {{ $gateway.sectionName }}{{ end }}, or deploy into {{ $gatewayNs }}
+{{- end -}}
+{{- end -}}
+{{- $mine := dict "hostnames" ($v.routing.httpRoute.hostnames | default list) "headers" ($v.routing.httpRoute.headers | default list) -}}
+{{- range (dig "items" list (.routes | default dict)) -}}
+{{- $route := . -}}
+{{- $other := printf "%s/%s" (dig "metadata" "namespace" "" .) (dig "metadata" "name" "" .) -}}
+{{- if ne $other (printf "%s/%s" $ns (include "toolkit.fullname" $.root)) -}}
+{{- $sameParent := false -}}
+{{- range (dig "spec" "parentRefs" list .) -}}
+{{- $parentNs := .namespace | default (dig "metadata" "namespace" "" $route) -}}
+{{- if and (eq .name $gateway.name) (eq $parentNs $gatewayNs) (or (not .sectionName) (not $gateway.sectionName) (eq .sectionName $gateway.sectionName)) -}}
+{{- $sameParent = true -}}
+{{- end -}}
+{{- end -}}
+{{- $theirHosts := dig "spec" "hostnames" list . -}}
+{{- $hostsOverlap := and (not $mine.hostnames) (not $theirHosts) -}}
+{{- range $mine.hostnames -}}
+{{- if has . $theirHosts -}}
+{{- $hostsOverlap = true -}}
+{{- end -}}
+{{- end -}}
+{{- if and $sameParent $hostsOverlap -}}
+{{- range (dig "spec" "rules" list .) -}}
+{{- range (.matches | default (list dict)) -}}
+{{- $path := dig "path" "value" "/" . -}}
+{{- $headers := list -}}
+{{- range (.headers | default list) -}}
+{{- $headers = append $headers (dict "name" .name "value" .value) -}}
+{{- end -}}
+{{- if and (or (hasPrefix $path "/v1") (hasPrefix "/v1" $path)) (eq (toJson $headers) (toJson $mine.headers)) -}}
+{{- printf "the HTTPRoute %s on the Gateway %s/%s already matches %s requests with these hostnames and headers: its requests would all go to the older route; give this release routing.httpRoute.hostnames or routing.httpRoute.headers of its own (toolkit deploy --route-hostname / --route-header)" $other $gatewayNs $gateway.name $path -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

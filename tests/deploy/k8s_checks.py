@@ -38,6 +38,8 @@ CRD_SCHEMAS = {
     ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute.gateway.networking.k8s.io_v1",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject.keda.sh_v1alpha1",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor.monitoring.coreos.com_v1",
+    ("networking.gke.io/v1", "HealthCheckPolicy"): "healthcheckpolicies.networking.gke.io_v1",
+    ("networking.gke.io/v1", "GCPBackendPolicy"): "gcpbackendpolicies.networking.gke.io_v1",
 }
 EPP_SCHEMA = "endpointpickerconfig.inference.networking.x-k8s.io_v1alpha1"
 GIE = json.loads((K8S / "gateway-api-inference-extension_v1.5.0.json").read_text())
@@ -252,7 +254,7 @@ def _scaledobject_errors(scaled: dict, docs: list[dict]) -> list[str]:
         errors.append(f"{where}: keda-hpa-<name> is over 63 characters")
     if "fallback" in spec and all(t["type"] in ("cpu", "memory") for t in spec["triggers"]):
         errors.append(f"{where}: a fallback needs a trigger that is not cpu or memory")
-    monitor = find(docs, "PodMonitor")
+    monitor = find(docs, "PodMonitor", RELEASE)
     namespace = monitor["metadata"]["namespace"]
     expected = {"namespace": namespace, "job": f"{namespace}/{monitor['metadata']['name']}"}
     for trigger in spec["triggers"]:

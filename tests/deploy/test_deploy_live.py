@@ -38,6 +38,7 @@ from toolkit.subprocs import session_alive, stop_process
 from chart import (
     CRD_APIS,
     NAMESPACE,
+    RELEASE,
     container,
     deploy,
     find,
@@ -442,7 +443,7 @@ def test_pod_serves_on_the_ports_its_probes_and_services_name(local_pod, live):
         'nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="waiting",version="1"}'
         in metrics
     )
-    for endpoint in find(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]:
+    for endpoint in find(docs, "PodMonitor", RELEASE)["spec"]["podMetricsEndpoints"]:
         port = pod.port(container(template["spec"], "api"), endpoint["port"])
         assert httpx.get(f"http://127.0.0.1:{port}{endpoint['path']}").status_code == 200
 

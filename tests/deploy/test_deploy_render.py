@@ -51,8 +51,8 @@ def test_cpu_deployment_renders_and_every_object_validates(helm, cpu_repo, tmp_p
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         ["ConfigMap", "Deployment", "Deployment", "HTTPRoute", "InferencePool", "Job", "NetworkPolicy",
-         "PersistentVolumeClaim", "PodDisruptionBudget", "PodMonitor", "Role", "RoleBinding", "ScaledObject",
-         "Service", "Service", "ServiceAccount"]
+         "NetworkPolicy", "PersistentVolumeClaim", "PodDisruptionBudget", "PodMonitor", "PodMonitor", "Role",
+         "RoleBinding", "ScaledObject", "Service", "Service", "ServiceAccount"]
     )  # fmt: skip
     pod = server_deployment(docs)["spec"]["template"]["spec"]
     assert "replicas" not in server_deployment(docs)["spec"]  # KEDA owns the count

@@ -10,7 +10,17 @@ import sys
 from toolkit.api.metrics import ApiMetrics
 from toolkit.repository.reader import open_repository
 
-from chart import DATA, NAMESPACE, deploy, engine_specs, epp_config, find, render, server_deployment
+from chart import (
+    DATA,
+    NAMESPACE,
+    RELEASE,
+    deploy,
+    engine_specs,
+    epp_config,
+    find,
+    render,
+    server_deployment,
+)
 from k8s_checks import GIE, TARGET_LABELS, rule_selectors
 from promql import promql_selectors, promql_value
 
@@ -156,7 +166,7 @@ def test_the_triggers_see_requests_queued_beyond_the_batch_slots(gpu_render):
     0; the API's gauge says max_batch_size + 300. A lightly loaded replica must not hide the queue."""
     repo, _, docs, _ = gpu_render
     batch = open_repository(repo).limits.max_batch_size
-    monitor = find(docs, "PodMonitor")
+    monitor = find(docs, "PodMonitor", RELEASE)
     namespace, job = monitor["metadata"]["namespace"], f"{NAMESPACE}/{monitor['metadata']['name']}"
     series = []
     # b: streams just ended in the API
@@ -185,7 +195,7 @@ def test_a_pipeline_parallel_replica_is_not_taken_for_a_queued_one(helm, gpu_ren
     out = tmp_path / "d"
     deploy(repo, out, "--min-replicas", "2", "--max-replicas", "8")
     docs = render(helm, out, extra=("--set", "model.pipelineStages=2"))
-    monitor = find(docs, "PodMonitor")
+    monitor = find(docs, "PodMonitor", RELEASE)
     target = {
         "namespace": monitor["metadata"]["namespace"],
         "job": f"{NAMESPACE}/{monitor['metadata']['name']}",

@@ -19,11 +19,12 @@ def test_the_validators_refuse_broken_objects(helm, cpu_repo, tmp_path):
     find(broken, "ScaledObject")["spec"]["triggers"][0]["metadata"]["threshold"] = 4
     ports = find(broken, "InferencePool")["spec"]["targetPorts"]
     ports.append(dict(ports[0]))
-    find(broken, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] = "nope"
+    find(broken, "PodMonitor", RELEASE)["spec"]["podMetricsEndpoints"][0]["port"] = "nope"
     find(broken, "Service", RELEASE)["spec"]["ports"][0]["targetPort"] = "grpc"
     epp = find(broken, "ConfigMap", f"{RELEASE}-epp")
     config = yaml.safe_load(epp["data"]["epp-config.yaml"])
-    config["plugins"][2]["parameters"]["blockSize_tokens"] = 64
+    source = next(p for p in config["plugins"] if p["type"] == "metrics-data-source")
+    source["parameters"]["blockSize_tokens"] = 64
     epp["data"]["epp-config.yaml"] = yaml.safe_dump(config)
     epp_args = find(broken, "Deployment", f"{RELEASE}-epp")["spec"]["template"]["spec"][
         "containers"

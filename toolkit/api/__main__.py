@@ -2,9 +2,10 @@
 
 It reads its settings as one JSON object on stdin, API keys included, so no secret is ever on a
 command line (`ps`) or in an environment. Keys: the fields of toolkit.api.ApiSettings (repo as a
-path, api_keys as a list, limits as an object of toolkit.settings.ApiLimits' fields) plus host,
-port, log_level, loop, http, drain_timeout_s. People start the API with `toolkit api`; this entry
-point is for the toolkit's own launcher.
+path, api_keys as a list, limits as an object of toolkit.settings.ApiLimits' fields, trace as one
+of toolkit.trace.config.TracePlan's) plus host, port, log_level, loop, http, drain_timeout_s and
+workers (with more than one, PROMETHEUS_MULTIPROC_DIR must be in the environment: toolkit.api.workers).
+People start the API with `toolkit api`; this entry point is for the toolkit's own launchers.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from toolkit.api.app import ApiSettings
 from toolkit.api.server import run_api
 from toolkit.errors import ToolkitError
 from toolkit.settings import ApiLimits
+from toolkit.trace.config import TracePlan
 
-RUN_KEYS = ("host", "port", "log_level", "loop", "http", "drain_timeout_s")
+RUN_KEYS = ("host", "port", "log_level", "loop", "http", "drain_timeout_s", "workers")
 
 
 def main() -> int:
@@ -31,6 +33,7 @@ def main() -> int:
                 "repo": Path(data["repo"]),
                 "api_keys": tuple(data.get("api_keys", ())),
                 "limits": ApiLimits(**data.get("limits", {})),
+                "trace": TracePlan(**data["trace"]) if data.get("trace") else None,
             }
         )
     except ToolkitError as exc:  # settings that parse but cannot serve (ApiLimits' own checks)

@@ -42,6 +42,7 @@ from toolkit.api.tokenize import (
     tokenize,
 )
 from toolkit.api.tools import template_messages, template_tools, tool_setup
+from toolkit.api.tracing import request_trace
 from toolkit.errors import ToolkitError
 from toolkit.repository.reader import open_repository
 
@@ -53,8 +54,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_app(settings: ApiSettings) -> FastAPI:
-    """The ASGI app, wrapped in the gate (API keys, in-flight bound); its lifespan opens the gRPC channel."""
+def create_app(settings: ApiSettings, in_flight=None) -> FastAPI:
+    """The ASGI app, wrapped in the gate (API keys, in-flight bound); its lifespan opens the gRPC channel.
+    `in_flight`: the count the bound is kept in when several worker processes share it."""
     state = ApiState(settings, open_repository(Path(settings.repo)))
 
     @contextlib.asynccontextmanager
@@ -64,6 +66,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
             yield
         finally:
             await state.backend.close()
+            if state.tracer is not None:
+                state.tracer.shutdown()
 
     # No slash redirects: Starlette builds their Location from the Host header (an open redirect to
     # whatever host a client names); /v1/chat/completions/ is a 404 naming the path instead.
@@ -83,6 +87,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
         retry_after_s=settings.retry_after_s,
         metrics=state.metrics,
         limits=settings.limits,
+        tracer=state.tracer,
+        in_flight=in_flight,
     )
     return app
 
@@ -124,6 +130,7 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
             body.requested_max_tokens(),
             "messages",
             _arrival(request),
+            request_trace(request.scope),
             features=features,
             tools=tools,
         )
@@ -135,6 +142,7 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
         state.check_model(body.model)
         refuse_unsupported(state, body)
         features, _ = request_features(state, body)
+        trace = request_trace(request.scope)
         jobs: list[Job] = []
         for i, prompt in enumerate(body.prompts()):  # each prompt its own engine request
             param = "prompt" if isinstance(body.prompt, str) else f"prompt.{i}"
@@ -146,6 +154,7 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
                 body.max_tokens,
                 param,
                 _arrival(request),
+                trace,
                 features=features,
                 first_index=i * features.n,
             )

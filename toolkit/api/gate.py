@@ -22,6 +22,7 @@ import time
 from toolkit.api.body import ClientLeft, ReadBudget, Refusal, check_structure, read_body, replay
 from toolkit.api.errors import error_body
 from toolkit.api.metrics import ApiMetrics
+from toolkit.api.tracing import SCOPE_KEY
 from toolkit.settings import ApiLimits
 
 ARRIVAL = "toolkit_arrival"
@@ -55,6 +56,8 @@ class Gate:
         retry_after_s: int,
         metrics: ApiMetrics,
         limits: ApiLimits | None = None,
+        tracer=None,
+        in_flight=None,
     ):
         self.app = app
         self.api_keys = tuple(key.encode() for key in api_keys)
@@ -62,8 +65,10 @@ class Gate:
         self.retry_after_s = retry_after_s
         self.metrics = metrics
         self.limits = limits or ApiLimits()
-        self.in_flight = 0
+        # Requests admitted and not yet answered: this process's, or every worker's (toolkit.api.workers).
+        self.in_flight = in_flight or LocalInFlight()
         self.budget = ReadBudget(self.limits.read_budget_bytes, metrics.body_read.set)
+        self.tracer = tracer  # toolkit.api.tracing.ApiTracer, or None: no tracing
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -79,6 +84,7 @@ class Gate:
             await send(message)
 
         generation = scope["method"] == "POST" and path in GENERATION_PATHS
+        trace = None
         tokenizer = scope["method"] == "POST" and path in TOKENIZER_PATHS
         key = self._key_index(scope) if self.api_keys and path not in OPEN_PATHS else 0
         try:
@@ -98,6 +104,7 @@ class Gate:
                     send_and_record = _closing(send_and_record)
                 await self.app(scope, _without_body(receive), send_and_record)
                 return
+            received_ns = time.time_ns() if self.tracer is not None else 0
             receive = await self._whole_body(scope, receive, send_and_record, status)
             if receive is None:
                 return
@@ -107,19 +114,22 @@ class Gate:
             # Where time-to-first-token starts (Starlette's request.state reads scope["state"]).
             state = scope.setdefault("state", {})
             state[ARRIVAL], state[CLIENT] = time.perf_counter(), f"key{key}"
-            if self.in_flight >= self.max_in_flight:
+            if self.tracer is not None:
+                trace = state[SCOPE_KEY] = self.tracer.start(scope, received_ns, time.time_ns())
+            if not self.in_flight.acquire(self.max_in_flight):
                 await self._refuse_busy(send_and_record)
                 return
-            self.in_flight += 1
             self.metrics.in_flight.inc()
             try:
                 await self.app(scope, receive, send_and_record)
             finally:
-                self.in_flight -= 1
+                self.in_flight.release()
                 self.metrics.in_flight.dec()
                 state.pop(SHARE_RELEASE, lambda: None)()  # the response has ended, however it ended
         finally:
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
+            if trace is not None:
+                trace.end(status[0])
 
     async def _whole_body(self, scope, receive, send, status: list):
         """A `receive` that replays the whole body; None when it was refused (408, 413, 503) or its client left."""
@@ -175,6 +185,22 @@ class Gate:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+class LocalInFlight:
+    """Requests in flight in this process (one event loop: no lock)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def acquire(self, limit: int) -> bool:
+        if self.count >= limit:
+            return False
+        self.count += 1
+        return True
+
+    def release(self) -> None:
+        self.count -= 1
 
 
 def _announces_body(scope) -> bool:

@@ -15,6 +15,7 @@ from toolkit.api.features import Features, TokenLogprob
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.stops import StopScanner
 from toolkit.api.tool_parsers import ParsedCall, ToolCallParser, new_call_id
+from toolkit.api.tracing import RequestTrace
 from toolkit.api.triton import Piece, Sampling, TritonBackend
 
 # The text models (ensemble, BLS): a re-tokenized count under this share of max_tokens is an early end.
@@ -48,6 +49,7 @@ class Job:
     include_usage: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     arrival: float = field(default_factory=time.perf_counter)
+    trace: RequestTrace | None = field(default=None, compare=False, repr=False)
     features: Features | None = None  # None: plain text (no log probs, one choice)
     tools: ToolSetup | None = None
     echo: str = ""  # completions' echo: the prompt text, before the answer
@@ -199,13 +201,17 @@ class Generation:
     async def deltas(self) -> AsyncGenerator[Delta, None]:
         """Each choice's deltas (possibly empty) in order: one per engine response, then each one's tail."""
         job, metrics = self.job, self.metrics
+        trace = job.trace
+        # A traced request's context goes on to Triton, and the backend times its detokenizing.
+        options: dict[str, Any] = {}
+        if trace is not None:
+            options = {"traceparent": trace.call(self.backend.model_name), "timing": trace}
+        if job.features is not None:
+            options["features"] = job.features
         self._sent = sent = time.perf_counter()
         metrics.admission.observe(sent - job.arrival)
-        args = (job.prompt, job.prompt_ids, job.max_tokens, job.sampling)
-        pieces = (
-            self.backend.generate(*args)
-            if job.features is None
-            else self.backend.generate(*args, features=job.features)
+        pieces = self.backend.generate(
+            job.prompt, job.prompt_ids, job.max_tokens, job.sampling, **options
         )
         failed = False
         self._last: float | None = None
@@ -258,6 +264,8 @@ class Generation:
         new = choice.completion_tokens - before
         if not new:
             return
+        if self.job.trace is not None:
+            self.job.trace.response(time.time_ns())
         if self._last is None:
             self.metrics.ttft.observe(now - self.job.arrival)
             self.metrics.engine_first.observe(now - self._sent)
@@ -282,6 +290,8 @@ class Generation:
         self.done = True
         for choice in self.choices:
             self.metrics.finished.labels(choice.finish_reason).inc()
+        if self.job.trace is not None:
+            self.job.trace.usage(self.job.prompt_tokens, self.completion_tokens, self.finish_reason)
         self.metrics.prompt_tokens.inc(self.job.prompt_tokens)
         self.metrics.completion_tokens.inc(self.completion_tokens)
 

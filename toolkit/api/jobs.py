@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 from toolkit.api.errors import ApiError
@@ -18,6 +19,7 @@ from toolkit.api.schemas import (
 )
 from toolkit.api.state import ApiState
 from toolkit.api.structured import check_guide, response_format_guide
+from toolkit.api.tracing import RequestTrace
 from toolkit.api.triton import Sampling
 
 LONG_PROMPT_CHARS = 32768
@@ -180,6 +182,7 @@ async def plan_job(
     requested: int | None,
     param: str,
     arrival: float,
+    trace: RequestTrace | None = None,
     *,
     features: Features | None = None,
     tools: ToolSetup | None = None,
@@ -187,7 +190,10 @@ async def plan_job(
 ) -> Job:
     """Check the prompt and max_tokens against the engine's limits; a request over them is a 400 naming the limit."""
     limits = state.limits
+    started = time.time_ns() if trace is not None else 0
     prompt_ids = await _encode(state, prompt, param)
+    if trace is not None:
+        trace.tokenized(started, time.time_ns())
     prompt_tokens = len(prompt_ids)
     if prompt_tokens == 0:
         raise ApiError(
@@ -270,6 +276,7 @@ async def plan_job(
         tuple(body.stop_list()),
         include_usage,
         arrival=arrival,
+        trace=trace,
         features=features,
         tools=tools,
         echo=prompt if getattr(body, "echo", False) else "",

@@ -1,8 +1,17 @@
-"""Prometheus metrics of the API, in a registry of its own (several apps can live in one process)."""
+"""Prometheus metrics of the API, in a registry of its own (several apps can live in one process).
+
+With API workers (toolkit.api.workers) prometheus_client runs in its multiprocess mode: every
+worker writes its values to files in PROMETHEUS_MULTIPROC_DIR, and /metrics, whichever worker
+answers it, renders the sum over all of them (gauges: the sum over the live workers).
+"""
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Seconds. TTFT spans a cold CPU prefill (seconds) down to a warm GPU one (milliseconds).
 TTFT_BUCKETS = (
@@ -85,7 +94,10 @@ class ApiMetrics:
             registry=r,
         )
         self.in_flight = Gauge(
-            "toolkit_api_requests_in_flight", "Generation requests being served now", registry=r
+            "toolkit_api_requests_in_flight",
+            "Generation requests being served now",
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.share_waiting = Gauge(
             "toolkit_api_share_waiting",
@@ -96,6 +108,7 @@ class ApiMetrics:
             "toolkit_api_body_read_bytes",
             "Bytes of request bodies being read now, before admission (bounded by --body-read-budget-mib)",
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.rejected = Counter(
             "toolkit_api_rejected_requests",
@@ -120,4 +133,10 @@ class ApiMetrics:
         )
 
     def render(self) -> bytes:
+        if os.environ.get(MULTIPROCESS_ENV):
+            from prometheus_client import multiprocess
+
+            every_worker = CollectorRegistry()
+            multiprocess.MultiProcessCollector(every_worker)
+            return generate_latest(every_worker)
         return generate_latest(self.registry)

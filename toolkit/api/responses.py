@@ -132,6 +132,7 @@ async def _sse(
     job = generations[0].job
     splits: dict[int, ReasoningStream] = {}  # a reasoning model's choices, each split on its own
     pieces = None
+    trace, counted = job.trace, 0
     try:
         opening = sse.first()
         if opening:
@@ -141,12 +142,16 @@ async def _sse(
                 yield sse.delta(Delta(generation.job.first_index, generation.job.echo))
         if first and (chunk := _events(sse, reasoning, splits, first)):
             yield chunk
+            if trace is not None:  # the chunk has been written: the stream pulls the next one
+                counted = _wrote(trace, generations, counted)
         # What arrives while a chunk is being written goes out together in the next.
         pieces = Coalesced(deltas)
         async for batch in pieces:
             # a reasoning model's piece may be held back: a tag cut in two
             if chunk := b"".join(_events(sse, reasoning, splits, delta) for delta in batch):
                 yield chunk
+                if trace is not None:
+                    counted = _wrote(trace, generations, counted)
         for index, split in splits.items():
             for field, text in split.flush():
                 yield _part(sse, index, field, text)
@@ -170,6 +175,13 @@ async def _sse(
         )
     finally:
         await (pieces.aclose() if pieces is not None else deltas.aclose())
+
+
+def _wrote(trace, generations: list[Generation], counted: int) -> int:
+    """Stamp a written chunk with the tokens it carried (all choices); the count written so far."""
+    total = sum(g.completion_tokens for g in generations)
+    trace.wrote(total - counted)
+    return total
 
 
 def _events(

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from dataclasses import replace as replace_fields
 from typing import TYPE_CHECKING
 
 from toolkit.api.app import ApiSettings, create_app
@@ -31,11 +32,12 @@ def _uvicorn_server(
     loop: str = "auto",
     http: str = "auto",
     drain_timeout_s: int = EXIT_TIMEOUT_S,
+    in_flight=None,
 ):
     import uvicorn
 
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, in_flight),
         host=host,
         port=port,
         loop=loop,  # auto: uvloop when installed (a dependency), else asyncio
@@ -61,19 +63,18 @@ def run_api(
     loop: str = "auto",
     http: str = "auto",
     drain_timeout_s: int = EXIT_TIMEOUT_S,
+    workers: int = 1,
 ) -> None:
     """Serve in the foreground until interrupted (Ctrl-C or SIGTERM, then in-flight requests get
-    `drain_timeout_s` seconds to finish while new connections are refused)."""
+    `drain_timeout_s` seconds to finish while new connections are refused). `workers` > 1: that many
+    processes on the port (toolkit.api.workers), in a process that has not imported prometheus_client
+    without PROMETHEUS_MULTIPROC_DIR set (`python -m toolkit.api`, as the launchers start it)."""
+    if workers > 1:
+        _run_workers(settings, workers, host, port, log_level, loop, http, drain_timeout_s)
+        return
     server = _uvicorn_server(settings, host, port, log_level, loop, http, drain_timeout_s)
-    # uvicorn re-raises the signal it drained on once it is done, which would end a clean drain as
-    # "killed by SIGTERM" (exit 143 in a pod). Handlers of ours receive that re-raise instead; before
-    # uvicorn installs its own, they ask it to exit.
     # SIGHUP too (a closed terminal): uvicorn's own handlers take SIGINT and SIGTERM only.
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = replace(
-            STOP_SIGNALS, lambda _signum, _frame: setattr(server, "should_exit", True)
-        )
+    previous = replace_signals(server)
     try:
         server.run()
     finally:
@@ -83,6 +84,53 @@ def run_api(
             f"the API could not start on {host}:{port}",
             hint="is the port taken? pick another with --port",
         )
+
+
+def _run_workers(settings, workers, host, port, log_level, loop, http, drain_timeout_s) -> None:
+    from toolkit.api.workers import SharedInFlight, Supervisor
+
+    limits = settings.limits
+    # The body read budget is each worker's: its share of the whole, but room for the largest body.
+    share = max(limits.max_body_bytes, limits.read_budget_bytes // workers)
+    worker_settings = replace_fields(
+        settings, limits=replace_fields(limits, body_read_budget_bytes=share)
+    )
+
+    def serve_one(sock, worker) -> int:
+        server = _uvicorn_server(
+            worker_settings, host, port, log_level, loop, http, drain_timeout_s,
+            in_flight=SharedInFlight(worker),
+        )  # fmt: skip
+        threading.Thread(target=_tell_when_serving, args=(server, worker), daemon=True).start()
+        restore_default = replace_signals(server)
+        try:
+            server.run(sockets=[sock])
+        finally:
+            restore(restore_default)
+        return 0 if server.started else 1
+
+    code = Supervisor(workers, host, port, serve_one, drain_timeout_s).serve()
+    if code != 0:
+        raise ServerError(
+            f"the API workers on {host}:{port} stopped with an error",
+            hint="read the API log above (a worker that could not start says why)",
+        )
+
+
+def _tell_when_serving(server, worker) -> None:
+    """Raise the worker's flag once uvicorn serves (its startup, the app's lifespan, is done)."""
+    while not server.started and not server.should_exit:
+        time.sleep(0.05)
+    if server.started:
+        worker.serving()
+
+
+def replace_signals(server) -> dict:
+    """Our handlers for the stop signals until uvicorn installs its own: they ask it to exit, and take
+    the signal uvicorn re-raises after a clean drain (which would end it as killed by SIGTERM)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return replace(STOP_SIGNALS, lambda _signum, _frame: setattr(server, "should_exit", True))
 
 
 @dataclass

@@ -17,6 +17,7 @@ from toolkit.api.tools import resolve_tool_parser
 from toolkit.api.triton import ENGINE_MODEL, TritonBackend
 from toolkit.repository.reader import Repository
 from toolkit.settings import ApiLimits
+from toolkit.trace.config import TracePlan
 
 # Long prompts tokenized at once: each takes ~150-700 bytes of memory per character while it is encoded,
 # so the API's memory is bounded by this count, not by how many clients send long prompts together.
@@ -44,6 +45,8 @@ class ApiSettings:
     # Trusted callers only: special-token text in message content (<|im_start|>, ...) is read as those
     # tokens. Off, content is text, as at OpenAI: a user cannot write a turn of another role.
     special_tokens_in_messages: bool = False
+    # Where and how to trace (toolkit.trace.config.plan_tracing); None: no tracing, no SDK loaded.
+    trace: TracePlan | None = None
 
 
 class ApiState:
@@ -71,6 +74,11 @@ class ApiState:
             vocab_size=self.vocab_size,
         )
         self.metrics = ApiMetrics()
+        self.tracer = None
+        if settings.trace is not None:
+            from toolkit.api.tracing import ApiTracer
+
+            self.tracer = ApiTracer(settings.trace)
         self.share = EngineShare(
             repository.limits, len(settings.api_keys), self.metrics.share_waiting.set
         )

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ pack_word_lists = common_module("textcodec").pack_word_lists
 log = logging.getLogger("toolkit.api")
 
 FINAL_FLAG = "triton_final_response"
+TRACEPARENT = "traceparent"  # W3C trace context: gRPC metadata key and request parameter name
 ENGINE_MODEL = c.ENGINE  # the engine contract: token ids in, token ids out
 # Triton's words for a model that can serve nothing at all (not one request refused): its Python-backend
 # stub died ("Stub process 'tensorrt_llm_0_0' is not healthy."), or the model was unloaded.
@@ -369,10 +371,15 @@ class TritonBackend:
         *,
         features: Features | None = None,
         watched: bool = True,
+        traceparent: str | None = None,
+        timing=None,
     ) -> AsyncGenerator[Piece, None]:
         """Stream the pieces of one generation; closing the iterator early cancels the request.
 
-        `watched`: the watchdog checks the engine when this stream stalls (not for its own check)."""
+        `watched`: the watchdog checks the engine when this stream stalls (not for its own check).
+        `traceparent`: the W3C trace context of the caller's span, sent as gRPC metadata (Triton's
+        spans) and as a request parameter (the engines', and an ensemble passes it to its steps).
+        `timing`: has `detokenize_ns` summed into it (toolkit.api.tracing.RequestTrace)."""
         done = asyncio.Event()
         features = features or Features(cached_tokens=False)
         request = (
@@ -380,7 +387,13 @@ class TritonBackend:
             if self.engine
             else self._text_request(prompt, max_tokens, sampling, features)
         )
-        call = self.client.stream_infer(_one_request(request, done))
+        if traceparent is None:
+            call = self.client.stream_infer(_one_request(request, done))
+        else:
+            request["parameters"][TRACEPARENT] = traceparent
+            call = self.client.stream_infer(
+                _one_request(request, done), headers={TRACEPARENT: traceparent}
+            )
         loop = asyncio.get_running_loop()
         stream = _Stream(call, loop.time())
         if watched:
@@ -396,7 +409,7 @@ class TritonBackend:
                         str(error.message() if hasattr(error, "message") else error)
                     )
                 piece = (
-                    self._engine_piece(result, total, features)
+                    self._engine_piece(result, total, features, timing)
                     if self.engine
                     else _text_piece(result)
                 )
@@ -485,9 +498,9 @@ class TritonBackend:
             request["outputs"] = [grpcclient.InferRequestedOutput(name) for name in outputs]
         return request
 
-    def _engine_piece(self, result, total: int, features: Features) -> Piece:
+    def _engine_piece(self, result, total: int, features: Features, timing=None) -> Piece:
         """Read the raw INT32 outputs straight from the protobuf (one per streamed token: kept cheap); the
-        outputs of the features asked for, when any, as arrays."""
+        outputs of the features asked for, when any, as arrays. `timing`: detokenize_ns summed into it."""
         response = result.get_response()
         parameters = response.parameters
         final = FINAL_FLAG in parameters and parameters[FINAL_FLAG].bool_param
@@ -510,15 +523,11 @@ class TritonBackend:
         else:
             tokens = tuple(np.frombuffer(ids, "<i4")[:length].tolist())
         logprobs = token_logprobs(extras, list(tokens), features.top_logprobs) if extras else ()
-        return Piece(
-            self.decoder.decode_bytes(tokens),
-            total + len(tokens),
-            final,
-            tokens,
-            index,
-            logprobs,
-            reused_blocks,
-        )
+        started = time.perf_counter_ns() if timing is not None else 0
+        data = self.decoder.decode_bytes(tokens)
+        if timing is not None:
+            timing.detokenize_ns += time.perf_counter_ns() - started
+        return Piece(data, total + len(tokens), final, tokens, index, logprobs, reused_blocks)
 
 
 _GREEDY = Sampling(temperature=0)

@@ -21,6 +21,9 @@ def write_report(result: SweepResult) -> SweepResult:
         "throughput_latency_png": out / "throughput_vs_latency.png",
         "ttft_itl_png": out / "ttft_itl_vs_load.png",
     }
+    if any(p.breakdown is not None for p in result.points):
+        files["breakdown_png"] = out / "breakdown.png"
+        plot_breakdown(result, files["breakdown_png"])
     _write_text(files["csv"], sweep_csv(result))
     plot_throughput_latency(result, files["throughput_latency_png"])
     plot_ttft_itl(result, files["ttft_itl_png"])
@@ -42,6 +45,13 @@ def csv_row(p: PointResult) -> dict:
         "server_queue_us_per_request": json.dumps(p.server.queue_us_per_request, sort_keys=True),
         "server_kv_cache": json.dumps(p.server.kv_cache, sort_keys=True),
     }
+    if p.breakdown is not None:
+        extra["dominant_ttft_layer"] = p.breakdown.dominant_ttft
+        extra["dominant_itl_layer"] = p.breakdown.dominant_itl
+        for kind, rows in (("ttft", p.breakdown.ttft), ("itl", p.breakdown.itl)):
+            for row in rows:
+                for layer, ms in row.layers.items():
+                    extra[f"{kind}_p{row.percentile}_{layer}_ms"] = ms
     return flat_row(p.metrics, extra)
 
 
@@ -115,11 +125,35 @@ def plot_ttft_itl(result: SweepResult, path: Path) -> None:
     _save(fig, path, plt)
 
 
+def plot_breakdown(result: SweepResult, path: Path) -> None:
+    """Stacked bars per load point and percentile: each layer's ms of TTFT (left) and ITL (right)."""
+    from toolkit.bench.breakdown import ITL_LAYERS, TTFT_LAYERS
+
+    plt = _figure()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    points = [p for p in result.points if p.breakdown is not None]
+    for ax, kind, order in ((axes[0], "ttft", TTFT_LAYERS), (axes[1], "itl", ITL_LAYERS)):
+        labels, rows = [], []
+        for p in points:
+            for row in getattr(p.breakdown, kind):
+                labels.append(f"c{p.point.value:g}\np{row.percentile}")
+                rows.append(row.layers)
+        bottom = [0.0] * len(rows)
+        for layer in order:
+            heights = [max(0.0, layers.get(layer, 0.0)) for layers in rows]
+            if any(heights):
+                ax.bar(labels, heights, bottom=bottom, label=layer)
+                bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        ax.set_ylabel("time to first token (ms)" if kind == "ttft" else "inter-token latency (ms)")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{_title(result)}: where the time went")
+    _save(fig, path, plt)
+
+
 def _title(result: SweepResult) -> str:
     plan = result.plan
-    return (
-        f"{plan.model} @ {plan.grpc_url}: {plan.input_tokens} in / {plan.output_tokens} out tokens"
-    )
+    return f"{plan.target}: {plan.input_tokens} in / {plan.output_tokens} out tokens"
 
 
 def _save(fig, path: Path, plt) -> None:

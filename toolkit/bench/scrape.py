@@ -8,6 +8,7 @@ last sample, giving each model's mean queue time per request over the point.
 from __future__ import annotations
 
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
@@ -19,6 +20,10 @@ PENDING = "nv_inference_pending_request_count"
 QUEUE_US = "nv_inference_queue_duration_us"
 SUCCESS = "nv_inference_request_success"
 CPU_UTIL = "nv_cpu_utilization"
+# The backend's count of engine iterations (steps), as the Python engines report it too.
+ITERATIONS = "nv_trt_llm_general_metrics"
+ITERATION_LABEL = "general_type=iteration_counter"
+TIME_KEY = "_time"  # a snapshot's time.monotonic(), beside its series
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,8 @@ class ScrapeSummary:
     queue_us_per_request: dict[str, float] = field(default_factory=dict)
     kv_cache: dict[str, dict[str, float]] = field(default_factory=dict)  # series -> {mean, max}
     cpu_utilization_mean: float | None = None
+    # Wall time per engine step over the point (the iteration counter's rate), when the engine counts them.
+    engine_step_ms: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,7 +57,7 @@ def parse_samples(text: str) -> dict[str, float]:
 
 
 def _wanted(name: str) -> bool:
-    return name in (PENDING, QUEUE_US, SUCCESS, CPU_UTIL) or "kv_cache" in name
+    return name in (PENDING, QUEUE_US, SUCCESS, CPU_UTIL, ITERATIONS) or "kv_cache" in name
 
 
 def summarize(snapshots: list[dict[str, float]]) -> ScrapeSummary:
@@ -59,7 +66,8 @@ def summarize(snapshots: list[dict[str, float]]) -> ScrapeSummary:
     gauges: dict[str, list[float]] = defaultdict(list)
     for snap in snapshots:
         for key, value in snap.items():
-            gauges[key].append(value)
+            if key != TIME_KEY:
+                gauges[key].append(value)
     pending_mean, pending_max, kv = {}, {}, {}
     for key, values in gauges.items():
         name, model = _split(key)
@@ -76,7 +84,19 @@ def summarize(snapshots: list[dict[str, float]]) -> ScrapeSummary:
         queue_us_per_request=_queue_per_request(snapshots[0], snapshots[-1]),
         kv_cache=kv,
         cpu_utilization_mean=sum(cpu) / len(cpu) if cpu else None,
+        engine_step_ms=_step_ms(snapshots[0], snapshots[-1]),
     )
+
+
+def _step_ms(first: dict[str, float], last: dict[str, float]) -> float | None:
+    """ms of wall time per engine iteration between two snapshots (None: no iteration counted)."""
+    seconds = last.get(TIME_KEY, 0.0) - first.get(TIME_KEY, 0.0)
+    steps = sum(
+        value - first.get(key, 0.0)
+        for key, value in last.items()
+        if key.startswith(ITERATIONS) and ITERATION_LABEL in key
+    )
+    return seconds * 1000 / steps if steps > 0 and seconds > 0 else None
 
 
 def _queue_per_request(first: dict[str, float], last: dict[str, float]) -> dict[str, float]:
@@ -137,8 +157,8 @@ class MetricsScraper:
             return
         try:
             with urllib.request.urlopen(self.url, timeout=2) as response:
-                self.snapshots.append(
-                    parse_samples(response.read().decode("utf-8", errors="replace"))
-                )
+                snapshot = parse_samples(response.read().decode("utf-8", errors="replace"))
+            snapshot[TIME_KEY] = time.monotonic()
+            self.snapshots.append(snapshot)
         except (urllib.error.URLError, OSError, ValueError):
             self.errors += 1  # metrics are an extra: a missed sample must not fail the sweep

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from toolkit.bench.breakdown import PointBreakdown
 from toolkit.bench.metrics import PointMetrics, parse_profile_export, point_metrics
 from toolkit.bench.perf_analyzer import PerfAnalyzer, find_perf_analyzer, run_perf_analyzer
 from toolkit.bench.prompts import make_prompts, write_input_data
@@ -67,10 +68,20 @@ class SweepPlan:
     expected: tuple[Expected | None, ...] = ()  # per point: the plan's estimate (GPU repositories)
     timeout_s: float = 600.0
     seed: int = 0
+    # --breakdown: the load goes through the OpenAI API at api_url, traced, and the spans are read
+    # from `traces` (a file toolkit trace collect writes) to break each point down by layer.
+    api_url: str | None = None
+    traces: Path | None = None
+
+    @property
+    def target(self) -> str:
+        """What the load was sent to, for titles."""
+        return f"OpenAI API {self.api_url}" if self.api_url else f"{self.model} @ {self.grpc_url}"
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["out_dir"], data["tokenizer"] = str(self.out_dir), str(self.tokenizer)
+        data["traces"] = None if self.traces is None else str(self.traces)
         return data
 
 
@@ -85,6 +96,7 @@ class PointResult:
     tokens_per_s_of_expected: float | None = None
     itl_of_expected: float | None = None
     ttft_of_expected: float | None = None
+    breakdown: PointBreakdown | None = None  # --breakdown: where TTFT and ITL went, by layer
 
     def to_dict(self) -> dict:
         return {
@@ -96,6 +108,7 @@ class PointResult:
             "tokens_per_s_of_expected": self.tokens_per_s_of_expected,
             "itl_of_expected": self.itl_of_expected,
             "ttft_of_expected": self.ttft_of_expected,
+            "breakdown": None if self.breakdown is None else self.breakdown.to_dict(),
         }
 
 
@@ -176,8 +189,22 @@ def plan_sweep(
     metrics_url: str | None = None,
     timeout_s: float = 600.0,
     seed: int = 0,
+    api_url: str | None = None,
+    traces: Path | None = None,
 ) -> SweepPlan:
-    """The sweep: prompts are made with the served repository's tokenizer, encoded the way its preprocessing encodes."""
+    """The sweep: prompts are made with the served repository's tokenizer, encoded the way its preprocessing encodes.
+    With `api_url` and `traces` (--breakdown) the load goes through the OpenAI API, traced."""
+    if (api_url is None) != (traces is None):
+        raise BenchError(
+            "--breakdown needs both the OpenAI API (--api-url) and the spans of the run (--traces)",
+            hint="serve with --openai-port and --trace-rate 1, collect with `toolkit trace collect -o "
+            "spans.jsonl`, then pass --breakdown --api-url http://HOST:PORT --traces spans.jsonl",
+        )
+    if api_url is not None and any(p.mode != "concurrency" for p in points):
+        raise BenchError(
+            "--breakdown runs concurrency points only (its client keeps N requests in flight)",
+            hint="pass --concurrency 1,16 without --request-rate",
+        )
     repository = open_repository(repo) if repo is not None else None
     if repository is not None and not repository.capabilities.streaming:
         raise BenchError(
@@ -221,6 +248,8 @@ def plan_sweep(
         expected=expected,
         timeout_s=timeout_s,
         seed=seed,
+        api_url=api_url.rstrip("/") if api_url else None,
+        traces=traces,
     )
 
 
@@ -283,8 +312,14 @@ OnPoint = Callable[[int, LoadPoint, "PointResult | None"], None]
 
 
 def run_sweep(
-    plan: SweepPlan, on_point: OnPoint = lambda i, p, r: None, pa: PerfAnalyzer | None = None
+    plan: SweepPlan,
+    on_point: OnPoint = lambda i, p, r: None,
+    pa: PerfAnalyzer | None = None,
+    spans=None,
 ) -> SweepResult:
+    """Every point in turn. `spans`: where --breakdown reads spans (default: the plan's traces file)."""
+    if plan.api_url is not None:
+        return _run_traced_sweep(plan, on_point, spans)
     pa = pa or find_perf_analyzer()
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
@@ -314,6 +349,65 @@ def run_sweep(
         )
         raise SweepStopped(partial, exc) from exc
     return SweepResult(plan, tuple(results), started, str(pa.executable), time.monotonic() - t0)
+
+
+def _run_traced_sweep(plan: SweepPlan, on_point: OnPoint, spans) -> SweepResult:
+    from toolkit.bench.traced_load import file_spans, served_model
+
+    if plan.api_url is None or plan.traces is None:
+        raise BenchError("a traced sweep needs --api-url and --traces", hint="pass both")
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
+    model = served_model(plan.api_url)
+    prompts = make_prompts(
+        plan.tokenizer,
+        plan.prompts,
+        plan.input_tokens,
+        add_special_tokens=plan.add_special_tokens,
+        bos_id=plan.bos_id,
+        seed=plan.seed,
+    ).prompts
+    source = spans or file_spans(plan.traces)
+    results = []
+    for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
+        on_point(index, point, None)
+        expected = plan.expected[index] if index < len(plan.expected) else None
+        results.append(run_traced_point(plan, point, requests, model, prompts, source, expected))
+        on_point(index, point, results[-1])
+    client = f"toolkit traced client over the OpenAI API at {plan.api_url}"
+    return SweepResult(plan, tuple(results), started, client, time.monotonic() - t0)
+
+
+def run_traced_point(
+    plan: SweepPlan,
+    point: LoadPoint,
+    requests: int,
+    model: str,
+    prompts: tuple[str, ...],
+    spans,
+    expected: Expected | None = None,
+) -> PointResult:
+    """One point through the API, traced; its metrics from the client's stamps, its breakdown from the spans."""
+    from toolkit.bench.traced_load import (
+        breakdown_of,
+        experiment,
+        run_traced_load,
+        write_client_records,
+    )
+
+    if plan.api_url is None:
+        raise BenchError("a traced point needs --api-url", hint="pass --api-url")
+    with MetricsScraper(plan.metrics_url) as scraper:
+        done = run_traced_load(
+            plan.api_url, model, prompts, plan.output_tokens, int(point.value), requests
+        )
+    export = write_client_records(plan.out_dir / "points" / f"{point.label}.client.json", done)
+    metrics = point_metrics(experiment(point.value, done))
+    server = scraper.summary()
+    breakdown = breakdown_of(done, spans, server.engine_step_ms)
+    return compared(
+        replace(PointResult(point, metrics, server, export), breakdown=breakdown), expected
+    )
 
 
 class SweepStopped(Exception):

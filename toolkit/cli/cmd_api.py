@@ -11,12 +11,14 @@ from toolkit.api.reasoning import CHOICES as REASONING_CHOICES
 from toolkit.cli.options import (
     api_key_options,
     api_limit_options,
+    api_workers_option,
     drain_timeout_option,
     max_in_flight_option,
     reject_api_key_value,
     repo_option,
     special_tokens_option,
     tool_parser_option,
+    trace_options,
     triton_url_option,
 )
 from toolkit.cli.render import emit_json, note
@@ -79,6 +81,7 @@ def refuse_missing_accelerators(chosen: dict[str, str]) -> None:
 @click.option(
     "-p", "--port", default=9000, type=click.IntRange(1, 65535), help="Port to listen on."
 )
+@api_workers_option("-w", "--workers")
 @api_key_options
 @click.option(
     "--model-name",
@@ -108,6 +111,7 @@ def refuse_missing_accelerators(chosen: dict[str, str]) -> None:
     default="info",
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
+@trace_options
 @drain_timeout_option(
     "On SIGTERM/Ctrl-C, seconds to let in-flight requests and streams finish (new connections are "
     "refused at once)."
@@ -121,6 +125,7 @@ def command(
     repo,
     host,
     port,
+    workers,
     api_key_files,
     api_key,
     model_name,
@@ -132,6 +137,7 @@ def command(
     event_loop,
     http_impl,
     log_level,
+    trace,
     drain_timeout,
     special_tokens_in_messages,
     dry_run,
@@ -151,6 +157,7 @@ def command(
         keys,
         max_in_flight,
         limits=limits,
+        trace=trace,
         reasoning_parser=reasoning_parser,
         tool_parser=tool_parser,
         special_tokens_in_messages=special_tokens_in_messages,
@@ -177,6 +184,8 @@ def command(
                 "loop": event_loop,
                 "http": http_impl,
                 "drain_timeout_s": drain_timeout,
+                "trace": trace.to_dict() if trace else None,
+                "workers": workers,
                 "special_tokens_in_messages": special_tokens_in_messages,
             }
         )
@@ -187,8 +196,26 @@ def command(
         )
     note(
         f"OpenAI API on http://{host}:{port}/v1 -> Triton {triton_url} "
-        f"({'API keys required' if keys else 'no auth'})"
+        f"({'API keys required' if keys else 'no auth'}"
+        f"{f', {workers} worker processes' if workers > 1 else ''})"
     )
+    if workers > 1:
+        from toolkit.serve.api_process import api_payload, exec_api
+        from toolkit.serve.net import check_port_free
+
+        check_port_free(host, port, "--port")
+        exec_api(
+            api_payload(
+                settings,
+                host=host,
+                port=port,
+                workers=workers,
+                log_level=log_level,
+                loop=event_loop,
+                http=http_impl,
+                drain_timeout_s=drain_timeout,
+            )  # fmt: skip
+        )
     run_api(
         settings,
         host=host,

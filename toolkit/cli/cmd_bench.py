@@ -17,8 +17,10 @@ from toolkit.bench.sweep import (
     plan_sweep,
     run_sweep,
 )
+from toolkit.cli.breakdown import print_breakdowns
 from toolkit.cli.options import json_option, repo_option, triton_url_option
 from toolkit.cli.render import emit_json, note, stderr_console, stdout_console
+from toolkit.errors import BenchError
 from toolkit.repository import contract as c
 from toolkit.serve.launcher import read_server_record
 
@@ -80,6 +82,23 @@ from toolkit.serve.launcher import read_server_record
     default=Path("bench-results"),
     help="Output folder.",
 )
+@click.option(
+    "--breakdown",
+    is_flag=True,
+    help="Send the load through the OpenAI API (--api-url), each request traced, and break TTFT and "
+    "inter-token time down by layer from the spans (--traces).",
+)
+@click.option(
+    "--api-url",
+    default=None,
+    help="--breakdown: the OpenAI API's base URL [default: the one `toolkit serve` runs beside --url].",
+)
+@click.option(
+    "--traces",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="--breakdown: the spans file `toolkit trace collect -o` writes while the stack exports to it.",
+)
 @click.option("--timeout", type=float, default=600.0, help="Seconds one point may take.")
 @click.option("--seed", type=int, default=0, help="Prompt sampling seed.")
 @json_option
@@ -96,6 +115,9 @@ def command(
     tokenizer,
     metrics_url,
     out_dir,
+    breakdown,
+    api_url,
+    traces,
     timeout,
     seed,
     as_json,
@@ -104,6 +126,12 @@ def command(
     points = parse_points(concurrency, request_rate)
     record = read_server_record(url) or {}
     repo = repo or (Path(record["repo"]) if record.get("repo") else None)
+    if breakdown:
+        api_url = api_url or _recorded_api(record)
+    elif api_url or traces:
+        raise BenchError(
+            "--api-url and --traces only serve --breakdown", hint="add --breakdown, or drop them"
+        )
     plan = plan_sweep(
         url,
         points,
@@ -118,12 +146,13 @@ def command(
         metrics_url=metrics_url or record.get("metrics") or default_metrics_url(url),
         timeout_s=timeout,
         seed=seed,
+        api_url=api_url if breakdown else None,
+        traces=traces.resolve() if breakdown and traces else None,
     )
     try:
         result = write_report(_run_with_progress(plan))
-    except (
-        SweepStopped
-    ) as stopped:  # keep and show the points that finished, then say why it stopped
+    # A sweep that stops keeps and shows the points that finished, then says why it stopped.
+    except SweepStopped as stopped:
         _report(write_report(stopped.partial), as_json)
         note(f"[yellow]{stopped}[/]; the finished points are kept in {plan.out_dir}")
         raise stopped.cause from None
@@ -135,10 +164,21 @@ def _report(result: SweepResult, as_json: bool) -> None:
         emit_json(result.to_dict())
         return
     _print_summary(result)
-    note(
-        f"results in {result.plan.out_dir}: sweep.csv, sweep.json, throughput_vs_latency.png, "
-        "ttft_itl_vs_load.png"
-    )
+    if result.plan.api_url is not None:  # a traced sweep (--breakdown)
+        print_breakdowns(result)
+    files = ", ".join(Path(path).name for path in result.files.values())
+    note(f"results in {result.plan.out_dir}: {files}")
+
+
+def _recorded_api(record: dict) -> str:
+    """The OpenAI API `toolkit serve --openai-port --background` recorded beside this Triton."""
+    url = record.get("openai")
+    if not url:
+        raise BenchError(
+            "--breakdown needs the OpenAI API: pass --api-url, or serve with toolkit serve --openai-port",
+            hint="e.g. --api-url http://127.0.0.1:9000",
+        )
+    return str(url).removesuffix("/v1")
 
 
 def _run_with_progress(plan) -> SweepResult:
@@ -167,7 +207,7 @@ def _print_summary(result: SweepResult) -> None:
     """One row per load point; compact enough for 80 columns (rich wraps cells rather than cut them)."""
     plan = result.plan
     table = Table(
-        title=f"{plan.model} @ {plan.grpc_url} ({plan.input_tokens} in / {plan.output_tokens} out)",
+        title=f"{plan.target} ({plan.input_tokens} in / {plan.output_tokens} out)",
         title_justify="left",
     )
     for header in (

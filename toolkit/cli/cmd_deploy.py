@@ -130,6 +130,38 @@ from toolkit.deploy.plan import ROUTING_MODES
     help="Seconds a replica may take to load [from the weights' size at 200 MB/s, its files hashed at "
     "1 GB/s, plus start-up].",
 )
+@click.option(
+    "--route-hostname",
+    "route_hostnames",
+    multiple=True,
+    help="The gateway route matches requests for this hostname only (repeatable): two releases on one "
+    "Gateway need a hostname or a --route-header of their own.",
+)
+@click.option(
+    "--route-header",
+    "route_headers",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="The gateway route matches requests carrying this header only (repeatable).",
+)
+@click.option(
+    "--gke",
+    is_flag=True,
+    help="GKE's gateway: a HealthCheckPolicy on the API's /health and a GCPBackendPolicy with the "
+    "longest request as its backend timeout (GKE's own default cuts streams at 30 s).",
+)
+@click.option(
+    "--otlp-endpoint",
+    default=None,
+    metavar="URL",
+    help="Traces: the OTLP/HTTP endpoint (base URL) the API, Triton and the engines export to.",
+)
+@click.option(
+    "--trace-rate",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Traces: the fraction of requests traced [0.01].",
+)
 @click.option("--dry-run", is_flag=True, help="Print the values; write nothing.")
 @json_option
 def command(
@@ -152,6 +184,11 @@ def command(
     kv_cache_fraction,
     drain_timeout,
     startup_timeout,
+    route_hostnames,
+    route_headers,
+    gke,
+    otlp_endpoint,
+    trace_rate,
     dry_run,
     as_json,
 ):
@@ -177,6 +214,11 @@ def command(
         kv_cache_fraction=kv_cache_fraction,
         drain_timeout=drain_timeout,
         startup_timeout=startup_timeout,
+        route_hostnames=tuple(route_hostnames),
+        route_headers=tuple(route_headers),
+        gke=gke,
+        otlp_endpoint=otlp_endpoint,
+        trace_rate=trace_rate,
     )
     plan = plan_deployment(request)
     if dry_run:

@@ -9,6 +9,7 @@ import click
 from toolkit.cli.options import (
     api_key_options,
     api_limit_options,
+    api_workers_option,
     drain_timeout_option,
     json_option,
     max_in_flight_option,
@@ -16,6 +17,7 @@ from toolkit.cli.options import (
     repo_option,
     special_tokens_option,
     tool_parser_option,
+    trace_options,
 )
 from toolkit.cli.render import emit_json, note, stderr_console
 from toolkit.errors import ServerError
@@ -53,6 +55,7 @@ from toolkit.settings import api_keys as read_api_keys
     default=None,
     help="Also serve the OpenAI-compatible API on this port.",
 )
+@api_workers_option("--api-workers")
 @api_key_options
 @max_in_flight_option
 @api_limit_options
@@ -73,6 +76,13 @@ from toolkit.settings import api_keys as read_api_keys
     type=click.FloatRange(min=1),
     default=600.0,
     help="Seconds to wait for every model to be ready.",
+)
+@trace_options
+@click.option(
+    "--trace-context-only",
+    is_flag=True,
+    help="Traces: Triton traces only requests that carry a trace context (an OpenAI API in front "
+    "samples them; on by itself with --openai-port).",
 )
 @drain_timeout_option("On SIGTERM/Ctrl-C, seconds to let in-flight requests finish.")
 @click.option(
@@ -95,6 +105,7 @@ def command(
     metrics_port,
     metrics_host,
     openai_port,
+    api_workers,
     api_key_files,
     api_key,
     max_in_flight,
@@ -104,6 +115,8 @@ def command(
     expose_triton,
     allow_modified,
     ready_timeout,
+    trace,
+    trace_context_only,
     drain_timeout,
     log_file,
     background,
@@ -139,6 +152,9 @@ def command(
         api_keys=keys,
         max_in_flight=max_in_flight,
         api_limits=limits,
+        trace=trace,
+        trace_context_only=trace_context_only,
+        api_workers=api_workers,
         tool_parser=tool_parser,
         special_tokens_in_messages=special_tokens_in_messages,
     )

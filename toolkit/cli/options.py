@@ -13,7 +13,14 @@ from typing import Any
 import click
 
 from toolkit.build_settings import SETTINGS, BuildSettings, Setting, rows
-from toolkit.settings import API_KEYS, BODY_READ_BUDGET_BODIES, EXIT_TIMEOUT_S, ApiLimits
+from toolkit.settings import (
+    API_KEYS,
+    BODY_READ_BUDGET_BODIES,
+    EXIT_TIMEOUT_S,
+    OTEL_ENDPOINT,
+    OTEL_SAMPLER,
+    ApiLimits,
+)
 
 REPO_ENV = "TOOLKIT_REPO"  # the repository a command works on
 TRITON_URL_ENV = "TOOLKIT_TRITON_URL"  # Triton's gRPC address for the commands that talk to it
@@ -65,6 +72,19 @@ def max_in_flight_option(function):
         show_envvar=True,
         help="OpenAI API: generation requests served at once; more get 429 with Retry-After.",
     )(function)
+
+
+def api_workers_option(*decls: str):
+    return click.option(
+        *decls,
+        "api_workers" if "--api-workers" in decls else "workers",
+        type=click.IntRange(1, 64),
+        default=1,
+        envvar=f"{API_ENV_PREFIX}WORKERS",
+        show_envvar=True,
+        help="OpenAI API: worker processes on its one port (one core relays ~10k streamed tokens/s); "
+        "--max-in-flight and the metrics count them all.",
+    )
 
 
 def api_key_options(function):
@@ -167,6 +187,39 @@ def api_limits(values: dict[str, float | None]) -> ApiLimits:
         field, scale, _ = _LIMITS[name]
         fields[field] = None if value is None else (int(value * scale) if scale != 1 else value)
     return ApiLimits(**fields)
+
+
+# --- tracing (toolkit.trace.config), for `api` and `serve` -----------------------------------------
+TRACE_RATE_ENV = "TOOLKIT_TRACE_RATE"
+
+
+def trace_options(function):
+    """--trace-rate and --otlp-endpoint; the command gets `trace`, a TracePlan or None (off), decided
+    when it is invoked (with the OTEL_* variables)."""
+    command = function
+
+    @functools.wraps(command)
+    def with_trace(*args, **kwargs):
+        from toolkit.trace.config import plan_tracing
+
+        kwargs["trace"] = plan_tracing(kwargs.pop("trace_rate"), kwargs.pop("otlp_endpoint"))
+        return command(*args, **kwargs)
+
+    function = click.option(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help=f"Traces: the OTLP/HTTP endpoint (base URL) every layer exports to [default: {OTEL_ENDPOINT}].",
+    )(with_trace)
+    return click.option(
+        "--trace-rate",
+        type=click.FloatRange(0, 1),
+        default=None,
+        envvar=TRACE_RATE_ENV,
+        show_envvar=True,
+        help="Traces: the fraction of requests traced across the API, Triton and the engine (0: off, "
+        f"the default unless {OTEL_SAMPLER} is set); a client's sampled traceparent is always followed.",
+    )(function)
 
 
 # --- build settings: options derived from toolkit.build_settings, one declaration each ------------

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import __version__
-from toolkit.deploy import sizing
+from toolkit.deploy import fleet, sizing
 from toolkit.deploy.fingerprint import fingerprint
 from toolkit.deploy.reproduce import build_arguments
 from toolkit.deploy.text import check_image_reference, check_strings
@@ -82,6 +82,11 @@ class DeployRequest:
     kv_cache_fraction: float | None = None
     drain_timeout: int | None = None
     startup_timeout: int | None = None
+    route_hostnames: tuple[str, ...] = ()  # routing.httpRoute.hostnames: this release's own
+    route_headers: tuple[str, ...] = ()  # NAME=VALUE: routing.httpRoute.headers
+    gke: bool = False  # GKE's gateway: its health check and backend timeout policies
+    otlp_endpoint: str | None = None  # tracing.otlpEndpoint
+    trace_rate: float | None = None  # tracing.rate
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,7 @@ def _derived_values(
     startup_s = sizing.startup_seconds(repository, load_bytes, sizing.repository_bytes(repository))
     drain_s = sizing.drain_seconds(repository)
     limits = repository.limits
+    api, _ = fleet.api_values(repository, stages)
     values: dict[str, Any] = {
         "replicas": 1,
         "storage": {"mountPath": DEFAULT_MOUNT_PATH},
@@ -295,14 +301,15 @@ def _derived_values(
         "triton": {
             "resources": sizing.triton_resources(repository, load_bytes, world_size, shm_bytes)
         },
-        "api": {"maxInFlight": sizing.max_in_flight(repository, stages)},
+        "api": {"maxInFlight": sizing.max_in_flight(repository, stages), **api},
         "routing": {
             "mode": "auto",
             "epp": {
+                **fleet.picker_values(repository),
                 "prefixCache": {
                     "blockSizeTokens": limits.kv_block_size,
                     "lruCapacityPerServer": limits.kv_cache_blocks,
-                }
+                },
             },
         },
         "autoscaling": {
@@ -343,7 +350,11 @@ def _timing_values(values: dict, repository: Repository) -> dict:
     return {
         "drain": {"terminationGracePeriodSeconds": grace_s},
         "strategy": {"progressDeadlineSeconds": sizing.progress_deadline_seconds(startup_s)},
-        "routing": {"httpRoute": {"requestTimeout": sizing.gateway_duration(route_s)}},
+        "routing": {
+            "httpRoute": {"requestTimeout": sizing.gateway_duration(route_s)},
+            # GKE's load balancer cuts a backend's response at this (its default: 30 s)
+            "gke": {"backendTimeoutSec": route_s},
+        },
         "autoscaling": sizing.scaling_behavior(startup_s, grace_s),
     }
 
@@ -384,7 +395,14 @@ def _flag_values(request: DeployRequest) -> dict:
         values["drain"] = {"timeoutSeconds": request.drain_timeout}
     if request.startup_timeout is not None:
         values["startup"] = {"timeoutSeconds": request.startup_timeout}
-    return values
+    front = fleet.front_flag_values(
+        request.route_hostnames,
+        request.route_headers,
+        request.gke,
+        request.otlp_endpoint,
+        request.trace_rate,
+    )
+    return merge(values, front)
 
 
 def _check_request(request: DeployRequest) -> None:
@@ -595,6 +613,10 @@ def _notes(
     if not values["api"]["auth"].get("enabled", True):
         notes.append("no API keys (--no-auth): anyone who reaches the API can generate")
     notes += target_for(repository).deploy_notes(repository, values["drain"]["timeoutSeconds"])
+    if not any(lookup(data, "api.workers") is not None for _, data in files):
+        notes.append(
+            fleet.api_values(repository, int(lookup(values, "model.pipelineStages", 1)))[1]
+        )
     scaling = values["autoscaling"]
     if scaling.get("enabled"):
         set_in = [path for path, data in files if lookup(data, "replicas") is not None]

@@ -160,6 +160,37 @@ def max_in_flight(repository: Repository, pipeline_stages: int = 1) -> int:
     )
 
 
+# The OpenAI API's CPU per streamed token: 105.8 us in perf/results/stack_ceiling.md (the `api`
+# process in its openai phase; perf/api_front_end.py measures it again), rounded up.
+API_US_PER_TOKEN = 106.0
+# Spare CPU on top, for admission bursts and the event loop's own latency (a loop near 100 % queues
+# every stream behind every other).
+API_CPU_HEADROOM = 1.25
+API_MAX_WORKERS = 64
+MIB = 2**20
+# Resident memory: one API process (tokenizer, gRPC channel, uvicorn) and each worker besides.
+API_MEMORY_BYTES = 1024 * MIB
+API_WORKER_MEMORY_BYTES = 384 * MIB
+
+
+def api_workers(tokens_per_s: float | None) -> int:
+    """API processes for a replica streaming `tokens_per_s`: one core relays 1e6 / API_US_PER_TOKEN
+    tokens/s, with API_CPU_HEADROOM to spare (None: unknown, one)."""
+    if tokens_per_s is None:
+        return 1
+    cores = tokens_per_s * API_US_PER_TOKEN / 1e6 * API_CPU_HEADROOM
+    return clamp(cores, 1, API_MAX_WORKERS)
+
+
+def api_resources(workers: int) -> dict:
+    """The api container's requests: a core per worker; memory per process, twice that as the limit."""
+    memory = API_MEMORY_BYTES + (workers - 1) * API_WORKER_MEMORY_BYTES
+    return {
+        "requests": {"cpu": str(workers), "memory": f"{math.ceil(memory / MIB)}Mi"},
+        "limits": {"memory": f"{math.ceil(2 * memory / MIB)}Mi"},
+    }
+
+
 def checkpoint_bytes(repository: Repository) -> int:
     """Bytes of the checkpoint the build reads: bf16 for every parameter the memory plan counts (GPU),
     else the checkpoint the repository carries."""

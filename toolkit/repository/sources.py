@@ -16,7 +16,15 @@ from types import ModuleType
 
 from toolkit.errors import RepositoryError
 
-COMMON_MODULES = ("textcodec", "params", "engine_metrics", "engine_requests", "guides", "lifetime")
+COMMON_MODULES = (
+    "textcodec",
+    "params",
+    "engine_metrics",
+    "engine_requests",
+    "guides",
+    "lifetime",
+    "tracing",
+)
 
 
 def model_repo_sources() -> Path:

@@ -8,12 +8,15 @@ returns, it gets its own GIL, and it stops with the server. It is started as
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import NoReturn
 
 from toolkit.api.app import ApiSettings
+from toolkit.api.workers import METRICS_DIR_ENV, metrics_dir
 from toolkit.errors import ServerError
 from toolkit.serve.net import check_port_free, client_host, wait_http_ok
 from toolkit.settings import cache_dir, child_environment
@@ -29,23 +32,18 @@ def launch_api(
     log_file: Path | None = None,
     detached: bool = False,
     drain_timeout_s: int | None = None,
+    workers: int = 1,
 ) -> tuple[subprocess.Popen, Path]:
     check_port_free(host, port, "--openai-port")
     log_file = log_file or cache_dir("logs") / f"openai-api-{port}.log"
     log_file.write_bytes(b"")
-    payload = {
-        **asdict(settings),
-        "repo": str(settings.repo),
-        "api_keys": list(settings.api_keys),
-        "host": host,
-        "port": port,
-        "log_level": "warning",
-        **({"drain_timeout_s": drain_timeout_s} if drain_timeout_s is not None else {}),
-    }
+    payload = api_payload(
+        settings, host=host, port=port, workers=workers, drain_timeout_s=drain_timeout_s
+    )
     process = start_process(
         [sys.executable, "-m", "toolkit.api"],
         log_file,
-        env=child_environment(),
+        env=api_environment(port, workers),
         stdin=subprocess.PIPE,
         die_with_parent=not detached,
     )
@@ -68,3 +66,41 @@ def launch_api(
             ) from exc
         raise
     return process, log_file
+
+
+def api_payload(settings: ApiSettings, *, host: str, port: int, workers: int, **run) -> dict:
+    """What `python -m toolkit.api` reads on stdin: the settings (keys included) and how to run."""
+    return {
+        **asdict(settings),
+        "repo": str(settings.repo),
+        "api_keys": list(settings.api_keys),
+        "host": host,
+        "port": port,
+        "log_level": run.pop("log_level", "warning"),
+        "workers": workers,
+        **{key: value for key, value in run.items() if value is not None},
+    }
+
+
+def exec_api(payload: dict) -> NoReturn:
+    """Become `python -m toolkit.api` (this process, its pid and its signals), the payload on stdin:
+    for API workers, whose supervisor must start in a process where prometheus_client has not been
+    imported yet (`toolkit api --workers N`)."""
+    read, write = os.pipe()
+    os.write(write, json.dumps(payload).encode())  # well under a pipe's buffer: settings and keys
+    os.close(write)
+    os.dup2(read, 0)
+    os.close(read)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    env = api_environment(int(payload["port"]), int(payload["workers"]))
+    os.execve(sys.executable, [sys.executable, "-m", "toolkit.api"], env)
+
+
+def api_environment(port: int, workers: int) -> dict:
+    """The API process's environment: no secrets; with workers, where their shared metrics live."""
+    env = child_environment()
+    env.pop(METRICS_DIR_ENV, None)
+    if workers > 1:
+        env[METRICS_DIR_ENV] = str(metrics_dir(port))
+    return env

@@ -21,6 +21,7 @@ from toolkit.settings import EXIT_TIMEOUT_S, cache_dir, child_environment
 from toolkit.signals import deferred_interrupts
 from toolkit.subprocs import process_alive, start_process, stop_process, tail_lines
 from toolkit.targets import target_for
+from toolkit.trace.config import TracePlan, engine_environment, triton_args
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,11 @@ class ServerConfig:
     log_file: Path | None = None
     allow_modified: bool = False  # serve a repository whose files differ from its manifest
     extra_args: tuple[str, ...] = ()
+    # Tracing (toolkit.trace.config): Triton's OpenTelemetry mode and the engines' spans; None: off.
+    trace: TracePlan | None = None
+    traced_by_api: bool = (
+        False  # the OpenAI API samples: Triton traces only what carries its context
+    )
 
 
 @dataclass
@@ -138,6 +144,8 @@ def server_command(binary: TritonBinary, config: ServerConfig, world_size: int =
     ]
     if binary.backend_dir is not None:
         common.append(f"--backend-directory={binary.backend_dir}")
+    if config.trace is not None:
+        common += triton_args(config.trace, behind_api=config.traced_by_api)
     if world_size > 1:
         from toolkit.serve.mpi import mpirun_command, tritonserver_rank_argv
 
@@ -213,9 +221,12 @@ def launch_server(
         ) from exc
     argv = server_command(binary, config, world_size)
     # tritonserver and its stubs need no secrets: API keys and hub tokens stay out of their environment.
-    process = start_process(
-        argv, log_file, env=child_environment(binary.env), die_with_parent=not detached
-    )
+    env = child_environment(binary.env)
+    if config.trace is not None:
+        env.update(
+            engine_environment(config.trace)
+        )  # the engines' spans (model_repo/common/tracing.py)
+    process = start_process(argv, log_file, env=env, die_with_parent=not detached)
     server = RunningServer(process, config, log_file, repository, c.MODEL_NAMES)
     try:
         wait_until_ready(server, on_wait)

@@ -16,6 +16,7 @@ child's whole session (toolkit.subprocs) is ended on every exit; a stop signal d
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import threading
@@ -38,6 +39,7 @@ from toolkit.subprocs import (
     stop_process,
     tail_lines,
 )
+from toolkit.trace.config import TracePlan
 
 STUB = "triton_python_backend_stub"
 WATCH_INTERVAL_S = 0.5
@@ -56,6 +58,10 @@ class ServeOptions:
     max_in_flight: int = 64
     api_log: Path | None = None
     api_limits: ApiLimits = ApiLimits()  # the OpenAI API's timeouts, body size and body read budget
+    trace: TracePlan | None = None  # every layer's tracing (toolkit.trace.config); None: off
+    api_workers: int = 1  # OpenAI API processes on its one port (toolkit.api.workers)
+    # Triton traces only what carries a context: an API in front samples (also with openai_port).
+    trace_context_only: bool = False
     tool_parser: str = "auto"  # how the OpenAI API reads tool calls (toolkit.api.tool_parsers)
     # The OpenAI API trusts special tokens in message content.
     special_tokens_in_messages: bool = False
@@ -212,7 +218,11 @@ def start_serving(
     The API's port is checked first: a busy one is named before the minutes a GPU engine takes to load."""
     if options.openai_port is not None:
         check_port_free(options.api_host, options.openai_port, "--openai-port")
-    server = launch_server(options.server, on_wait, detached=detached)
+    config = options.server
+    if options.trace is not None:
+        behind_api = options.openai_port is not None or options.trace_context_only
+        config = dataclasses.replace(config, trace=options.trace, traced_by_api=behind_api)
+    server = launch_server(config, on_wait, detached=detached)
     try:
         return _start_api(ServeSession(options, server, stubs=python_stubs(server.pid)), detached)
     except BaseException:  # a failed API, or a stop signal: nothing that started may stay
@@ -234,6 +244,7 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
         api_keys=options.api_keys,
         max_in_flight=options.max_in_flight,
         limits=options.api_limits,
+        trace=options.trace,
         tool_parser=options.tool_parser,
         special_tokens_in_messages=options.special_tokens_in_messages,
     )
@@ -244,6 +255,7 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
         log_file=options.api_log,
         detached=detached,
         drain_timeout_s=options.server.exit_timeout_s,  # streams drain as long as Triton's requests
+        workers=options.api_workers,
     )
     return session
 

@@ -187,6 +187,17 @@ class Target(ABC):
     def slowest_stream_tokens_per_s(self, repository: Repository) -> float:
         """Tokens per second of the slowest stream a replica should expect (sizes the drain)."""
 
+    def replica_tokens_per_s(self, repository: Repository, batch_slots: int) -> float | None:
+        """Output tokens/s one replica streams with every batch slot busy (sizes the API's CPU); None
+        when nothing bounds it (the API is then the bound)."""
+        rate = self.slowest_stream_tokens_per_s(repository) * batch_slots
+        return None if rate == float("inf") else rate
+
+    def reuses_kv_cache(self, repository: Repository) -> bool:
+        """Whether the engine reuses the KV blocks of prompt prefixes it computed before (what makes
+        routing by prefix worth it). The Python engines share no prefixes."""
+        return False
+
     @abstractmethod
     def resources(self, repository: Repository, load_bytes: int, world_size: int) -> Resources:
         """The triton container's memory (without /dev/shm) and CPUs."""

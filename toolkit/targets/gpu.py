@@ -382,6 +382,21 @@ class GpuTarget(Target):
         )
         return 1000 / (full.tpot_ms * ESTIMATE_MARGIN)
 
+    def replica_tokens_per_s(self, repository, batch_slots: int) -> float | None:
+        """The plan's estimate of the engine at full batch (toolkit.plan.estimate), at the top of its
+        tolerance: the most the API in front must relay."""
+        plan = repository.memory_plan
+        if plan is None:
+            return super().replica_tokens_per_s(repository, batch_slots)
+        from toolkit.plan.estimate import estimate_for_plan
+
+        full = estimate_for_plan(repository.manifest.model.facts, plan, batch_slots)
+        return full.output_tokens_per_s * ESTIMATE_MARGIN
+
+    def reuses_kv_cache(self, repository) -> bool:
+        engine = self.engine_from_section(repository.manifest.engine)
+        return bool(engine.runtime.get("enable_kv_cache_reuse"))
+
     def resources(self, repository, load_bytes: int, world_size: int) -> Resources:
         return Resources(GPU_HOST_OVERHEAD_BYTES + load_bytes, 2 + 2 * world_size)
 

@@ -17,7 +17,6 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
 from lifetime import bind_to_server  # noqa: E402
-
 from params import ModelParams  # noqa: E402
 from textcodec import TextCodec  # noqa: E402
 

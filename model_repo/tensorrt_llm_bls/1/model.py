@@ -25,11 +25,11 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lifetime import bind_to_server  # noqa: E402
-
 from engine_requests import Collector  # noqa: E402
+from lifetime import bind_to_server  # noqa: E402
 from params import ModelParams, final_flag, scalar  # noqa: E402
 from textcodec import TextCodec, check_request_lengths, pack_word_lists  # noqa: E402
+from tracing import ENGINE_SWITCH, TRACEPARENT, request_context  # noqa: E402
 
 TOKEN_OUTPUTS = ("output_ids", "sequence_length")  # turned into text_output
 
@@ -62,6 +62,10 @@ class TritonPythonModel:
         self.limits = tuple(
             params.integer(k) for k in ("max_input_len", "max_output_len", "max_seq_len")
         )
+        # With tracing on, the engine call carries this request's trace context as a parameter. Never as
+        # `trace=request.trace()`: from a pool thread, after a decoupled execute() has returned, that
+        # crashes tritonserver 2.51 (SIGSEGV in TRITONSERVER_ServerInferAsync).
+        self.forward_context = os.environ.get(ENGINE_SWITCH) == "1"
         # As many requests in flight as the engine batches; more wait in the pool's queue.
         self.pool = ThreadPoolExecutor(
             max_workers=max(1, params.integer("max_concurrent_requests")), thread_name_prefix="bls"
@@ -73,14 +77,16 @@ class TritonPythonModel:
             for request in requests
         ]
         for request, sender in zip(requests, senders, strict=True):
-            self.pool.submit(self._serve_one, request, sender)
+            # read in execute(), while Triton's request object is certainly whole
+            context = request_context(request) if self.forward_context else None
+            self.pool.submit(self._serve_one, request, sender, context)
         if self.decoupled:
             return None
         return [sender.wait() for sender in senders]
 
-    def _serve_one(self, request, sender) -> None:
+    def _serve_one(self, request, sender, context: str | None = None) -> None:
         try:
-            self._serve(request, sender)
+            self._serve(request, sender, context)
         except Exception as exc:  # noqa: BLE001 - each request's failure is its own final error
             message = (
                 str(exc)
@@ -93,11 +99,13 @@ class TritonPythonModel:
         # never hang the unload on a request still waiting for the engine
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-    def _serve(self, request, sender) -> None:
+    def _serve(self, request, sender, context: str | None = None) -> None:
+        extra = {"parameters": {TRACEPARENT: context}} if context else {}
         engine_request = pb_utils.InferenceRequest(
             model_name=self.engine,
             inputs=self._engine_inputs(request),
             requested_output_names=self.engine_outputs,
+            **extra,
         )
         if not self.decoupled:
             response = engine_request.exec()

@@ -22,8 +22,6 @@ from dataclasses import replace
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lifetime import bind_to_server  # noqa: E402
-
 from engine_metrics import EngineMetrics  # noqa: E402
 from engine_requests import (  # noqa: E402
     NO_REQUEST_ID,
@@ -31,9 +29,11 @@ from engine_requests import (  # noqa: E402
     Refusals,
     is_stop_request,
 )
+from lifetime import bind_to_server  # noqa: E402
 from params import ModelParams, final_flag, scalar  # noqa: E402
 from streams import Stream, response_tensors, take_tokens  # noqa: E402
 from textcodec import Refused, unpack_word_list  # noqa: E402
+from tracing import EngineTracer  # noqa: E402
 
 RESULT_WAIT_S = 0.02
 
@@ -132,6 +132,7 @@ class TritonPythonModel:
             kv_blocks=params.integer("kv_cache_blocks"),
             tokens_per_block=self.block_size,
         )
+        self.tracer = EngineTracer(params.model)
         self._router = threading.Thread(target=self._route, name="cpu-engine-router", daemon=True)
         self._router.start()
 
@@ -240,7 +241,7 @@ class TritonPythonModel:
         with self._lock:
             streams = [s for s in self._streams.values() if s.triton_id == target]
         for stream in streams:
-            if self._drop(stream):
+            if self._drop(stream, "stopped"):
                 self._cancel(stream)
                 self._finish(stream)  # what it generated so far, as normal final responses
         sender.send(flags=_final())
@@ -248,6 +249,7 @@ class TritonPythonModel:
     def _admit(self, request, sender) -> None:
         self.refusals.check(pb_utils, request)
         stream, decoding = self._parse(request, sender)
+        stream.spans = self.tracer.start(request, len(stream.prompt), self.block_size)
         with self._lock:
             self._check_queue()
             self._register(stream)
@@ -457,7 +459,7 @@ class TritonPythonModel:
         with self._lock:
             streams = list(self._streams.values())
         for stream in streams:
-            if stream.request.is_cancelled() and self._drop(stream):
+            if stream.request.is_cancelled() and self._drop(stream, "cancelled"):
                 self._cancel(stream)
                 self.cancelled.increment(1)
                 stream.sender.send(flags=_final())
@@ -473,6 +475,8 @@ class TritonPythonModel:
         ):  # its first result: the scheduler has matched its prompt by now
             stream.timing.scheduled = time.time_ns()
             stream.cached_tokens = self.prefix_hits.pop(stream.request_id)
+            if stream.spans is not None:
+                stream.spans.scheduled(_wall_ns(result.lifespan[0]))
         if result.error:
             if self._drop(stream):
                 self._cancel(stream)
@@ -484,6 +488,8 @@ class TritonPythonModel:
         if appended:
             stream.timing.on_tokens()
             self._unreported_tokens += appended
+            if stream.spans is not None:
+                stream.spans.step(appended)
         if ended or result.is_finished():
             if not result.is_finished():
                 self.manager.cancel_request(choice.request_id)
@@ -523,7 +529,7 @@ class TritonPythonModel:
             if not choice.done:
                 self.manager.cancel_request(choice.request_id)
 
-    def _drop(self, stream: Stream) -> bool:
+    def _drop(self, stream: Stream, reason: str = "finished") -> bool:
         """Forget a request and its choices; True only for the one caller that removed it, which alone sends
         its final response."""
         with self._lock:
@@ -538,12 +544,15 @@ class TritonPythonModel:
                 self.prefix_hits.pop(choice.request_id)
             if self.grammars is not None and stream.guide:
                 self.grammars.unregister(stream.guide)
+            if stream.spans is not None:
+                stream.spans.finish(reason)
         return removed
 
     def finalize(self):
         self._running = False
         self._router.join(timeout=5)
         self.manager.stop(block=True, timeout=10, hard_stop=True)
+        self.tracer.shutdown()
         with self._lock:
             streams = list(self._streams.values())
         for stream in streams:  # whoever still waits gets a final answer, not a hang
@@ -552,6 +561,13 @@ class TritonPythonModel:
                     stream.sender.send(_error("the CPU engine is shutting down"), flags=_final())
                 except Exception:  # noqa: BLE001 - the server may already have released the request
                     pass
+
+
+def _wall_ns(perf_counter_s: float) -> int | None:
+    """A time.perf_counter() stamp (transformers' request lifespan) as ns since the epoch; None when unset."""
+    if perf_counter_s <= 0:
+        return None
+    return time.time_ns() - int((time.perf_counter() - perf_counter_s) * 1e9)
 
 
 def _default_threads() -> int:

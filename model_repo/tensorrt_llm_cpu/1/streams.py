@@ -53,6 +53,7 @@ class Stream:
     choices: list = field(default_factory=list)
     timing: Timing = field(default_factory=Timing)
     cached_tokens: int = 0  # prompt tokens the prefix cache gave it
+    spans: object = None  # tracing.RequestSpans of a traced request, else None
 
     def __post_init__(self):
         if not self.choices:

@@ -37,12 +37,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lifetime import bind_to_server  # noqa: E402
-
 from engine_metrics import EngineMetrics  # noqa: E402
 from engine_requests import NO_REQUEST_ID, Collector, Refusals, is_stop_request  # noqa: E402
+from lifetime import bind_to_server  # noqa: E402
 from params import ModelParams, scalar  # noqa: E402
 from textcodec import Refused  # noqa: E402
+from tracing import EngineTracer  # noqa: E402
 
 FINAL = (
     1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL_FLAG; pb_utils only gets its constants after import
@@ -63,6 +63,7 @@ class _Stream:
         "streaming",
         "prefix",
         "input_len",
+        "spans",
     )
 
     def __init__(
@@ -74,6 +75,7 @@ class _Stream:
         prefix: np.ndarray | None,
         input_len: int,
         position: int,
+        spans=None,
     ):
         self.request = request
         self.sender = sender
@@ -84,6 +86,7 @@ class _Stream:
         self.streaming = streaming
         self.prefix = prefix  # input ids echoed before the output (non-streaming, exclude_input_in_output false)
         self.input_len = input_len
+        self.spans = spans  # tracing.RequestSpans of a traced request, else None
 
 
 def _scalar(request, name: str, default):
@@ -125,6 +128,7 @@ class TritonPythonModel:
             pb_utils.Tensor("output_ids", np.full((1, 1, 1), t, np.int32)) for t in self.token_ids
         ]
         self.one_length = pb_utils.Tensor("sequence_length", np.ones((1, 1), np.int32))
+        self.tracer = EngineTracer(params.model)
         self.pending: deque[_Stream] = deque()
         # The generator thread's, in arrival order: the first max_batch_size run, the rest wait for a
         # slot. Other threads only read its length.
@@ -133,6 +137,7 @@ class TritonPythonModel:
         self.wake = threading.Condition()
         self.running = True
         self.next_position = 0
+        self.reported_steps = 0  # engine steps already counted in the iteration counter
         self.thread = threading.Thread(target=self._generate, name="synthetic-engine", daemon=True)
         self.thread.start()
 
@@ -209,7 +214,8 @@ class TritonPythonModel:
         position = self.next_position
         # requests start at different tokens
         self.next_position = (position + 7) % len(self.token_ids)
-        return _Stream(request, sender, output_len, streaming, prefix, input_len, position)
+        spans = self.tracer.start(request, input_len, self.block_size)
+        return _Stream(request, sender, output_len, streaming, prefix, input_len, position, spans)
 
     # -- tokens out -----------------------------------------------------------------------------
     def _generate(self) -> None:
@@ -218,7 +224,7 @@ class TritonPythonModel:
         while True:
             with self.wake:
                 while self.running and not self.active and not self.pending and not self.stops:
-                    self._report()
+                    self._report(step)
                     self.wake.wait(timeout=1.0)
                     deadline = time.monotonic()
                 if not self.running:
@@ -236,7 +242,7 @@ class TritonPythonModel:
             ]
             if time.monotonic() - reported >= METRICS_EVERY_S:
                 reported = time.monotonic()
-                self._report()
+                self._report(step)
             if self.step_s > 0:
                 deadline += self.step_s
                 delay = deadline - time.monotonic()
@@ -247,7 +253,8 @@ class TritonPythonModel:
         for stream in self.active:
             stream.sender.send(flags=FINAL)
 
-    def _report(self) -> None:
+    def _report(self, steps: int) -> None:
+        """The backend's metric families; `steps`: engine steps so far (the iteration counter)."""
         running = self.active[: self.max_batch_size]
         used = sum(-(-(s.input_len + s.produced) // self.block_size) for s in running)
         self.metrics.update(
@@ -256,15 +263,21 @@ class TritonPythonModel:
             context=0,
             used_blocks=used,
             context_tokens=0,
+            iterations=steps - self.reported_steps,
         )
+        self.reported_steps = steps
 
     def _still_queued(self, s: _Stream, check_cancel: bool, stops: set) -> bool:
         """Whether `s`, waiting for a batch slot, still waits: a cancelled or stopped one ends now,
         with what it has (nothing)."""
         if check_cancel and s.request.is_cancelled():
             s.sender.send(flags=FINAL)
+            if s.spans is not None:
+                s.spans.finish("cancelled")
             return False
         if s.triton_id in stops:
+            if s.spans is not None:
+                s.spans.finish("stopped")
             if s.streaming:
                 s.sender.send(flags=FINAL)
             else:
@@ -279,6 +292,8 @@ class TritonPythonModel:
         """Emit one token for `s`; returns whether it stays active."""
         if check_cancel and s.request.is_cancelled():
             s.sender.send(flags=FINAL)
+            if s.spans is not None:
+                s.spans.finish("cancelled")
             return False
         # stopped by a `stop` request: a normal final response with what it has
         if s.triton_id in stops:
@@ -286,6 +301,10 @@ class TritonPythonModel:
         s.remaining -= 1
         s.produced += 1
         last = s.remaining == 0
+        if s.spans is not None:
+            s.spans.step(1)
+            if last:
+                s.spans.finish("length")
         if s.streaming:
             outputs = [self.id_tensors[s.position], self.one_length]
             s.position = (s.position + 1) % len(self.id_tensors)
@@ -313,3 +332,4 @@ class TritonPythonModel:
             self.running = False
             self.wake.notify()
         self.thread.join(timeout=5)
+        self.tracer.shutdown()

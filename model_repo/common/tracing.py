@@ -1,0 +1,207 @@
+"""OpenTelemetry spans of the repository's Python engines (CPU, synthetic), inside the Python backend.
+
+On only when tritonserver was started with tracing (`toolkit serve --trace-rate`, which sets
+TOOLKIT_TRACE_ENGINES=1, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT and OTEL_SERVICE_NAME in its
+environment; the stubs inherit it), and then only for requests that carry a trace context: Triton's
+own model span when Triton traces the request (`request.trace().get_context()`), else the
+`traceparent` request parameter the OpenAI API sends (an ensemble passes its parameters to every
+step; the BLS model forwards it). So an untraced request costs one attribute check.
+
+A traced request records ns stamps as it goes (arrival, first step it ran in, each step that gave it
+tokens) and its spans are built once, when it ends, with those times, under the caller's span:
+
+    engine.request       arrival in execute() -> final response (prompt and output tokens, KV blocks)
+      engine.queue       arrival -> the first engine step it runs in (waiting for a batch slot)
+      engine.prefill     that step -> its first token
+      engine.decode      first token -> last (the steps it was in, tokens)
+
+No span per step or token: their count and the step times are attributes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+ENGINE_SWITCH = "TOOLKIT_TRACE_ENGINES"
+TRACEPARENT = "traceparent"
+
+
+class EngineTracer:
+    """The engine's tracer, or a stand-in that traces nothing (`enabled` False)."""
+
+    def __init__(self, model: str):
+        self.model = model
+        self.tracer = None
+        self.provider = None
+        if os.environ.get(ENGINE_SWITCH) != "1":
+            return
+        try:
+            from opentelemetry.exporter.otlp.json.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError as exc:
+            print(
+                f"{model}: tracing is on but the OpenTelemetry SDK is missing ({exc.name}); no engine "
+                "spans (pip install 'toolkit[trace]' into the environment tritonserver's stubs use)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        resource = Resource.create({"service.name": "toolkit", "toolkit.component": "engine"})
+        # Every request that reaches here with a context was sampled upstream: no sampler of our own.
+        self.provider = TracerProvider(resource=resource)
+        # The exporter reads OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, set by toolkit serve.
+        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        self.tracer = self.provider.get_tracer("toolkit.engine")
+
+    @property
+    def enabled(self) -> bool:
+        return self.tracer is not None
+
+    def start(self, request, prompt_tokens: int, block_size: int) -> RequestSpans | None:
+        """The spans of a request that carries a trace context, else None (not traced)."""
+        if self.tracer is None:
+            return None
+        traceparent = request_context(request)
+        if traceparent is None:
+            return None
+        return RequestSpans(self, traceparent, prompt_tokens, block_size)
+
+    def shutdown(self) -> None:
+        if self.provider is not None:
+            self.provider.shutdown()
+
+
+def request_context(request) -> str | None:
+    """The request's traceparent: Triton's model span when Triton traces it, else the request parameter."""
+    trace = request.trace() if hasattr(request, "trace") else None
+    context = trace.get_context() if trace is not None else None
+    if context:
+        try:
+            found = json.loads(context).get(TRACEPARENT)
+        except (ValueError, AttributeError):
+            found = None
+        if found:
+            return found
+    parameters = request.parameters() if hasattr(request, "parameters") else None
+    if not parameters:
+        return None
+    try:
+        value = json.loads(parameters).get(TRACEPARENT)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _parent_context(traceparent: str):
+    """A remote parent from a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>); None when malformed."""
+    from opentelemetry import trace
+
+    parts = traceparent.strip().split("-")
+    if len(parts) < 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3][:2], 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    parent = trace.SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(flags)
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+
+
+class RequestSpans:
+    """One traced request's stamps (ns since the epoch) and counts."""
+
+    __slots__ = (
+        "owner",
+        "traceparent",
+        "prompt_tokens",
+        "block_size",
+        "arrival_ns",
+        "scheduled_ns",
+        "first_token_ns",
+        "last_token_ns",
+        "steps",
+        "tokens",
+        "longest_step_ns",
+        "previous_ns",
+    )
+
+    def __init__(self, owner: EngineTracer, traceparent: str, prompt_tokens: int, block_size: int):
+        self.owner = owner
+        self.traceparent = traceparent
+        self.prompt_tokens = prompt_tokens
+        self.block_size = max(1, block_size)
+        self.arrival_ns = time.time_ns()
+        self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
+        self.steps = self.tokens = 0
+        self.longest_step_ns = self.previous_ns = 0
+
+    def scheduled(self, now_ns: int | None = None) -> None:
+        """The first engine step this request runs in (idempotent)."""
+        if not self.scheduled_ns:
+            self.scheduled_ns = now_ns or time.time_ns()
+
+    def step(self, new_tokens: int, now_ns: int | None = None) -> None:
+        """An engine step gave this request `new_tokens` tokens."""
+        now = now_ns or time.time_ns()
+        self.scheduled(now)
+        if not self.first_token_ns:
+            self.first_token_ns = now
+        elif now - self.previous_ns > self.longest_step_ns:
+            self.longest_step_ns = now - self.previous_ns
+        self.previous_ns = self.last_token_ns = now
+        self.steps += 1
+        self.tokens += new_tokens
+
+    def finish(self, reason: str) -> None:
+        """Build and end the spans (the final response is sent or about to be)."""
+        parent = _parent_context(self.traceparent)
+        if parent is None:
+            return
+        from opentelemetry import trace
+
+        tracer = self.owner.tracer
+        end = time.time_ns()
+        blocks = -(-(self.prompt_tokens + self.tokens) // self.block_size)
+        request = tracer.start_span(
+            "engine.request",
+            context=parent,
+            start_time=self.arrival_ns,
+            attributes={
+                "toolkit.layer": "engine",
+                "triton.model_name": self.owner.model,
+                "gen_ai.usage.input_tokens": self.prompt_tokens,
+                "gen_ai.usage.output_tokens": self.tokens,
+                "engine.output_tokens": self.tokens,
+                "engine.decode_steps": self.steps,
+                "engine.kv_blocks": blocks,
+                "engine.finish_reason": reason,
+            },
+        )
+        inside = trace.set_span_in_context(request)
+        scheduled = self.scheduled_ns or end
+        self._phase(tracer, inside, "engine.queue", self.arrival_ns, scheduled, {})
+        if self.first_token_ns:
+            self._phase(tracer, inside, "engine.prefill", scheduled, self.first_token_ns, {})
+            decode = {
+                "engine.decode_steps": self.steps,
+                "engine.output_tokens": self.tokens,
+                "engine.longest_step_ms": self.longest_step_ns / 1e6,
+            }
+            self._phase(
+                tracer, inside, "engine.decode", self.first_token_ns, self.last_token_ns, decode
+            )
+        request.end(end_time=end)
+
+    @staticmethod
+    def _phase(tracer, parent, name: str, start: int, end: int, attributes: dict) -> None:
+        span = tracer.start_span(name, context=parent, start_time=start, attributes=attributes)
+        span.end(end_time=max(start, end))

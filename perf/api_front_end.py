@@ -1,0 +1,302 @@
+"""The OpenAI API as a front end: its CPU per streamed token, what a second worker buys, what tracing costs.
+
+One synthetic repository on one tritonserver (started here, traced at rate 0: it traces only the
+requests that carry a context, so an untraced API's requests cost it nothing but the check), a local
+OTLP receiver, and the API as `toolkit serve --openai-port` starts it (python -m toolkit.api, its own
+process). Closed-loop streams of streaming /v1/completions (max_tokens = min_tokens = --output-tokens)
+from the toolkit's lean client (raw asyncio streams, in this process). Sides alternate within each
+round so that drift on a shared machine hits them alike; the results are medians over --rounds.
+
+  workers   --streams-workers streams (64) against 1 and against 2 API workers, engine steps of
+            --workers-step-ms (0: as fast as the stack takes): API tokens/s (the ratio is the goal:
+            >= 1.7) and API CPU us per streamed token (supervisor + workers, from /proc; goal <= 36)
+  tracing   --streams-tracing streams (16) against an API tracing every request (Triton and the engine
+            trace them too) and an API that traces nothing, engine steps of --tracing-step-ms (10):
+            tokens/s lost (goal <= 3 %) and TTFT p50 added (goal <= 1 ms)
+
+TTFT added over direct Triton gRPC at 16 streams (goal <= 5 ms p50) is perf/api_overhead.py's (it takes
+--api-workers). Examples:
+
+    python perf/api_front_end.py --rounds 3 --out perf/results/api_front_end
+    python perf/api_front_end.py --rounds 1 --requests-per-stream 1 --output-tokens 32   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit.api.app import ApiSettings  # noqa: E402
+from toolkit.client.sse import LeanStreamClient  # noqa: E402
+from toolkit.repository.reader import open_repository  # noqa: E402
+from toolkit.serve.api_process import launch_api  # noqa: E402
+from toolkit.serve.launcher import ServerConfig, launch_server  # noqa: E402
+from toolkit.serve.net import free_port  # noqa: E402
+from toolkit.subprocs import stop_process  # noqa: E402
+from toolkit.trace.config import TracePlan  # noqa: E402
+from toolkit.trace.receiver import SpanReceiver  # noqa: E402
+
+PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
+GOALS = {
+    "workers_tokens_per_s_ratio_min": 1.7,
+    "api_us_per_token_max": 36.0,
+    "tracing_tokens_per_s_lost_pct_max": 3.0,
+    "tracing_ttft_p50_added_ms_max": 1.0,
+}
+
+
+# --- load -------------------------------------------------------------------------------------------
+async def closed_loop(url: str, model: str, streams: int, per_stream: int, output_tokens: int):
+    """`streams` connections, each sending `per_stream` requests one after the other."""
+    body = {
+        "model": model, "prompt": PROMPT, "max_tokens": output_tokens, "min_tokens": output_tokens,
+        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    ttfts, tokens = [], [0]
+
+    async def stream() -> None:
+        client = LeanStreamClient(url, "/v1/completions", body)
+        try:
+            for _ in range(per_stream):
+                first, count = await client.stream()
+                if first is not None:
+                    ttfts.append(first)
+                tokens[0] += count or 0
+        finally:
+            client.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(stream() for _ in range(streams)))
+    return {"wall_s": time.perf_counter() - start, "tokens": tokens[0], "ttfts": ttfts}
+
+
+def api_cpu_s(process: subprocess.Popen) -> float:
+    """CPU seconds of the API: its process and every worker it forked."""
+    root = psutil.Process(process.pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        times = proc.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def phase(api, url: str, model: str, streams: int, args) -> dict:
+    before = api_cpu_s(api)
+    result = asyncio.run(
+        closed_loop(url, model, streams, args.requests_per_stream, args.output_tokens)
+    )
+    cpu = api_cpu_s(api) - before
+    return {
+        "tokens": result["tokens"],
+        "tokens_per_s": result["tokens"] / result["wall_s"],
+        "ttft_p50_ms": 1000 * statistics.median(result["ttfts"]),
+        "api_us_per_token": 1e6 * cpu / max(1, result["tokens"]),
+    }
+
+
+# --- the stack ----------------------------------------------------------------------------------------
+def build_repository(folder: Path, step_ms: float, model: str) -> Path:
+    repo = folder / f"synthetic-{step_ms:g}ms"
+    subprocess.run(
+        [sys.executable, "-m", "toolkit.cli.main", "build", "-t", "synthetic", "-m", model,
+         "--step-time-ms", str(step_ms), "--max-batch-size", "128", "-o", str(repo)],
+        check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return repo
+
+
+class Stack:
+    """A traced tritonserver on `repo` and any number of APIs in front of it."""
+
+    def __init__(self, repo: Path, receiver: SpanReceiver, work: Path):
+        self.repo = repo
+        self.work = work
+        self.plan = TracePlan(f"{receiver.url}/v1/traces", 1.0, "toolkit-perf")
+        ports = [free_port() for _ in range(3)]
+        self.server = launch_server(
+            ServerConfig(
+                repo=repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                log_file=work / f"triton-{repo.name}.log", trace=self.plan, traced_by_api=True,
+            )
+        )  # fmt: skip
+        self.apis: list = []
+
+    def api(self, workers: int = 1, traced: bool = False):
+        port = free_port()
+        settings = ApiSettings(
+            self.server.grpc_url, self.repo, max_in_flight=1024,
+            trace=self.plan if traced else None,
+        )  # fmt: skip
+        process, _ = launch_api(
+            settings, host="127.0.0.1", port=port, workers=workers,
+            log_file=self.work / f"api-{port}.log",
+        )  # fmt: skip
+        self.apis.append(process)
+        return process, f"http://127.0.0.1:{port}"
+
+    def close(self) -> None:
+        for process in self.apis:
+            stop_process(process, 20)
+        self.server.stop()
+
+
+def served_model(repo: Path) -> str:
+    return open_repository(repo).served_model_name
+
+
+def compare(stack: Stack, sides: dict, streams: int, args) -> dict:
+    """Each side in turn, --rounds times; the median of each measure per side."""
+    model = served_model(stack.repo)
+    for _, url in sides.values():  # warm-up: channels, allocator pools, first-request paths
+        asyncio.run(closed_loop(url, model, min(streams, 8), 1, args.output_tokens))
+    rounds: dict[str, list[dict]] = {name: [] for name in sides}
+    for index in range(args.rounds):
+        for name, (api, url) in sides.items():
+            rounds[name].append(phase(api, url, model, streams, args))
+            print(f"round {index + 1} {name}: {json.dumps(rounds[name][-1])}", flush=True)
+    return {
+        name: {key: round(statistics.median(r[key] for r in results), 3) for key in results[0]}
+        for name, results in rounds.items()
+    }
+
+
+def run(args) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="api-front-end-"))
+    results: dict = {}
+    with SpanReceiver(None, port=0, keep=False) as receiver:
+        if "workers" in args.measure:
+            stack = Stack(
+                args.repo or build_repository(work, args.workers_step_ms, args.model),
+                receiver,
+                work,
+            )
+            try:
+                sides = {"1 worker": stack.api(1), "2 workers": stack.api(2)}
+                medians = compare(stack, sides, args.streams_workers, args)
+                one, two = medians["1 worker"], medians["2 workers"]
+                results["workers"] = {
+                    "streams": args.streams_workers,
+                    "step_ms": args.workers_step_ms,
+                    **medians,
+                    "tokens_per_s_ratio": round(two["tokens_per_s"] / one["tokens_per_s"], 3),
+                }
+            finally:
+                stack.close()
+        if "tracing" in args.measure:
+            stack = Stack(build_repository(work, args.tracing_step_ms, args.model), receiver, work)
+            try:
+                sides = {"tracing off": stack.api(), "tracing on (100 %)": stack.api(traced=True)}
+                medians = compare(stack, sides, args.streams_tracing, args)
+                off, on = medians["tracing off"], medians["tracing on (100 %)"]
+                results["tracing"] = {
+                    "streams": args.streams_tracing,
+                    "step_ms": args.tracing_step_ms,
+                    **medians,
+                    "tokens_per_s_lost_pct": round(
+                        100 * (1 - on["tokens_per_s"] / off["tokens_per_s"]), 2
+                    ),
+                    "ttft_p50_added_ms": round(on["ttft_p50_ms"] - off["ttft_p50_ms"], 3),
+                    "spans_received": receiver.batches,
+                }
+            finally:
+                stack.close()
+    return results
+
+
+def write(args, results: dict) -> None:
+    meta = {
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_1min": round(os.getloadavg()[0], 2)},
+        "rounds": args.rounds, "requests_per_stream": args.requests_per_stream,
+        "output_tokens": args.output_tokens, "goals": GOALS,
+    }  # fmt: skip
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(
+        json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
+    )
+    lines = [
+        "# The OpenAI API as a front end: CPU per token, a second worker, tracing",
+        "",
+        f"`{meta['command']}`",
+        "",
+        f"{meta['date']}; {meta['machine']['cpus']} CPUs, 1-min load {meta['machine']['load_1min']} at the end; "
+        f"medians of {args.rounds} alternating rounds; {args.output_tokens} tokens per request, "
+        f"{args.requests_per_stream} requests per stream.",
+        "",
+    ]
+    if "workers" in results:
+        w = results["workers"]
+        lines += [
+            f"## 1 vs 2 API workers, {w['streams']} streams, engine step {w['step_ms']:g} ms",
+            "",
+            "| API | tokens/s | API CPU us/token | TTFT p50 |",
+            "|---|---|---|---|",
+            *(f"| {k} | {w[k]['tokens_per_s']} | {w[k]['api_us_per_token']} | {w[k]['ttft_p50_ms']} ms |"
+              for k in ("1 worker", "2 workers")),
+            "",
+            f"2 workers / 1: **{w['tokens_per_s_ratio']}x** tokens/s "
+            f"(goal >= {GOALS['workers_tokens_per_s_ratio_min']}); "
+            f"API CPU per token goal <= {GOALS['api_us_per_token_max']} us.",
+            "",
+        ]  # fmt: skip
+    if "tracing" in results:
+        t = results["tracing"]
+        lines += [
+            f"## Tracing every request vs none, {t['streams']} streams, engine step {t['step_ms']:g} ms",
+            "",
+            "| API | tokens/s | TTFT p50 | API CPU us/token |",
+            "|---|---|---|---|",
+            *(f"| {k} | {t[k]['tokens_per_s']} | {t[k]['ttft_p50_ms']} ms | {t[k]['api_us_per_token']} |"
+              for k in ("tracing off", "tracing on (100 %)")),
+            "",
+            f"Tracing on: **{t['tokens_per_s_lost_pct']} %** tokens/s lost (goal <= "
+            f"{GOALS['tracing_tokens_per_s_lost_pct_max']} %), **{t['ttft_p50_added_ms']} ms** TTFT p50 added "
+            f"(goal <= {GOALS['tracing_ttft_p50_added_ms_max']} ms); {t['spans_received']} span batches received.",
+            "",
+        ]  # fmt: skip
+    out.with_suffix(".md").write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", default="smollm2-135m-instruct", help="the tokenizer the repositories carry"
+    )
+    parser.add_argument(
+        "--repo", type=Path, default=None, help="a synthetic repository for the workers measure"
+    )
+    parser.add_argument("--measure", default="workers,tracing")
+    parser.add_argument("--streams-workers", type=int, default=64)
+    parser.add_argument("--workers-step-ms", type=float, default=0.0)
+    parser.add_argument("--streams-tracing", type=int, default=16)
+    parser.add_argument("--tracing-step-ms", type=float, default=10.0)
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--requests-per-stream", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default="perf/results/api_front_end")
+    args = parser.parse_args()
+    results = run(args)
+    write(args, results)
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,349 @@
+"""The fleet's blind spots, each checked against the Gateway API Inference Extension v1.5.0 record
+(tests/data/k8s/gateway-api-inference-extension_v1.5.0.json) and the Gateway API's
+(tests/data/k8s/gateway-api_v1.2.0.json):
+
+1. the picker's pprof is off, its metrics port on no Service, a NetworkPolicy admits only the gateway
+   and the scrapers; metrics auth, when on, comes with its cluster RBAC;
+2. on GKE, health-check and backend-timeout policies for the pool, behind a value;
+3. the route needs Gateway API v1.2.0 standard CRDs and a Gateway that admits its namespace;
+4. two releases cannot both match every /v1 request on one Gateway;
+5. the picker never sends a replica past the API's 429 cap (its in-flight filter);
+6. prefix affinity only where the engine reuses KV blocks;
+and the front end's size: API workers and CPU from the plan's estimate, tracing to an OTLP endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from toolkit.api.gate import OPEN_PATHS
+from toolkit.deploy import sizing
+from toolkit.plan.estimate import estimate_for_plan
+from toolkit.repository.reader import open_repository
+
+from chart import (
+    CRD_APIS,
+    DATA,
+    K8S,
+    LLAMA_8B,
+    NAMESPACE,
+    RELEASE,
+    container,
+    deploy,
+    epp_config,
+    find,
+    flag,
+    gateway_seconds,
+    helm_template,
+    hub_variant,
+    render,
+    server_deployment,
+)
+from fakes import build_with_fake_trtllm, fake_checkpoint_with_tokenizer
+from k8s_checks import GIE, validation_errors
+
+GATEWAY_API = json.loads((K8S / "gateway-api_v1.2.0.json").read_text())
+GKE_APIS = ("networking.gke.io/v1/HealthCheckPolicy", "networking.gke.io/v1/GCPBackendPolicy")
+
+
+def _epp_args(docs) -> list[str]:
+    return find(docs, "Deployment", f"{RELEASE}-epp")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+
+
+# --- 1. the picker's pprof, metrics port and network ---------------------------------------------
+def test_the_pickers_pprof_is_off_and_only_the_gateway_and_scrapers_reach_it(gpu_render):
+    _, values, docs, _ = gpu_render
+    args = _epp_args(docs)
+    assert GIE["flags"]["defaults"]["enable-pprof"] is True  # on unless told: it must be told
+    assert "--enable-pprof=false" in args
+    assert GIE["pprof"]["served_on"] == "metrics-port"
+    metrics_port = GIE["flags"]["ports"]["metrics-port"]
+    service = find(docs, "Service", f"{RELEASE}-epp")
+    assert [p["port"] for p in service["spec"]["ports"]] == [GIE["flags"]["ports"]["grpc-port"]]
+    policy = find(docs, "NetworkPolicy", f"{RELEASE}-epp")
+    epp_pod = find(docs, "Deployment", f"{RELEASE}-epp")["spec"]["template"]
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"].items()
+        <= epp_pod["metadata"]["labels"].items()
+    )
+    ports = {p["name"]: p["containerPort"] for p in epp_pod["spec"]["containers"][0]["ports"]}
+    rules = policy["spec"]["ingress"]
+    admitted = {ports[p["port"]]: rule.get("from") for rule in rules for p in rule["ports"]}
+    assert set(admitted) == {GIE["flags"]["ports"]["grpc-port"], metrics_port}
+    # metrics from the monitoring namespace only (the chart's default), never from every pod
+    assert admitted[metrics_port] == values_or_default(values, "metricsFrom")
+
+
+def values_or_default(values: dict, key: str):
+    from toolkit.deploy.values import chart_defaults, merge
+
+    return merge(chart_defaults(), values)["routing"]["epp"]["networkPolicy"][key]
+
+
+def test_picker_metrics_auth_comes_with_the_cluster_rbac_it_needs(helm, gpu_repo, tmp_path):
+    repo = hub_variant(gpu_repo, tmp_path)
+    deploy(repo, tmp_path / "d")
+    extra = (
+        "--set", "routing.epp.metricsAuth=true",
+        "--set", "routing.epp.metricsReaders[0].kind=ServiceAccount",
+        "--set", "routing.epp.metricsReaders[0].name=prometheus-k8s",
+        "--set", "routing.epp.metricsReaders[0].namespace=monitoring",
+    )  # fmt: skip
+    docs = render(helm, tmp_path / "d", extra=extra)
+    assert "--metrics-endpoint-auth=true" in _epp_args(docs)
+    assert (
+        validation_errors(docs) == []
+    )  # the TokenReview / SubjectAccessReview ClusterRole is there
+    reader = find(docs, "ClusterRole", f"{NAMESPACE}-{RELEASE}-epp-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    binding = find(docs, "ClusterRoleBinding", f"{NAMESPACE}-{RELEASE}-epp-metrics-reader")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+    ]
+    # an authenticated port cannot be scraped by the chart's plain PodMonitor
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "PodMonitor"] == [RELEASE]
+
+
+# --- 2. GKE's policies ------------------------------------------------------------------------------
+def test_on_gke_the_pool_gets_a_health_check_on_health_and_a_long_backend_timeout(
+    helm, gpu_repo, tmp_path
+):
+    repo = hub_variant(gpu_repo, tmp_path)
+    values = deploy(repo, tmp_path / "d", "--gke")
+    docs = render(helm, tmp_path / "d", apis=(*CRD_APIS, *GKE_APIS))
+    assert validation_errors(docs) == []  # against the GKE CRDs' schemas
+    record = GIE["gke_policies"]
+    pool = find(docs, "InferencePool")
+    for kind in record["kinds"]:
+        policy = find(docs, kind)
+        assert policy["apiVersion"] == record["apiVersion"]
+        assert policy["spec"]["targetRef"] == {
+            **record["target_ref"],
+            "name": pool["metadata"]["name"],
+        }
+    check = find(docs, "HealthCheckPolicy")["spec"]["default"]["config"]
+    assert check["type"] == record["health_check"]["type"]
+    assert check["httpHealthCheck"]["requestPath"] == record["health_check"]["requestPath"]
+    assert check["httpHealthCheck"]["port"] == pool["spec"]["targetPorts"][0]["number"]
+    assert record["health_check"]["requestPath"] in OPEN_PATHS  # answered without an API key
+    timeout = find(docs, "GCPBackendPolicy")["spec"]["default"]["timeoutSec"]
+    route = find(docs, "HTTPRoute")["spec"]["rules"][0]["timeouts"]["request"]
+    assert timeout >= gateway_seconds(route) > 30  # GKE's own default would cut streams at 30 s
+    assert values["routing"]["gke"]["enabled"] is True
+
+
+def test_gke_policies_are_off_by_default_and_refused_without_their_crds(
+    helm, gpu_render, gpu_repo, tmp_path
+):
+    _, _, docs, _ = gpu_render
+    assert not [d for d in docs if d["apiVersion"].startswith("networking.gke.io")]
+    repo = hub_variant(gpu_repo, tmp_path)
+    deploy(repo, tmp_path / "d", "--gke")
+    result = helm_template(helm, tmp_path / "d")
+    assert result.returncode != 0 and "networking.gke.io/v1 HealthCheckPolicy" in result.stderr
+
+
+# --- 3 and 4. the route against what the cluster holds ---------------------------------------------
+def _route_problems(helm, out, cases: dict[str, str], extra=()) -> dict[str, str]:
+    """toolkit.routeProblem for each case: a template expression of what the cluster holds (lookup is
+    empty under helm template, so the cluster is given here, as the build-needed test does)."""
+    lines = "\n".join(
+        f'  {name}: {{{{ include "toolkit.routeProblem" (merge (dict "root" $) ({found})) | quote }}}}'
+        for name, found in cases.items()
+    )
+    (out / "chart" / "templates" / "route-check.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: route-check}\ndata:\n" + lines + "\n"
+    )
+    return find(render(helm, out, extra=extra), "ConfigMap", "route-check")["data"]
+
+
+def _crd(version: str, channel: str = "standard") -> str:
+    keys = GATEWAY_API["crd_annotations"]
+    return (
+        f'"crd" (dict "metadata" (dict "annotations" (dict "{keys["bundle_version"]}" "{version}" '
+        f'"{keys["channel"]}" "{channel}")))'
+    )
+
+
+def _gateway(namespace: str, source: str, selector: str = "") -> str:
+    namespaces = f'"from" "{source}"' + (
+        f' "selector" (dict "matchLabels" (dict {selector}))' if selector else ""
+    )
+    return (
+        f'"gateway" (dict "metadata" (dict "name" "inference-gateway" "namespace" "{namespace}") "spec" '
+        f'(dict "listeners" (list (dict "name" "http" "allowedRoutes" (dict "namespaces" (dict {namespaces}))))))'
+    )
+
+
+def test_the_route_needs_gateway_api_v1_2_and_a_gateway_that_admits_it(helm, cpu_repo, tmp_path):
+    assert GATEWAY_API["rule_timeouts"]["standard_channel_since"] == "v1.2.0"
+    out = tmp_path / "d"
+    deploy(cpu_repo, out)
+    other = '"namespace" (dict "metadata" (dict "labels" (dict "team" "ml")))'
+    ml, web = '"team" "ml"', '"team" "web"'
+    data = _route_problems(helm, out, {
+        "old": f"dict {_crd('v1.1.0')}",
+        "new": f"dict {_crd('v1.2.0')}",
+        "experimental": f"dict {_crd('v1.1.0', 'experimental')}",
+        "same": f"dict {_crd('v1.3.0')} {_gateway('gateways', 'Same')}",
+        "all": f"dict {_crd('v1.3.0')} {_gateway('gateways', 'All')}",
+        "selected": f'dict {_gateway("gateways", "Selector", ml)} {other}',
+        "not-selected": f'dict {_gateway("gateways", "Selector", web)} {other}',
+        "nothing": "dict",
+    }, extra=("--set", "routing.gateway.namespace=gateways"))  # fmt: skip
+    assert "v1.2.0" in data["old"] and "v1.1.0" in data["old"]
+    assert data["new"] == data["experimental"] == data["all"] == data["selected"] == ""
+    assert data["nothing"] == ""  # helm template: nothing to check against
+    for case in ("same", "not-selected"):
+        assert "allowedRoutes" in data[case] and "gateways/inference-gateway" in data[case]
+    docs = (DATA.parent.parent / "docs" / "deploy.md").read_text()
+    assert "v1.2.0" in docs and "allowedRoutes" in docs
+
+
+def _route(name: str, namespace: str = "other", hostnames=(), header: str | None = None) -> str:
+    match = '(dict "path" (dict "type" "PathPrefix" "value" "/v1")'
+    if header:
+        match += f' "headers" (list (dict "type" "Exact" "name" "x-model" "value" "{header}"))'
+    match += ")"
+    hosts = (
+        f' "hostnames" (list {" ".join(chr(34) + h + chr(34) for h in hostnames)})'
+        if hostnames
+        else ""
+    )
+    return (
+        f'(dict "metadata" (dict "name" "{name}" "namespace" "{namespace}") "spec" (dict "parentRefs" '
+        f'(list (dict "name" "inference-gateway" "namespace" "{NAMESPACE}")){hosts} "rules" (list (dict '
+        f'"matches" (list {match})))))'
+    )
+
+
+def test_two_releases_cannot_both_match_every_v1_request_on_one_gateway(helm, cpu_repo, tmp_path):
+    out = tmp_path / "d"
+    deploy(cpu_repo, out)
+    cases = {
+        "collides": f'dict "routes" (dict "items" (list {_route("older")}))',
+        "own-hostname": f'dict "routes" (dict "items" (list {_route("older", hostnames=("a.example.com",))}))',
+        "own-header": f'dict "routes" (dict "items" (list {_route("older", header="other-model")}))',
+        "itself": f'dict "routes" (dict "items" (list {_route(RELEASE, namespace=NAMESPACE)}))',
+    }  # fmt: skip
+    data = _route_problems(helm, out, cases)
+    assert "other/older" in data["collides"] and "routing.httpRoute.hostnames" in data["collides"]
+    assert data["own-hostname"] == data["own-header"] == data["itself"] == ""
+    # with a header of its own, this release no longer collides with the older route
+    deploy(cpu_repo, out, "--route-header", "x-model=tiny", "--route-hostname", "Tiny.Example.com")
+    assert _route_problems(helm, out, {"collides": cases["collides"]})["collides"] == ""
+    route = find(render(helm, out), "HTTPRoute")["spec"]
+    assert route["hostnames"] == ["tiny.example.com"]
+    assert route["rules"][0]["matches"][0]["headers"] == [
+        {"type": "Exact", "name": "x-model", "value": "tiny"}
+    ]
+    # precedence across routes: ties go to the oldest, so an identical match starves the newer route
+    assert GATEWAY_API["route_precedence"]["ties_across_routes"][0].startswith("the oldest Route")
+
+
+def test_route_flags_that_the_gateway_api_refuses_are_refused(cpu_repo, tmp_path):
+    from chart import invoke
+
+    for args, message in (
+        (("--route-header", "x-model"), "NAME=VALUE"),
+        (("--route-hostname", "not a host"), "not a hostname"),
+        (("--otlp-endpoint", "collector:4318"), "not an http(s) URL"),
+    ):
+        result = invoke("deploy", "--repo", cpu_repo, "-o", tmp_path / "d", *args)
+        assert result.exit_code == 1 and message in result.output, result.output
+
+
+# --- 5. never past a replica's 429 cap ------------------------------------------------------------
+def test_the_picker_filters_out_a_replica_at_the_apis_in_flight_cap(gpu_render):
+    _, values, docs, _ = gpu_render
+    config = epp_config(docs)
+    record = GIE["concurrency_detector"]
+    plugins = {p["type"]: p for p in config["plugins"]}
+    assert record["needs_producer"] in plugins  # the load it filters on
+    detector = plugins[record["type"]]["parameters"]
+    assert detector["concurrencyMode"] == "requests"
+    # the same cap the API answers 429 at, no headroom past it
+    assert detector["maxConcurrency"] == values["api"]["maxInFlight"]
+    assert detector["headroom"] == 0
+    api = container(server_deployment(docs)["spec"]["template"]["spec"], "api")
+    assert int(flag(api["args"], "--max-in-flight")) == detector["maxConcurrency"]
+    profile = config["schedulingProfiles"][0]["plugins"]
+    assert profile[0] == {"pluginRef": record["type"]}  # a filter, before the scorers
+
+
+# --- 6. prefix affinity only where the engine reuses KV blocks ------------------------------------
+@pytest.fixture(scope="module")
+def gpu_repo_without_reuse(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("no-reuse")
+    checkpoint = fake_checkpoint_with_tokenizer(tmp, LLAMA_8B)
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    result = build_with_fake_trtllm(
+        tmp, "--target", "h100-sxm", "--model", checkpoint, "--dtype", "fp8", "--kv-dtype", "fp8",
+        "--no-kv-cache-reuse", "--output", tmp / "volume" / "repo",
+        "--engine-dir", tmp / "volume" / "engines" / "llama",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return hub_variant(tmp / "volume" / "repo", tmp)
+
+
+def _prefix_weight(config: dict) -> float | None:
+    for plugin in config["schedulingProfiles"][0]["plugins"]:
+        if plugin["pluginRef"] == "prefix-cache-scorer":
+            return plugin["weight"]
+    return None
+
+
+def test_prefix_affinity_only_where_the_engine_reuses_kv_blocks(
+    helm, gpu_render, cpu_repo, gpu_repo_without_reuse, tmp_path
+):
+    repo, values, docs, _ = gpu_render
+    assert json.loads((repo / "manifest.json").read_text())  # reuse on: the default
+    assert values["routing"]["epp"]["weights"]["prefixCache"] > 0
+    assert _prefix_weight(epp_config(docs)) == values["routing"]["epp"]["weights"]["prefixCache"]
+    for name, repository in (("cpu", cpu_repo), ("no-reuse", gpu_repo_without_reuse)):
+        values = deploy(repository, tmp_path / name)
+        assert values["routing"]["epp"]["weights"]["prefixCache"] == 0
+        config = epp_config(render(helm, tmp_path / name))
+        assert _prefix_weight(config) is None
+        assert "prefix-cache-scorer" not in {p["type"] for p in config["plugins"]}
+
+
+# --- the front end's size, and tracing --------------------------------------------------------------
+def test_api_workers_and_cpu_come_from_the_plans_estimated_tokens_per_s(
+    gpu_render, cpu_repo, tmp_path
+):
+    repo, values, docs, _ = gpu_render
+    repository = open_repository(repo)
+    plan = repository.memory_plan
+    slots = plan.max_batch_size * plan.pp_size
+    tokens_per_s = estimate_for_plan(
+        repository.manifest.model.facts, plan, slots
+    ).output_tokens_per_s
+    # the estimate's upper tolerance, each token the API's measured CPU, with headroom
+    cores = tokens_per_s * 1.25 * sizing.API_US_PER_TOKEN / 1e6 * sizing.API_CPU_HEADROOM
+    assert values["api"]["workers"] == math.ceil(cores) > 1
+    assert values["api"]["resources"]["requests"]["cpu"] == str(values["api"]["workers"])
+    api = container(server_deployment(docs)["spec"]["template"]["spec"], "api")
+    assert flag(api["args"], "--workers") == str(values["api"]["workers"])
+    assert api["resources"]["requests"]["cpu"] == str(values["api"]["workers"])
+    assert deploy(cpu_repo, tmp_path / "cpu")["api"]["workers"] == 1  # a CPU engine's few tokens/s
+
+
+def test_tracing_goes_to_the_otlp_endpoint_from_every_layer(helm, cpu_repo, tmp_path, gpu_render):
+    url = "http://otel-collector.monitoring:4318"
+    deploy(cpu_repo, tmp_path / "d", "--otlp-endpoint", url, "--trace-rate", "0.05")
+    pod = server_deployment(render(helm, tmp_path / "d"))["spec"]["template"]["spec"]
+    for name in ("triton", "api"):
+        box = container(pod, name)
+        assert flag(box["args"], "--otlp-endpoint") == url
+        assert flag(box["args"], "--trace-rate") == "0.05"
+        assert {"name": "OTEL_SERVICE_NAME", "value": RELEASE} in box["env"]
+    # Triton traces only what the API sampled (it carries the API's context)
+    assert "--trace-context-only" in container(pod, "triton")["args"]
+    untraced = server_deployment(gpu_render[2])["spec"]["template"]["spec"]
+    assert not any("--otlp-endpoint" in c["args"] for c in untraced["containers"])

@@ -1,0 +1,171 @@
+"""`--api-workers N`: the OpenAI API as N processes on one port, counted as one.
+
+Served: a synthetic repository on tritonserver, and the API launched as `toolkit serve --openai-port
+--api-workers 2` launches it (its own process, settings on stdin). Each worker must take part in
+serving, /metrics from any of them must count all of them, the in-flight bound must hold over all of
+them, and a worker that dies must neither stop the API nor leave its requests counted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from toolkit.api import ApiSettings
+from toolkit.api.workers import METRICS_DIR_ENV
+from toolkit.serve.api_process import api_environment, launch_api
+from toolkit.serve.net import free_port
+from toolkit.subprocs import stop_process
+
+from repos import launch_on_free_ports, write_test_repository
+from tiny import make_tiny_checkpoint
+
+pytestmark = pytest.mark.server
+MAX_IN_FLIGHT = 6
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory):
+    root = tmp_path_factory.mktemp("workers")
+    repo = write_test_repository(
+        make_tiny_checkpoint(root / "checkpoint"), root / "repo", synthetic=True, step_time_ms=10.0
+    )
+    server = launch_on_free_ports(repo, root / "server.log", 120)
+    yield server, repo
+    server.stop()
+
+
+@pytest.fixture
+def workers(triton, tmp_path):
+    server, repo = triton
+    port = free_port()
+    settings = ApiSettings(server.grpc_url, repo, max_in_flight=MAX_IN_FLIGHT)
+    process, log = launch_api(
+        settings, host="127.0.0.1", port=port, log_file=tmp_path / "api.log", workers=2
+    )
+    yield process, f"http://127.0.0.1:{port}", port, log
+    stop_process(process, 20)
+
+
+def _metric(url: str, name: str, **labels) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def _complete(url: str, max_tokens: int = 2) -> int:
+    # a connection of its own: the kernel picks the worker from its address
+    with httpx.Client(timeout=60) as client:
+        body = {"model": "tensorrt_llm", "prompt": "Hello world", "max_tokens": max_tokens}
+        return client.post(f"{url}/v1/completions", json=body).status_code
+
+
+def _worker_pids(process) -> list[int]:
+    return [child.pid for child in psutil.Process(process.pid).children()]
+
+
+def _served_by(port: int) -> dict[int, float]:
+    """Completions each worker has answered, from its own metric file (the supervisor's folder)."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    folder = api_environment(port, 2)[METRICS_DIR_ENV]
+    counts = {}
+    for name in os.listdir(folder):
+        if name.startswith("counter_"):
+            values = MmapedDict.read_all_values_from_file(os.path.join(folder, name))
+            counts[int(name[8:-3])] = sum(
+                value
+                for key, value, *_ in values
+                if "toolkit_api_requests" in key and '"completions"' in key
+            )
+    return counts
+
+
+def test_two_workers_serve_one_port_and_metrics_count_both(workers):
+    process, url, port, _ = workers
+    pids = _worker_pids(process)
+    assert len(pids) == 2
+    for pid in pids:  # each listens on the port itself
+        listening = [c for c in psutil.Process(pid).net_connections("tcp") if c.status == "LISTEN"]
+        assert [c.laddr.port for c in listening] == [port]
+    requests = 40
+    with ThreadPoolExecutor(4) as pool:
+        assert set(pool.map(lambda _: _complete(url), range(requests))) == {200}
+    served = _served_by(port)
+    assert set(served) == set(pids)
+    assert all(count > 0 for count in served.values()), served  # both took part
+    # whichever worker answers /metrics, it counts every worker's requests
+    for _ in range(4):
+        assert (
+            _metric(url, "toolkit_api_requests_total", endpoint="completions", status="200")
+            == requests
+        )
+
+
+def test_the_in_flight_bound_holds_over_all_workers(workers):
+    _, url, _, _ = workers
+    with ThreadPoolExecutor(MAX_IN_FLIGHT + 6) as pool:
+        codes = list(pool.map(lambda _: _complete(url, max_tokens=60), range(MAX_IN_FLIGHT + 6)))
+    # 12 at once (each 0.6 s long) over two workers: a bound per worker would admit up to 12
+    assert codes.count(200) == MAX_IN_FLIGHT and codes.count(429) == 6
+    assert _metric(url, "toolkit_api_requests_in_flight") == 0
+
+
+def test_a_dead_worker_is_replaced_and_its_requests_stop_counting(workers):
+    process, url, _, log = workers
+    streams = []
+
+    def stream() -> None:
+        body = {"model": "tensorrt_llm", "prompt": "Hello", "max_tokens": 64, "stream": True}
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+                for _ in r.iter_lines():
+                    pass
+        except httpx.HTTPError:
+            pass  # its worker was killed under it
+
+    for _ in range(MAX_IN_FLIGHT):
+        streams.append(threading.Thread(target=stream, daemon=True))
+        streams[-1].start()
+    deadline = time.monotonic() + 20
+    while _metric(url, "toolkit_api_requests_in_flight") < MAX_IN_FLIGHT:
+        assert time.monotonic() < deadline, "the streams did not all start"
+        time.sleep(0.05)
+    before = _worker_pids(process)
+    for pid in before:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while len(set(_worker_pids(process)) - set(before)) < 2:
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the workers were not started again"
+        time.sleep(0.2)
+    for thread in streams:
+        thread.join(10)
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    # the dead workers' requests hold neither the gauge nor the bound
+    assert _metric(url, "toolkit_api_requests_in_flight") == 0
+    with ThreadPoolExecutor(MAX_IN_FLIGHT) as pool:
+        assert set(pool.map(lambda _: _complete(url), range(MAX_IN_FLIGHT))) == {200}
+    assert "starting it again" in log.read_text()
+
+
+def test_sigterm_drains_every_worker_and_exits_0(workers):
+    process, url, _, _ = workers
+    pids = _worker_pids(process)
+    assert _complete(url) == 200
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+    assert not any(
+        psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids
+    )

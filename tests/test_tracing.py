@@ -1,0 +1,375 @@
+"""Traces across the stack: one per request, from the OpenAI API through tritonserver to the engine.
+
+The unit tests check the decision to trace (off by default), tritonserver's flags against the record
+of its documented settings (tests/data/upstream/triton_trace.json), the receiver's two encodings and
+the engines' context lookup. The served test runs a real tritonserver on a CPU repository with a
+local OTLP receiver and the API in this process, and reads back what each layer exported.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from toolkit.api import ApiSettings, run_api_in_background
+from toolkit.errors import TraceError
+from toolkit.repository.sources import common_module
+from toolkit.serve.net import free_port
+from toolkit.settings import OtelEnvironment
+from toolkit.trace.config import TracePlan, engine_environment, plan_tracing, triton_args
+from toolkit.trace.receiver import SpanReceiver
+from toolkit.trace.records import read_jsonl, traces
+
+from repos import launch_on_free_ports, write_test_repository
+from sse_events import sse_events
+from tiny import make_tiny_checkpoint
+
+UPSTREAM = json.loads(
+    (Path(__file__).parent / "data" / "upstream" / "triton_trace.json").read_text()
+)
+ENDPOINT = OtelEnvironment(endpoint="http://127.0.0.1:4318")
+
+
+# --- the decision ---------------------------------------------------------------------------------
+def test_tracing_is_off_unless_a_rate_or_a_sampler_is_given():
+    assert plan_tracing(None, None, OtelEnvironment()) is None
+    assert plan_tracing(None, None, ENDPOINT) is None  # an endpoint alone traces nothing
+    assert plan_tracing(0, None, ENDPOINT) is None
+    plan = plan_tracing(0.25, None, ENDPOINT)
+    assert plan is not None and plan.traces_url == "http://127.0.0.1:4318/v1/traces"
+    assert plan.api_ratio == 0.25 and plan.triton_direct_rate == 4
+    sampled = plan_tracing(None, None, OtelEnvironment(endpoint="h:1", sampler="always_on"))
+    assert sampled is not None and sampled.api_ratio is None  # the SDK reads the sampler itself
+    assert plan_tracing(1, None, OtelEnvironment(endpoint="h:1", sdk_disabled=True)) is None
+
+
+def test_the_traces_url_follows_the_otlp_exporters_rules():
+    env = OtelEnvironment(endpoint="http://a:1/", traces_endpoint="http://b:2/custom")
+    assert plan_tracing(1, None, env).traces_url == "http://b:2/custom"  # used as it is
+    assert plan_tracing(1, "c:3", env).traces_url == "http://c:3/v1/traces"  # the flag wins
+    assert plan_tracing(1, None, OtelEnvironment(endpoint="http://a:1/")).traces_url == (
+        "http://a:1/v1/traces"
+    )
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan")])
+def test_a_rate_that_is_no_fraction_is_refused(rate):
+    with pytest.raises(TraceError, match="--trace-rate"):
+        plan_tracing(rate, None, ENDPOINT)
+
+
+def test_a_rate_without_an_endpoint_names_the_variable_and_the_receiver():
+    with pytest.raises(TraceError) as error:
+        plan_tracing(0.5, None, OtelEnvironment())
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in error.value.hint
+    assert "toolkit trace collect" in error.value.hint
+    with pytest.raises(TraceError, match="not an http"):
+        plan_tracing(0.5, "grpc://127.0.0.1:4317", OtelEnvironment())
+
+
+def test_trace_context_only_runs_triton_at_rate_0_without_an_api_beside_it(monkeypatch, tmp_path):
+    """The chart's triton container runs `toolkit serve` with no --openai-port (the API is its own
+    container, which samples): --trace-context-only must start tritonserver at rate 0 all the same,
+    else Triton would also trace 1 in 1/rate of the requests the API chose not to."""
+    from toolkit.serve import lifecycle
+    from toolkit.serve.launcher import ServerConfig
+
+    started = []
+
+    class Stop(Exception):
+        pass
+
+    def launch(config, on_wait, detached=False):
+        started.append(triton_args(config.trace, behind_api=config.traced_by_api))
+        raise Stop
+
+    monkeypatch.setattr(lifecycle, "launch_server", launch)
+    plan = TracePlan("http://127.0.0.1:4318/v1/traces", 0.1, "svc")
+    for context_only in (True, False):
+        options = lifecycle.ServeOptions(
+            ServerConfig(tmp_path), trace=plan, trace_context_only=context_only
+        )
+        with pytest.raises(Stop):
+            lifecycle.start_serving(options)
+    assert "--trace-config=rate=0" in started[0]
+    assert "--trace-config=rate=10" in started[1]  # alone, Triton samples 1 in 1/0.1 itself
+
+
+def test_tritons_flags_are_its_documented_settings():
+    plan = TracePlan("http://127.0.0.1:4318/v1/traces", 0.1, "svc")
+    globals_, modes = UPSTREAM["global_settings"], UPSTREAM["mode_settings"]
+    for behind_api, rate in ((True, "0"), (False, "10")):
+        settings = {}
+        for arg in triton_args(plan, behind_api=behind_api):
+            flag, _, value = arg.partition("=")
+            assert flag == UPSTREAM["flag"]
+            head, _, rest = value.partition(",")
+            if "=" in head:  # a global setting: <setting>=<value>
+                key, _, setting = head.partition("=")
+                assert key in globals_, arg
+                settings[key] = setting
+            else:  # <mode>,<setting>=<value>
+                key, _, setting = rest.partition("=")
+                assert head == "opentelemetry" and key in modes["opentelemetry"], arg
+                settings[f"otel.{key}"] = setting
+        assert (
+            settings["mode"] == "opentelemetry" and settings["mode"] in globals_["mode"]["choices"]
+        )
+        assert settings["level"] in globals_["level"]["opentelemetry_supports"]
+        # behind the API only what carries its context (rate 0, as the docs say); alone, 1 in 1/ratio
+        assert settings["rate"] == rate
+        assert settings["otel.url"] == plan.traces_url
+        assert settings["otel.resource"] == "service.name=svc"
+
+
+def test_the_engines_get_the_switch_and_the_endpoint():
+    plan = TracePlan("http://h:1/v1/traces", 1.0, "svc")
+    env = engine_environment(plan)
+    tracing = common_module("tracing")
+    assert env[tracing.ENGINE_SWITCH] == "1"
+    assert env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] == plan.traces_url
+
+
+# --- the receiver ---------------------------------------------------------------------------------
+def _export(url: str, body: bytes, content_type: str) -> int:
+    response = httpx.post(f"{url}/v1/traces", content=body, headers={"content-type": content_type})
+    return response.status_code
+
+
+def _protobuf_export(trace_id: bytes, names: list[str]) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    request = ExportTraceServiceRequest()
+    resource = request.resource_spans.add()
+    attribute = resource.resource.attributes.add()
+    attribute.key, attribute.value.string_value = "service.name", "client"
+    scope = resource.scope_spans.add()
+    for index, name in enumerate(names):
+        span = scope.spans.add()
+        span.trace_id, span.span_id = trace_id, bytes([index + 1] * 8)
+        span.name, span.start_time_unix_nano, span.end_time_unix_nano = name, 10, 20
+    return request.SerializeToString()
+
+
+def test_the_receiver_takes_json_and_protobuf_and_forwards_protobuf(tmp_path):
+    with (
+        SpanReceiver(None, port=0) as downstream,
+        SpanReceiver(
+            tmp_path / "spans.jsonl", port=0, forward=f"{downstream.url}/v1/traces"
+        ) as receiver,
+    ):
+        # JSON as tritonserver sends it: ids in hex, times as strings, kind as a number
+        json_body = {
+            "resourceSpans": [
+                {
+                    "resource": {"attributes": []},
+                    "scopeSpans": [
+                        {
+                            "scope": {"name": "triton-server"},
+                            "spans": [
+                                {
+                                    "traceId": "0af7651916cd43dd8448eb211c80319c",
+                                    "spanId": "b7ad6b7169203331",
+                                    "name": "InferRequest",
+                                    "kind": 2,
+                                    "startTimeUnixNano": "100",
+                                    "endTimeUnixNano": "300",
+                                    "events": [{"name": "QUEUE_START", "timeUnixNano": "150"}],
+                                    "attributes": [
+                                        {"key": "triton.model_version", "value": {"intValue": "1"}}
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                }
+            ]
+        }
+        assert _export(receiver.url, json.dumps(json_body).encode(), "application/json") == 200
+        assert (
+            _export(
+                receiver.url, _protobuf_export(b"\x01" * 16, ["a", "b"]), "application/x-protobuf"
+            )
+            == 200
+        )
+        assert _export(receiver.url, b"not otlp", "application/x-protobuf") == 400
+        assert downstream.wait_for(lambda records: len(records) == 3, 10)
+    written = read_jsonl(tmp_path / "spans.jsonl")
+    triton = next(r for r in written if r.name == "InferRequest")
+    assert (triton.trace_id, triton.span_id) == (
+        "0af7651916cd43dd8448eb211c80319c",
+        "b7ad6b7169203331",
+    )
+    assert (triton.start_ns, triton.end_ns, triton.component) == (100, 300, "triton")
+    assert triton.event("QUEUE_START").time_ns == 150
+    assert triton.attributes["triton.model_version"] == 1
+    assert {r.name for r in written} == {"InferRequest", "a", "b"}
+    # what went on, as protobuf, is what came in
+    assert sorted((r.trace_id, r.name) for r in downstream.records) == sorted(
+        (r.trace_id, r.name) for r in written
+    )
+
+
+# --- the engines' context -------------------------------------------------------------------------
+class _Trace:
+    def __init__(self, context):
+        self.context = context
+
+    def get_context(self):
+        return self.context
+
+
+class _Request:
+    def __init__(self, context=None, parameters="{}"):
+        self._trace, self._parameters = _Trace(context), parameters
+
+    def trace(self):
+        return self._trace
+
+    def parameters(self):
+        return self._parameters
+
+
+TP_TRITON = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TP_API = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"
+
+
+def test_an_engine_parents_its_spans_on_tritons_span_else_on_the_apis_parameter():
+    tracing = common_module("tracing")
+    both = _Request(json.dumps({"traceparent": TP_TRITON}), json.dumps({"traceparent": TP_API}))
+    assert tracing.request_context(both) == TP_TRITON
+    assert tracing.request_context(_Request(None, json.dumps({"traceparent": TP_API}))) == TP_API
+    assert tracing.request_context(_Request(None, "{}")) is None
+    assert tracing.request_context(_Request(None, "not json")) is None
+
+
+def test_an_engine_without_the_switch_traces_nothing(monkeypatch):
+    tracing = common_module("tracing")
+    monkeypatch.delenv(tracing.ENGINE_SWITCH, raising=False)
+    tracer = tracing.EngineTracer("tensorrt_llm")
+    assert not tracer.enabled
+    assert tracer.start(_Request(json.dumps({"traceparent": TP_TRITON})), 4, 16) is None
+
+
+# --- served: one trace across the API, tritonserver and the CPU engine ----------------------------
+@pytest.fixture(scope="module")
+def traced_stack(tmp_path_factory):
+    """A tiny CPU repository on tritonserver with tracing, a receiver, and traced APIs in this process:
+    one that samples every request, one that follows only a client's sampled context."""
+    root = tmp_path_factory.mktemp("traced")
+    with (
+        pytest.MonkeyPatch.context() as env,
+        SpanReceiver(root / "spans.jsonl", port=0) as receiver,
+    ):
+        env.setenv(
+            "OTEL_BSP_SCHEDULE_DELAY", "100"
+        )  # the engines' and the API's exports, every 0.1 s
+        repo = write_test_repository(make_tiny_checkpoint(root / "checkpoint"), root / "repo")
+        plan = TracePlan(f"{receiver.url}/v1/traces", 1.0, "toolkit-test")
+        server = launch_on_free_ports(
+            repo, root / "tritonserver.log", 300, trace=plan, traced_by_api=True
+        )
+        followed = TracePlan(
+            plan.traces_url, 1e-12, plan.service_name
+        )  # in effect: never on its own
+        apis = [
+            run_api_in_background(ApiSettings(server.grpc_url, repo, trace=p), port=free_port())
+            for p in (plan, followed)
+        ]
+        try:
+            yield receiver, *apis
+        finally:
+            for api in apis:
+                api.stop()
+            server.stop()
+
+
+def _stream(url: str, headers: dict | None = None) -> dict:
+    body = {
+        "model": "tensorrt_llm",
+        "prompt": "The capital of France is",
+        "max_tokens": 6,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=60) as r:
+        assert r.status_code == 200
+        events = list(sse_events(r.iter_lines()))
+    return next(e for e in events if isinstance(e, dict) and e.get("usage"))["usage"]
+
+
+def _whole_trace(receiver: SpanReceiver, trace_id: str, timeout_s: float = 15.0):
+    """The trace's spans once the API's root, Triton's top span and the engine's have all arrived."""
+
+    def whole(records) -> bool:
+        names = {r.name for r in records if r.trace_id == trace_id}
+        return {"engine.request", "engine.decode", "InferRequest"} <= names and any(
+            r.trace_id == trace_id and r.name.startswith("POST ") for r in records
+        )
+
+    assert receiver.wait_for(whole, timeout_s), "the trace did not arrive whole"
+    time.sleep(0.3)  # the rest of the same exports
+    return traces(receiver.records)[trace_id]
+
+
+@pytest.mark.server
+def test_one_request_is_one_trace_from_the_api_through_triton_to_the_engine(traced_stack):
+    receiver, api, _ = traced_stack
+    before = {r.trace_id for r in receiver.records}
+    usage = _stream(api.url)
+    root = _wait_root(receiver, before)
+    spans = _whole_trace(receiver, root.trace_id)
+    by_name = {s.name: s for s in spans}
+    assert {s.component for s in spans} == {"api", "triton", "engine"}
+    # the chain of parents: API request -> its gRPC call -> Triton's request -> the engine's model span
+    # -> the engine's request and its phases
+    parent = {s.span_id: s for s in spans}
+    engine = by_name["engine.request"]
+    chain = []
+    node = engine
+    while node.parent_id in parent:
+        node = parent[node.parent_id]
+        chain.append(node.name)
+    assert chain == ["tensorrt_llm", "InferRequest", "api.generate", root.name]
+    assert parent[by_name["engine.decode"].parent_id].name == "engine.request"
+    # in order: the API calls, Triton receives, the engine runs, each inside its caller
+    call, triton = by_name["api.generate"], by_name["InferRequest"]
+    assert root.start_ns <= by_name["api.receive"].start_ns <= by_name["api.admission"].end_ns
+    assert by_name["api.admission"].end_ns <= call.start_ns <= triton.start_ns <= engine.start_ns
+    assert by_name["engine.queue"].end_ns <= by_name["engine.decode"].start_ns
+    assert by_name["engine.decode"].end_ns <= call.end_ns <= root.end_ns
+    assert by_name["api.first_chunk"].end_ns <= by_name["api.stream"].end_ns <= root.end_ns
+    # the request's token counts, as every layer saw them
+    assert root.attributes["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
+    assert root.attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+    assert engine.attributes["engine.output_tokens"] == usage["completion_tokens"]
+    assert engine.attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+    assert by_name["api.stream"].attributes["toolkit.tokens"] == usage["completion_tokens"]
+    assert engine.attributes["engine.decode_steps"] >= 1
+
+
+def _wait_root(receiver: SpanReceiver, before: set[str], timeout_s: float = 15.0):
+    def arrived(records) -> bool:
+        return any(r.name.startswith("POST ") and r.trace_id not in before for r in records)
+
+    assert receiver.wait_for(arrived, timeout_s), "no API span arrived"
+    return next(
+        r for r in receiver.records if r.name.startswith("POST ") and r.trace_id not in before
+    )
+
+
+@pytest.mark.server
+def test_a_clients_sampled_context_is_followed_and_an_unsampled_request_is_not_traced(traced_stack):
+    receiver, _, follower = traced_stack
+    before = {r.trace_id for r in receiver.records}
+    _stream(follower.url)  # no context: this API's ratio leaves it out
+    client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    _stream(follower.url, {"traceparent": f"00-{client_trace}-{client_span}-01"})
+    spans = _whole_trace(receiver, client_trace)
+    root = next(s for s in spans if s.name.startswith("POST "))
+    assert root.parent_id == client_span  # a child of the client's span, in the client's trace
+    assert {r.trace_id for r in receiver.records} - before == {client_trace}

@@ -1,0 +1,98 @@
+"""`toolkit trace`: a local OTLP receiver (and viewer), and span trees of what it received."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from toolkit.cli.render import note
+from toolkit.errors import TraceError
+from toolkit.subprocs import stop_process
+from toolkit.trace.receiver import SpanReceiver
+from toolkit.trace.records import read_jsonl, traces
+from toolkit.trace.tree import format_trace
+
+
+@click.group("trace")
+def command() -> None:
+    """Collect the stack's OpenTelemetry traces locally and print them as span trees."""
+
+
+@command.command("collect")
+@click.option("--host", default="127.0.0.1", help="Address to listen on.")
+@click.option("-p", "--port", default=4318, type=click.IntRange(1, 65535), help="OTLP/HTTP port.")
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=Path("spans.jsonl"),
+    help="Spans are appended here, one JSON object per line.",
+)
+@click.option(
+    "--forward",
+    default=None,
+    help="Also send every batch, as OTLP/HTTP protobuf, to this traces URL (e.g. a collector).",
+)
+@click.option(
+    "--phoenix",
+    "phoenix",
+    default=None,
+    help="Start Arize Phoenix (this executable, from its own venv) as the viewer and forward to it.",
+)
+@click.option(
+    "--phoenix-port", default=6006, type=click.IntRange(1, 65535), help="Phoenix's UI port."
+)
+def collect(host, port, out, forward, phoenix, phoenix_port):
+    """Receive OTLP/HTTP traces (JSON or protobuf) until Ctrl-C; point the stack at it with
+    OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:PORT."""
+    viewer = None
+    if phoenix:
+        from toolkit.serve.phoenix import plan_phoenix, start_phoenix
+
+        plan = plan_phoenix(phoenix, host, phoenix_port)
+        note(f"starting Phoenix on {plan.ui_url} ...")
+        viewer, log = start_phoenix(plan)
+        forward = forward or plan.traces_url
+        note(f"Phoenix: {plan.ui_url} (log {log})")
+
+    def said(records) -> None:
+        roots = sum(1 for r in records if not r.parent_id)
+        note(f"{len(records)} spans ({roots} new traces)")
+
+    try:
+        receiver = SpanReceiver(
+            out, host=host, port=port, forward=forward, keep=False, on_spans=said
+        )
+        note(
+            f"receiving OTLP/HTTP traces on {receiver.url}/v1/traces -> {out}"
+            + (f", forwarding to {forward}" if forward else "")
+        )
+        note(f"export to it with: OTEL_EXPORTER_OTLP_ENDPOINT={receiver.url}")
+        try:
+            receiver.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            receiver.close()
+    finally:
+        if viewer is not None:
+            stop_process(viewer, 10)
+
+
+@command.command("show")
+@click.argument("spans", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option("--trace-id", default=None, help="Only this trace (its 32 hex digits, or a prefix).")
+@click.option("-n", "--last", type=click.IntRange(min=1), default=5, help="The last N traces.")
+def show(spans, trace_id, last):
+    """Print the span trees of the traces in SPANS (a file `toolkit trace collect` wrote)."""
+    grouped = traces(read_jsonl(spans))
+    chosen = [spans for tid, spans in grouped.items() if tid.startswith(trace_id or "")]
+    chosen.sort(key=lambda group: group[0].start_ns)
+    if not chosen:
+        raise TraceError(
+            f"no trace{' ' + trace_id if trace_id else ''} in {spans}",
+            hint="export to `toolkit trace collect` first, or pass another --trace-id",
+        )
+    for group in chosen[-last:]:
+        click.echo("\n".join(format_trace(group)))

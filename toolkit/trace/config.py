@@ -1,0 +1,131 @@
+"""Whether and where the stack traces: one decision from `--trace-rate`, `--otlp-endpoint` and the OTEL_* variables.
+
+Off by default. On when an OTLP/HTTP endpoint is known (`--otlp-endpoint`, OTEL_EXPORTER_OTLP_ENDPOINT or
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) and a sampling rule is given: `--trace-rate R` (a fraction of the
+requests that reach the API, parent-based: a client's sampled `traceparent` is always followed), or
+OTEL_TRACES_SAMPLER (and _ARG) as the OpenTelemetry SDK reads them. OTEL_SDK_DISABLED=true keeps it off.
+
+Every layer then exports to the same endpoint: the API (toolkit.trace.provider), tritonserver in its
+OpenTelemetry mode (`triton_args`; it traces every request that carries a context, whatever its own
+rate, so behind the API it runs at rate 0 and traces exactly what the API sampled), and the engines in
+the Python backend (model_repo/common/tracing.py, switched on by `engine_environment`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from toolkit.errors import TraceError
+from toolkit.settings import (
+    OTEL_ENDPOINT,
+    OTEL_SERVICE_NAME,
+    OTEL_TRACES_ENDPOINT,
+    OtelEnvironment,
+    otel_environment,
+)
+
+DEFAULT_SERVICE = "toolkit"
+TRACES_PATH = "/v1/traces"
+# Read by the engines' tracing (model_repo/common/tracing.py): spans only when tritonserver runs with it.
+ENGINE_SWITCH = "TOOLKIT_TRACE_ENGINES"
+# Triton's batch span processor exports every 5 s by default (docs/user_guide/trace.md); 1 s keeps a
+# trace whole within a second or two of its request, at one small POST a second.
+TRITON_EXPORT_DELAY_MS = 1000
+
+
+@dataclass(frozen=True)
+class TracePlan:
+    """Tracing as it will run: where spans go and how requests are sampled."""
+
+    traces_url: str  # the OTLP/HTTP traces URL (…/v1/traces)
+    api_ratio: float | None  # the API's parent-based ratio; None: OTEL_TRACES_SAMPLER decides
+    service_name: str
+
+    @property
+    def triton_direct_rate(self) -> int:
+        """Triton's own rate (1 in N) for requests that come without a context: 1/ratio."""
+        ratio = 1.0 if self.api_ratio is None else self.api_ratio
+        return max(1, round(1 / ratio))
+
+    def to_dict(self) -> dict:
+        return {
+            "traces_url": self.traces_url,
+            "api_ratio": self.api_ratio,
+            "service_name": self.service_name,
+        }
+
+
+def plan_tracing(
+    rate: float | None = None, endpoint: str | None = None, env: OtelEnvironment | None = None
+) -> TracePlan | None:
+    """The tracing to run, or None when it is off. `rate`: --trace-rate (0 turns it off whatever the
+    environment says); `endpoint`: --otlp-endpoint, a base URL as OTEL_EXPORTER_OTLP_ENDPOINT."""
+    env = env or otel_environment()
+    if rate is not None and not (math.isfinite(rate) and 0 <= rate <= 1):
+        raise TraceError(
+            f"--trace-rate {rate!r} is not a fraction of requests",
+            hint="pass a number from 0 (off) to 1 (every request), e.g. --trace-rate 0.01",
+            value=rate,
+        )
+    if env.sdk_disabled or rate == 0 or (rate is None and env.sampler is None):
+        return None
+    url = traces_url(endpoint, env)
+    if url is None:
+        raise TraceError(
+            "tracing is on (--trace-rate or OTEL_TRACES_SAMPLER) but no OTLP endpoint is set",
+            hint=f"set {OTEL_ENDPOINT}=http://127.0.0.1:4318 (or pass --otlp-endpoint); `toolkit trace "
+            "collect` runs a receiver there",
+        )
+    return TracePlan(url, rate, env.service_name or DEFAULT_SERVICE)
+
+
+def traces_url(endpoint: str | None, env: OtelEnvironment) -> str | None:
+    """The traces URL as the OTLP exporters build it: a base endpoint gets /v1/traces appended, the
+    traces-specific variable is used as it is."""
+    if endpoint:
+        return _with_scheme(endpoint).rstrip("/") + TRACES_PATH
+    if env.traces_endpoint:
+        return _with_scheme(env.traces_endpoint)
+    if env.endpoint:
+        return _with_scheme(env.endpoint).rstrip("/") + TRACES_PATH
+    return None
+
+
+def _with_scheme(url: str) -> str:
+    url = url.strip()
+    if "://" not in url:
+        return f"http://{url}"
+    if not url.startswith(("http://", "https://")):
+        raise TraceError(
+            f"OTLP endpoint {url!r} is not an http(s) URL: the toolkit exports OTLP over HTTP",
+            hint="pass a URL such as http://127.0.0.1:4318 (OTLP/gRPC on 4317 is not used)",
+            value=url,
+        )
+    return url
+
+
+def triton_args(plan: TracePlan, *, behind_api: bool) -> list[str]:
+    """tritonserver's --trace-config flags (names from its docs/user_guide/trace.md, recorded in
+    tests/data/upstream/triton_trace.json). Behind the API, rate 0: only requests that carry the
+    API's context (exactly those it sampled) are traced; alone, 1 in round(1/ratio) of the rest too."""
+    rate = 0 if behind_api else plan.triton_direct_rate
+    return [
+        "--trace-config=mode=opentelemetry",
+        f"--trace-config=opentelemetry,url={plan.traces_url}",
+        f"--trace-config=rate={rate}",
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-config=count=-1",
+        f"--trace-config=opentelemetry,resource=service.name={plan.service_name}",
+        f"--trace-config=opentelemetry,bsp_schedule_delay={TRITON_EXPORT_DELAY_MS}",
+    ]
+
+
+def engine_environment(plan: TracePlan) -> dict[str, str]:
+    """What tritonserver's environment gets so that its Python-backend engines emit their spans to the
+    same place (the stubs inherit it)."""
+    return {
+        ENGINE_SWITCH: "1",
+        OTEL_TRACES_ENDPOINT: plan.traces_url,
+        OTEL_SERVICE_NAME: plan.service_name,
+    }
