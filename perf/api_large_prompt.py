@@ -35,7 +35,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench_support import machine  # noqa: E402
+from bench_support import machine, write_results_json  # noqa: E402
 
 from toolkit.serve.net import free_port  # noqa: E402
 
@@ -215,11 +215,7 @@ def write_results(args, variants: dict, repo_limits: dict) -> None:
         "repeats": args.repeats,
         "machine": machine(),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "results": variants}, indent=2) + "\n"
-    )
+    out = write_results_json(args.out, meta, variants)
     rows = [
         "| API | case | large request | /v1/models idle p50 | while large: p50 | max | p50 ratio "
         "| max ratio | API RSS before / peak / after |",

@@ -26,7 +26,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_support import machine  # noqa: E402
+from bench_support import machine, write_results_json  # noqa: E402
 
 from toolkit.api.app import ApiSettings  # noqa: E402
 from toolkit.api.prompt import PromptCodec  # noqa: E402
@@ -248,11 +248,7 @@ def write_results(args, results: dict, manifest: dict) -> None:
         "machine": machine(),
         "targets": {"tokens_per_s_lost_pct_max": 5.0, "ttft_p50_added_ms_max": 5.0},
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
-    )
+    out = write_results_json(args.out, meta, results)
     rows = [
         "| streams | direct tok/s | API tok/s | tok/s lost | direct TTFT p50 | API TTFT p50 | TTFT added |",
         "|---|---|---|---|---|---|---|",

@@ -6,6 +6,7 @@ Imported by the perf/ scripts that run as `python perf/SCRIPT.py` (their folder 
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from pathlib import Path
@@ -21,6 +22,16 @@ def machine() -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
+
+
+def write_results_json(out: Path | str, meta: dict, results) -> Path:
+    """OUT.json with {"meta": meta, "results": results}, its folder made; returns OUT (a Path)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(
+        json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
+    )
+    return out
 
 
 def serve_cpu_repository(workdir: Path, log_file: Path | None = None):
