@@ -39,6 +39,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_support import write_results_json  # noqa: E402
+
 from toolkit.api.app import ApiSettings  # noqa: E402
 from toolkit.client.sse import LeanStreamClient  # noqa: E402
 from toolkit.repository.reader import open_repository  # noqa: E402
@@ -225,11 +227,7 @@ def write(args, results: dict) -> None:
         "rounds": args.rounds, "requests_per_stream": args.requests_per_stream,
         "output_tokens": args.output_tokens, "goals": GOALS,
     }  # fmt: skip
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
-    )
+    out = write_results_json(args.out, meta, results)
     lines = [
         "# The OpenAI API as a front end: CPU per token, a second worker, tracing",
         "",

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -36,6 +35,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench_support import machine, write_results_json  # noqa: E402
+
 from toolkit.serve.net import free_port  # noqa: E402
 
 UNREACHABLE = "127.0.0.1:1"  # every request measured here is refused or counted before any engine
@@ -212,17 +213,9 @@ def write_results(args, variants: dict, repo_limits: dict) -> None:
         "repository_limits": repo_limits,
         "baseline_requests": args.baseline,
         "repeats": args.repeats,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "results": variants}, indent=2) + "\n"
-    )
+    out = write_results_json(args.out, meta, variants)
     rows = [
         "| API | case | large request | /v1/models idle p50 | while large: p50 | max | p50 ratio "
         "| max ratio | API RSS before / peak / after |",

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import re
 import shlex
 import statistics
@@ -28,6 +26,8 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_support import machine, write_results_json  # noqa: E402
+
 from toolkit.api.app import ApiSettings  # noqa: E402
 from toolkit.api.prompt import PromptCodec  # noqa: E402
 from toolkit.client.sse import LeanStreamClient, sse_data  # noqa: E402
@@ -245,18 +245,10 @@ def write_results(args, results: dict, manifest: dict) -> None:
         "rounds": args.rounds,
         "client": args.client,
         "api_workers": args.api_workers,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
         "targets": {"tokens_per_s_lost_pct_max": 5.0, "ttft_p50_added_ms_max": 5.0},
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
-    )
+    out = write_results_json(args.out, meta, results)
     rows = [
         "| streams | direct tok/s | API tok/s | tok/s lost | direct TTFT p50 | API TTFT p50 | TTFT added |",
         "|---|---|---|---|---|---|---|",

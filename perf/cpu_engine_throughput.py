@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench_support import machine, serve_cpu_repository
+
 PROMPTS = [
     "Explain how a bicycle works.",
     "Write a short story about a lighthouse.",
@@ -97,25 +99,8 @@ def main() -> int:
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
-    from toolkit.build import plan_local_repository
-    from toolkit.build_settings import BuildSettings
-    from toolkit.model.sources import resolve_model
-    from toolkit.repository.writer import write_repository
-    from toolkit.serve.launcher import ServerConfig, launch_server
-    from toolkit.serve.net import free_port
-
-    model = resolve_model("smollm2-135m-instruct", progress=False)
     workdir = Path(tempfile.mkdtemp(prefix="cpu-engine-bench-"))
-    settings = BuildSettings(kv_cache_tokens=32768)
-    write_repository(plan_local_repository(model, workdir / "repo", "cpu", settings))
-    server = launch_server(
-        ServerConfig(
-            repo=workdir / "repo",
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-        )
-    )
+    model, server = serve_cpu_repository(workdir)
     rounds = []
     try:
         served_tokens_per_s(server.grpc_url, PROMPTS[:2], 8, 2)  # warm-up
@@ -142,11 +127,7 @@ def main() -> int:
     }
     result = {
         "command": "python perf/cpu_engine_throughput.py " + " ".join(sys.argv[1:]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
+        "machine": machine(),
         "tokens_per_request": args.tokens,
         "repeats": args.repeats,
         "rounds": rounds,

@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import re
 import statistics
 import sys
@@ -28,6 +26,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from bench_support import machine, serve_cpu_repository
 
 PROMPTS = [
     "List some fruits with a score for each.",
@@ -132,25 +132,9 @@ def engine_counters(metrics_url: str) -> dict[str, float]:
 
 def serve(workdir: Path):
     from toolkit.api import ApiSettings, run_api_in_background
-    from toolkit.build import plan_local_repository
-    from toolkit.build_settings import BuildSettings
-    from toolkit.model.sources import resolve_model
-    from toolkit.repository.writer import write_repository
-    from toolkit.serve.launcher import ServerConfig, launch_server
     from toolkit.serve.net import free_port
 
-    model = resolve_model("smollm2-135m-instruct", progress=False)
-    settings = BuildSettings(kv_cache_tokens=32768)
-    write_repository(plan_local_repository(model, workdir / "repo", "cpu", settings))
-    server = launch_server(
-        ServerConfig(
-            repo=workdir / "repo",
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            log_file=workdir / "tritonserver.log",
-        )
-    )
+    _model, server = serve_cpu_repository(workdir, workdir / "tritonserver.log")
     api = run_api_in_background(ApiSettings(server.grpc_url, workdir / "repo"), port=free_port())
     return server, api
 
@@ -199,11 +183,7 @@ def main() -> int:
     reused = after["reused"] - before["reused"]
     result = {
         "command": "python perf/structured_output.py " + " ".join(sys.argv[1:]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
+        "machine": machine(),
         "streams": args.streams,
         "tokens_per_request": args.tokens,
         "schemas_per_round": args.schemas,

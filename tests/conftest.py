@@ -44,14 +44,12 @@ class ServedRepo:
 def served_repo(tmp_path_factory):
     """Build the embedded default's CPU repository once and serve it for the whole session."""
     from toolkit.model.sources import resolve_model
-    from toolkit.serve.launcher import ServerConfig, launch_server
 
-    from repos import python_repository
+    from repos import launch_on_free_ports, python_repository
 
     home = Path(os.environ.get("TOOLKIT_TEST_HOME") or tmp_path_factory.mktemp("served-home"))
-    previous = os.environ.get("TOOLKIT_HOME")
-    os.environ["TOOLKIT_HOME"] = str(home)
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TOOLKIT_HOME", str(home))
         model = resolve_model("smollm2-135m-instruct", progress=False)
         repo = tmp_path_factory.mktemp("served") / "repo"
         python_repository(
@@ -62,20 +60,7 @@ def served_repo(tmp_path_factory):
             max_seq_len=1024,
             kv_cache_tokens=16384,
         )
-        config = ServerConfig(
-            repo=repo,
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            ready_timeout_s=300,
-            log_file=home / "tritonserver-test.log",
-        )
-        server = launch_server(config)
-    finally:
-        if previous is None:
-            os.environ.pop("TOOLKIT_HOME", None)
-        else:
-            os.environ["TOOLKIT_HOME"] = previous
+        server = launch_on_free_ports(repo, home / "tritonserver-test.log", 300)
     yield ServedRepo(
         repo=repo,
         checkpoint=model.path,
@@ -97,3 +82,36 @@ def reference_model(served_repo):
     tokenizer = AutoTokenizer.from_pretrained(served_repo.checkpoint)
     model = AutoModelForCausalLM.from_pretrained(served_repo.checkpoint, dtype=torch.float32).eval()
     return model, tokenizer
+
+
+# --- the OpenAI API over the served repository, and the `openai` client of it ------------------
+@pytest.fixture(scope="module")
+def api_options() -> dict:
+    """ApiSettings options of `api` beyond the repository; a module overrides this fixture. The first of
+    its `api_keys` is the one `client` sends."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def api(served_repo, api_options):
+    """The OpenAI API, on a thread of this process, over the session's served repository."""
+    from toolkit.api import ApiSettings, run_api_in_background
+
+    settings = ApiSettings(served_repo.grpc_url, served_repo.repo, **api_options)
+    handle = run_api_in_background(settings, port=free_port())
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def client(api, api_options):
+    """The `openai` package's client of `api`, sending its first API key."""
+    import openai
+
+    key = (api_options.get("api_keys") or ("none",))[0]
+    return openai.OpenAI(base_url=f"{api.url}/v1", api_key=key, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def model_id(client) -> str:
+    return client.models.list().data[0].id

@@ -12,19 +12,7 @@ from toolkit.repository.writer import write_repository
 from toolkit.serve.launcher import RunningServer, ServerConfig, launch_server
 from toolkit.serve.net import free_port
 
-TINY_LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "tie_word_embeddings": False,
-}
+from tiny import TINY_LLAMA_CONFIG
 
 
 def config_only_checkpoint(
@@ -52,10 +40,12 @@ def write_test_repository(
     output: Path,
     *,
     source: str | None = None,
+    revision: str | None = None,
     synthetic: bool = False,
     **settings,
 ) -> Path:
-    """A repository of `checkpoint` (cpu engine, or the synthetic one) with small limits."""
+    """A repository of `checkpoint` (cpu engine, or the synthetic one) with small limits; `source` and
+    `revision`: where the checkpoint is said to come from (default: the local folder)."""
     defaults = {
         "max_input_len": 128,
         "max_output_len": 64,
@@ -63,7 +53,7 @@ def write_test_repository(
         "kv_cache_tokens": 1024,
         "max_batch_size": 8,
     }
-    model = ResolvedModel(checkpoint, source or f"local:{checkpoint}", None)
+    model = ResolvedModel(checkpoint, source or f"local:{checkpoint}", revision)
     target = "synthetic" if synthetic else "cpu"
     return python_repository(model, output, target, **{**defaults, **settings})
 

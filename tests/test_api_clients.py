@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 from pydantic import BaseModel
-
-from toolkit.api import ApiSettings, run_api_in_background
-from toolkit.serve.net import free_port
 
 pytestmark = pytest.mark.server
 
@@ -40,23 +36,9 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def api(served_repo):
-    settings = ApiSettings(
-        served_repo.grpc_url, served_repo.repo, api_keys=(KEY,), tool_parser="hermes"
-    )
-    handle = run_api_in_background(settings, port=free_port())
-    yield handle
-    handle.stop()
-
-
-@pytest.fixture(scope="module")
-def client(api) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{api.url}/v1", api_key=KEY, max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def model_id(client) -> str:
-    return client.models.list().data[0].id
+def api_options() -> dict:
+    """conftest's `api` with an API key and the Hermes tool-call parser."""
+    return {"api_keys": (KEY,), "tool_parser": "hermes"}
 
 
 def test_openai_parse_returns_the_pydantic_object(client, model_id):

@@ -27,20 +27,9 @@ def start_api(served_repo, **kw):
 
 
 @pytest.fixture(scope="module")
-def api(served_repo):
-    handle = start_api(served_repo, api_keys=(KEY,), max_in_flight=8)
-    yield handle
-    handle.stop()
-
-
-@pytest.fixture(scope="module")
-def client(api) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{api.url}/v1", api_key=KEY, max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def model_id(client) -> str:
-    return client.models.list().data[0].id
+def api_options() -> dict:
+    """conftest's `api` with an API key and room for 8 requests in flight."""
+    return {"api_keys": (KEY,), "max_in_flight": 8}
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from transformers.generation.continuous_batching.requests import (  # noqa: E402
 )
 
 from sampling import GREEDY, RequestDecoding, row_seed  # noqa: E402
-from tiny import make_tiny_checkpoint  # noqa: E402
+from tiny import engine_batching, make_tiny_checkpoint  # noqa: E402
 
 END_ID = 2  # the tiny checkpoint's <|im_end|>
 
@@ -43,7 +43,6 @@ def tiny(tmp_path_factory):
 def engine(tiny):
     """The manager as the engine builds it: no transformers processors, the Decoder deciding every token."""
     from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     from cache_stats import PrefixHits, record_prefix_hits
     from grammars import GrammarMasks
@@ -52,16 +51,14 @@ def engine(tiny):
     path, model = tiny
     hits = PrefixHits(16)
     record_prefix_hits(hits)
-    manager = model.init_continuous_batching(
-        generation_config=GenerationConfig(do_sample=False, max_new_tokens=32, eos_token_id=END_ID),
-        continuous_batching_config=ContinuousBatchingConfig(
-            per_request_processors=True,
-            max_batch_tokens=64,
-            max_requests_per_batch=16,
-            num_blocks=128,
-            page_size=16,
-            max_queue_size=0,
-        ),
+    generation = GenerationConfig(do_sample=False, max_new_tokens=32, eos_token_id=END_ID)
+    manager = engine_batching(
+        model,
+        generation,
+        max_batch_tokens=64,
+        max_requests_per_batch=16,
+        num_blocks=128,
+        page_size=16,
     )
     vocab = model.config.vocab_size
     grammars = GrammarMasks(str(path / "tokenizer.json"), vocab, [END_ID])

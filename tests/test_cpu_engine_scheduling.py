@@ -17,26 +17,25 @@ import pytest
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1] / "model_repo" / "tensorrt_llm_cpu" / "1")
 )
+from tiny import engine_batching, tiny_llama_config  # noqa: E402
 
 
 @pytest.fixture()
 def manager():
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+    from transformers import GenerationConfig, LlamaForCausalLM
 
     from scheduling import unblock_after_cancellation
 
     unblock_after_cancellation()
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=100,
+    config = tiny_llama_config(
+        100,
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=512,
     )
     model = LlamaForCausalLM(config).float().eval()
     model.config._attn_implementation = "sdpa"
@@ -45,16 +44,7 @@ def manager():
         do_sample=True, temperature=0.5, top_k=100, top_p=0.5, max_new_tokens=8, eos_token_id=-1
     )
     # 12 blocks of 16 tokens: two requests of 40 + 120 tokens cannot both stay resident.
-    batching = ContinuousBatchingConfig(
-        per_request_processors=True,
-        max_batch_tokens=64,
-        num_blocks=12,
-        page_size=16,
-        max_queue_size=0,
-    )
-    cb = model.init_continuous_batching(
-        generation_config=generation, continuous_batching_config=batching
-    )
+    cb = engine_batching(model, generation, max_batch_tokens=64, num_blocks=12, page_size=16)
     yield cb
     cb.stop(block=True, timeout=10, hard_stop=True)
 

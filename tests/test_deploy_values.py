@@ -17,9 +17,8 @@ import yaml
 from click.testing import CliRunner
 
 from toolkit.cli.main import cli
-from toolkit.model.sources import ResolvedModel
 
-from repos import python_repository
+from repos import write_test_repository
 from tiny import make_tiny_checkpoint
 
 IMAGE = "registry.example.com/ml/toolkit"
@@ -46,14 +45,9 @@ def helm() -> str:
 @pytest.fixture(scope="module")
 def cpu_repo(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("values")
-    model = ResolvedModel(make_tiny_checkpoint(tmp / "checkpoint"), "hf:acme/tiny-llama", "0" * 40)
-    return python_repository(
-        model,
-        tmp / "volume" / "repo",
-        max_input_len=128,
-        max_output_len=64,
-        max_seq_len=256,
-        kv_cache_tokens=1024,
+    checkpoint = make_tiny_checkpoint(tmp / "checkpoint")
+    return write_test_repository(
+        checkpoint, tmp / "volume" / "repo", source="hf:acme/tiny-llama", revision="0" * 40
     )
 
 

@@ -48,18 +48,26 @@ def _aic_points() -> list[dict]:
     return [p for p in record["points"] if p["status"] == "ok"]
 
 
-def _estimate_for(point: dict):
-    facts = _facts(point["catalog"].removesuffix(".json"))
+def _plan_at(catalog_name: str, dtype: str, row: dict, **settings):
+    """(facts, plan) of a catalog model on H100 at a reference row's TP and lengths (`tp`, `isl`,
+    `osl`), weights and KV cache in `dtype`, other settings as given."""
+    facts = _facts(catalog_name)
     plan = compute_plan(
         facts,
         H100,
-        dtype=point["dtype"],
-        kv_dtype=point["dtype"],
-        tp=point["tp"],
-        target_input_len=point["isl"],
-        target_output_len=point["osl"],
-        max_num_tokens=AIC_MAX_NUM_TOKENS,
+        dtype=dtype,
+        kv_dtype=dtype,
+        tp=row["tp"],
+        target_input_len=row["isl"],
+        target_output_len=row["osl"],
+        **settings,
     )
+    return facts, plan
+
+
+def _estimate_for(point: dict):
+    catalog_name = point["catalog"].removesuffix(".json")
+    facts, plan = _plan_at(catalog_name, point["dtype"], point, max_num_tokens=AIC_MAX_NUM_TOKENS)
     return estimate_performance(
         facts, H100, plan, Workload(point["batch"], point["isl"], point["osl"])
     )
@@ -173,16 +181,7 @@ def test_time_to_first_token_is_within_30_percent_of_the_measured_serving_table(
     rows = [r for r in _serving_rows() if _in_flight(r) <= 64]
     ratios = []
     for row in rows:
-        facts = _facts(CATALOG[row["model"]])
-        plan = compute_plan(
-            facts,
-            H100,
-            dtype="bf16",
-            kv_dtype="bf16",
-            tp=row["tp"],
-            target_input_len=row["isl"],
-            target_output_len=row["osl"],
-        )
+        facts, plan = _plan_at(CATALOG[row["model"]], "bf16", row)
         ours = estimate_performance(
             facts, H100, plan, Workload(_in_flight(row), row["isl"], row["osl"])
         )
@@ -341,16 +340,11 @@ def test_at_the_planned_batch_the_estimate_is_within_20_percent_of_nvidias_publi
     ]
     found = []
     for row in rows:
-        facts = _facts(CATALOG[row["model"]])
-        plan = compute_plan(
-            facts,
-            H100,
-            dtype="fp8",
-            kv_dtype="fp8",
-            tp=row["tp"],
+        facts, plan = _plan_at(
+            CATALOG[row["model"]],
+            "fp8",
+            row,
             max_seq_len=max(8192, row["isl"] + row["osl"]),
-            target_input_len=row["isl"],
-            target_output_len=row["osl"],
             kv_cache_free_gpu_mem_fraction=0.95,
         )
         ours = estimate_for_plan(facts, plan)

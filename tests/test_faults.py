@@ -29,7 +29,7 @@ from toolkit.serve.lifecycle import python_stubs
 from toolkit.serve.net import free_port
 from toolkit.subprocs import children_of, process_alive
 
-from repos import write_test_repository
+from repos import launch_on_free_ports, write_test_repository
 from sse_events import DONE, sse_events
 from tiny import make_bigram_checkpoint
 
@@ -369,12 +369,19 @@ def test_streams_longer_than_the_drain_timeout_are_cut_and_nothing_outlives_serv
     assert not survivors(serve.processes)
 
 
-def test_the_exit_code_says_the_drain_timeout_cut_streams_or_not(serving, bigram_repo):
-    """What tritonserver reports when its drain timeout cuts requests must not read as a crash."""
-    serve = serving("--drain-timeout", "1")
+def _sigterm_while_streaming(serving, drain_timeout_s: int):
+    """`toolkit serve --drain-timeout N` with one endless API stream under way, then SIGTERM:
+    (the serve process, the stream)."""
+    serve = serving("--drain-timeout", str(drain_timeout_s))
     api_stream = ApiStream(serve.api, "loop", 2000)
     assert api_stream.first.wait(60)
     serve.process.send_signal(signal.SIGTERM)
+    return serve, api_stream
+
+
+def test_the_exit_code_says_the_drain_timeout_cut_streams_or_not(serving, bigram_repo):
+    """What tritonserver reports when its drain timeout cuts requests must not read as a crash."""
+    serve, _ = _sigterm_while_streaming(serving, drain_timeout_s=1)
     code = serve.wait(HANG_BOUND_S)
     # tritonserver itself exits 1 when its exit timeout cuts requests: the stop the operator asked
     # for, said as such, not an error.
@@ -383,10 +390,7 @@ def test_the_exit_code_says_the_drain_timeout_cut_streams_or_not(serving, bigram
 
 
 def test_a_crash_while_draining_is_reported_not_called_a_clean_stop(serving, bigram_repo):
-    serve = serving("--drain-timeout", "60")
-    api_stream = ApiStream(serve.api, "loop", 2000)
-    assert api_stream.first.wait(60)
-    serve.process.send_signal(signal.SIGTERM)
+    serve, api_stream = _sigterm_while_streaming(serving, drain_timeout_s=60)
     time.sleep(1.0)  # draining: the stream still runs
     assert api_stream.outcome(0) == "hung"
     os.kill(serve.triton_pid, signal.SIGSEGV)
@@ -398,10 +402,7 @@ def test_a_crash_while_draining_is_reported_not_called_a_clean_stop(serving, big
 
 
 def test_a_second_signal_stops_at_once_and_leaves_nothing(serving, bigram_repo):
-    serve = serving("--drain-timeout", "60")
-    api_stream = ApiStream(serve.api, "loop", 2000)
-    assert api_stream.first.wait(60)
-    serve.process.send_signal(signal.SIGTERM)
+    serve, api_stream = _sigterm_while_streaming(serving, drain_timeout_s=60)
     time.sleep(1.0)
     assert api_stream.outcome(0) == "hung"  # still draining
     serve.process.send_signal(signal.SIGINT)
@@ -443,11 +444,16 @@ def test_a_stop_signal_during_start_up_leaves_nothing_behind(bigram_repo, tmp_pa
             assert code == 128 + sig and f"stopped by {signal.Signals(sig).name}" in stderr, stderr
         assert "Traceback" not in stderr, stderr
     finally:
-        if serve.poll() is None:
-            serve.kill()
-        for pid in seen:
-            if process_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_what_is_left(serve, seen)
+
+
+def _kill_what_is_left(serve: subprocess.Popen, seen) -> None:
+    """A failed test's clean-up: SIGKILL to the serve process and every process it was seen to start."""
+    if serve.poll() is None:
+        serve.kill()
+    for pid in seen:
+        if process_alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _comm(pid: int) -> str:
@@ -551,17 +557,8 @@ def test_the_openai_api_process_stops_on_sighup(bigram_repo, tmp_path):
     """A closed terminal: `toolkit api` (and serve's API process) drains and exits, as on SIGTERM."""
     from toolkit.api.app import ApiSettings
     from toolkit.serve.api_process import launch_api
-    from toolkit.serve.launcher import ServerConfig, launch_server
 
-    server = launch_server(
-        ServerConfig(
-            repo=bigram_repo,
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            log_file=tmp_path / "triton.log",
-        )
-    )
+    server = launch_on_free_ports(bigram_repo, tmp_path / "triton.log", 600)
     try:
         api, _log = launch_api(
             ApiSettings(server.grpc_url, bigram_repo), host="127.0.0.1", port=free_port()
@@ -689,8 +686,6 @@ def test_a_failed_start_leaves_no_shared_memory(served_repo, tmp_path):
     """A start given up while a model still loads (--ready-timeout): what it started is killed mid-load."""
     from toolkit.errors import ServerError
 
-    from repos import launch_on_free_ports
-
     before = set(_shm_segments("toolkit_"))
     with pytest.raises(ServerError, match="not ready"):
         launch_on_free_ports(served_repo.repo, tmp_path / "triton.log", 3)
@@ -758,8 +753,4 @@ def test_nan_weights_served_with_allow_modified_never_turn_health_green(bigram_r
         assert "non-finite" in stderr and "tensorrt_llm" in stderr, stderr
         assert not survivors(seen)
     finally:
-        if serve.poll() is None:
-            serve.kill()
-        for pid in seen:
-            if process_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_what_is_left(serve, seen)

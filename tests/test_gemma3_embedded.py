@@ -6,15 +6,14 @@ for the module (the conversion writes a 1 GB float32 checkpoint)."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from click.testing import CliRunner
 
 from toolkit.cli.main import cli
 from toolkit.model.embedded import GEMMA_NOTICE
-from toolkit.serve.launcher import ServerConfig, launch_server
-from toolkit.serve.net import free_port
+
+from repos import launch_on_free_ports
 
 pytestmark = pytest.mark.server
 
@@ -32,10 +31,9 @@ MAX_TOKENS = 16
 @pytest.fixture(scope="module")
 def gemma_server(tmp_path_factory):
     home = tmp_path_factory.mktemp("gemma-home")
-    previous = os.environ.get("TOOLKIT_HOME")
-    os.environ["TOOLKIT_HOME"] = str(home)
     repo = tmp_path_factory.mktemp("gemma") / "repo"
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TOOLKIT_HOME", str(home))
         built = CliRunner().invoke(
             cli,
             ["build", "-t", "cpu", "-m", "gemma3-270m", "-o", str(repo), "--max-seq-len", "2048",
@@ -43,21 +41,7 @@ def gemma_server(tmp_path_factory):
              "--max-batch-size", "4"],
         )  # fmt: skip
         assert built.exit_code == 0, built.output
-        server = launch_server(
-            ServerConfig(
-                repo=repo,
-                http_port=free_port(),
-                grpc_port=free_port(),
-                metrics_port=free_port(),
-                ready_timeout_s=300,
-                log_file=home / "tritonserver.log",
-            )
-        )
-    finally:
-        if previous is None:
-            os.environ.pop("TOOLKIT_HOME", None)
-        else:
-            os.environ["TOOLKIT_HOME"] = previous
+        server = launch_on_free_ports(repo, home / "tritonserver.log", 300)
     yield repo, home / "models" / "gemma3-270m", server
     server.stop()
 

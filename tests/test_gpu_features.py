@@ -202,26 +202,26 @@ def _api(repo: Path):
     return TestClient(app, raise_server_exceptions=False), recorder, app.state.api
 
 
+def _say_hi(client, repo: Path, **body):
+    """POST /v1/chat/completions: one user message "hi" to the repository's model, `body` added."""
+    model = open_repository(repo).served_model_name
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    return client.post("/v1/chat/completions", json={**chat, **body})
+
+
 def test_the_api_sends_the_backend_s_own_tensors_each_declared_upstream(gpu_repo):
     """Structured output, log probs and n reach a GPU engine as the stock inputs, under the backend's guide
     type names, and the outputs asked for are the stock ones: each checked against the upstream record."""
     client, recorder, state = _api(gpu_repo)
-    model = open_repository(gpu_repo).served_model_name
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     with client:
-        response = client.post(
-            "/v1/chat/completions",
-            json={
-                "model": model,
-                "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 4,
-                "n": 2,
-                "logprobs": True,
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "a", "schema": schema},
-                },
-            },
+        response = _say_hi(
+            client,
+            gpu_repo,
+            max_tokens=4,
+            n=2,
+            logprobs=True,
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
         )
         assert response.status_code == 200, response.text
         prompt_ids, max_tokens, sampling, features = recorder.calls[0]
@@ -244,17 +244,8 @@ def test_the_api_sends_the_backend_s_own_tensors_each_declared_upstream(gpu_repo
 
 def test_top_logprobs_on_an_engine_without_generation_logits_is_a_400_naming_the_setting(gpu_repo):
     client, recorder, _ = _api(gpu_repo)
-    model = open_repository(gpu_repo).served_model_name
     with client:
-        response = client.post(
-            "/v1/chat/completions",
-            json={
-                "model": model,
-                "messages": [{"role": "user", "content": "hi"}],
-                "logprobs": True,
-                "top_logprobs": 2,
-            },
-        )
+        response = _say_hi(client, gpu_repo, logprobs=True, top_logprobs=2)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "top_logprobs" and "--gather-generation-logits" in error["message"]

@@ -143,6 +143,27 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_repository(tiny, tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
+@pytest.mark.parametrize(
+    "limits, message, fix",
+    [
+        ({"max_seq_len": 4096}, "--max-seq-len=4096 is over the model's max_position_embeddings 2048",
+         "pass --max-seq-len 2048 or less"),
+        ({"max_input_len": 2048}, "--max-input-len=2048 leaves no room to generate within --max-seq-len=2048",
+         "make --max-input-len smaller than --max-seq-len"),
+        ({"kv_cache_tokens": 1024}, "--kv-cache-tokens=1024 cannot hold one sequence of --max-seq-len=2048",
+         "pass --kv-cache-tokens 2048 or more"),
+    ],
+)  # fmt: skip
+def test_limits_the_engine_cannot_run_are_refused_naming_the_flag_and_the_fix(limits, message, fix):
+    from toolkit.errors import RepositoryError
+    from toolkit.repository.limits import RepositoryLimits
+
+    RepositoryLimits().check(max_position_embeddings=2048)  # the defaults run
+    with pytest.raises(RepositoryError) as refused:
+        RepositoryLimits(**limits).check(max_position_embeddings=2048)
+    assert refused.value.message == message and refused.value.hint == fix
+
+
 def test_bad_limits_name_the_flag(tiny, tmp_path):
     result = build(tiny, tmp_path / "r", "--max-seq-len", "100000")
     assert (

@@ -29,22 +29,46 @@ def write_tiny_tokenizer(path: Path):
     return tokenizer
 
 
+# The tiny checkpoint's shape, as config.json spells it.
+TINY_LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+
+def tiny_llama_config(vocab_size: int, **overrides):
+    """A transformers LlamaConfig of TINY_LLAMA_CONFIG's shape, `overrides` applied."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**{**TINY_LLAMA_CONFIG, "vocab_size": vocab_size, **overrides})
+
+
+def engine_batching(model, generation, **batching):
+    """transformers' continuous-batching manager as the CPU engine configures it (per-request
+    processors, no transformers queue: the engine bounds its own), `batching` sizing the cache."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    config = ContinuousBatchingConfig(per_request_processors=True, max_queue_size=0, **batching)
+    return model.init_continuous_batching(
+        generation_config=generation, continuous_batching_config=config
+    )
+
+
 def make_tiny_checkpoint(path: Path, *, weights: str = "safetensors") -> Path:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     tokenizer = write_tiny_tokenizer(path)
-    config = LlamaConfig(
-        vocab_size=tokenizer.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=2,
-        bos_token_id=1,
-    )
+    config = tiny_llama_config(tokenizer.get_vocab_size())
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = 2
@@ -109,7 +133,7 @@ def make_bigram_checkpoint(path: Path) -> Path:
     Attention and MLP are zero and each embedding is a one-hot, so the LM head maps the last token to the next."""
     import torch
     from tokenizers import decoders, pre_tokenizers, processors
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     path.mkdir(parents=True, exist_ok=True)
     # LLAMA3_SPECIAL[0] is word_level's UNK (id 0): the special tokens take ids 0-6, the words 7 on
@@ -139,15 +163,12 @@ def make_bigram_checkpoint(path: Path) -> Path:
         json.dumps({"bos_token_id": 1, "eos_token_id": [2, 3, 4]})
     )
     size = len(vocab)
-    config = LlamaConfig(
-        vocab_size=size,
-        hidden_size=32,
+    config = tiny_llama_config(
+        size,
         intermediate_size=32,
         num_hidden_layers=1,
-        num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=4096,
-        bos_token_id=1,
         eos_token_id=[2, 3, 4],
         tie_word_embeddings=False,
     )

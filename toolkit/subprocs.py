@@ -87,24 +87,29 @@ def session_alive(sid: int) -> bool:
     return any(_state(pid) not in ("Z", None) for pid in session_members(sid))
 
 
+# Indexes into _stat_fields: state, ppid, pgrp, session, ...
+_PPID_FIELD = 1
+_PGRP_FIELD = 2
+_SESSION_FIELD = 3
+
+
 def session_members(sid: int) -> list[int]:
     """Every process of the session `sid` (a child started with start_new_session: its pid), from /proc."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat_fields(int(entry))
-            if fields and int(fields[3]) == sid:
-                members.append(int(entry))
-    return members
+    return _processes_where(_SESSION_FIELD, sid)
 
 
 def children_of(pid: int) -> list[int]:
     """Direct children of `pid` (from /proc)."""
+    return _processes_where(_PPID_FIELD, pid)
+
+
+def _processes_where(field: int, value: int) -> list[int]:
+    """The pids whose /proc/PID/stat field `field` (a _stat_fields index) is `value`."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = _stat_fields(int(entry))
-            if fields and int(fields[1]) == pid:
+            if fields and int(fields[field]) == value:
                 found.append(int(entry))
     return found
 
@@ -123,7 +128,7 @@ def signal_session(sid: int, sig: int) -> None:
         os.killpg(sid, sig)
     for pid in session_members(sid):
         fields = _stat_fields(pid)
-        if fields is None or int(fields[2]) == sid:
+        if fields is None or int(fields[_PGRP_FIELD]) == sid:
             continue  # gone, or in the leader's group: signalled above
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)

@@ -119,6 +119,35 @@ def _ensure_aiconfigurator(python: str) -> None:
         os.execve(python, [python, str(Path(__file__).resolve()), *sys.argv[1:]], env)
 
 
+def matrix_point(dtype: str, tp: int, isl: int, osl: int, batch: int) -> dict:
+    """Where a point stands in the matrix, as the reference records name it (one GPU per TP rank)."""
+    return {
+        "dtype": dtype,
+        "tp": tp,
+        "num_gpus": tp,
+        "isl": isl,
+        "osl": osl,
+        "batch": batch,
+    }
+
+
+def aiconfigurator_source(fields: dict, started: float, generator: str) -> dict:
+    """A reference record's `source`: the aiconfigurator package and version, `fields`, then when,
+    with what and how long the run that made it took (`started`: its time.time()), and `generator`."""
+    import importlib.metadata as md
+
+    return {
+        "package": "aiconfigurator",
+        "version": md.version("aiconfigurator"),
+        **fields,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "numpy": md.version("numpy"),
+        "runtime_s": round(time.time() - started, 1),
+        "generator": generator,
+    }
+
+
 def _plain(value):
     """JSON-safe copy: numpy scalars to Python numbers, NaN/inf to None, tuples to lists."""
     if isinstance(value, dict):
@@ -328,12 +357,7 @@ def main(argv=None) -> int:
             point = {
                 "model": model,
                 "catalog": f"{stem}.json",
-                "dtype": dtype,
-                "tp": tp,
-                "num_gpus": tp,
-                "isl": isl,
-                "osl": osl,
-                "batch": batch,
+                **matrix_point(dtype, tp, isl, osl, batch),
                 "quant_requested": quant,
             }
             common = dict(
@@ -405,39 +429,36 @@ def main(argv=None) -> int:
             )
 
     record = {
-        "source": {
-            "package": "aiconfigurator",
-            "version": md.version("aiconfigurator"),
-            "aiconfigurator_core_version": md.version("aiconfigurator_core"),
-            "backend": BACKEND,
-            "backend_version": backend_version,
-            "backend_versions_shipped_for_system": shipped_versions,
-            "query_versions_yaml_defaults": query_versions.get("defaults"),
-            "system": SYSTEM,
-            "system_spec": system_spec,
-            "database_mode": "SILICON (default): measured kernel tables; ops without tables use the "
-            "package's empirical formula (see op_source_counts)",
-            "command_template": CLI_TEMPLATE.format(
-                model_dir="DIR",
-                mode="agg",
-                isl="I",
-                osl="O",
-                batch="B",
-                tp="T",
-                gemm="Q",
-                kv="Q",
-                fmha="Q",
-            ),
-            "python_api_agg": API_TEMPLATE.format(mode="agg"),
-            "python_api_static": API_TEMPLATE.format(mode="static"),
-            "model_path": "temporary folder holding the catalog entry's `config` member as config.json",
-            "dtypes": DTYPES,
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "python": platform.python_version(),
-            "numpy": md.version("numpy"),
-            "runtime_s": round(time.time() - started, 1),
-            "generator": "perf/reference/make_aiconfigurator_reference.py",
-        },
+        "source": aiconfigurator_source(
+            {
+                "aiconfigurator_core_version": md.version("aiconfigurator_core"),
+                "backend": BACKEND,
+                "backend_version": backend_version,
+                "backend_versions_shipped_for_system": shipped_versions,
+                "query_versions_yaml_defaults": query_versions.get("defaults"),
+                "system": SYSTEM,
+                "system_spec": system_spec,
+                "database_mode": "SILICON (default): measured kernel tables; ops without tables use the "
+                "package's empirical formula (see op_source_counts)",
+                "command_template": CLI_TEMPLATE.format(
+                    model_dir="DIR",
+                    mode="agg",
+                    isl="I",
+                    osl="O",
+                    batch="B",
+                    tp="T",
+                    gemm="Q",
+                    kv="Q",
+                    fmha="Q",
+                ),
+                "python_api_agg": API_TEMPLATE.format(mode="agg"),
+                "python_api_static": API_TEMPLATE.format(mode="static"),
+                "model_path": "temporary folder holding the catalog entry's `config` member as config.json",
+                "dtypes": DTYPES,
+            },
+            started,
+            "perf/reference/make_aiconfigurator_reference.py",
+        ),
         "field_meaning": {
             "ttft_ms": "agg mode TTFT (ms): prefill-only step time for one request (isl tokens) x the "
             "package's queuing heuristic min(2 + (ceil(batch*isl/ctx_tokens) - 3)/20, 4); "

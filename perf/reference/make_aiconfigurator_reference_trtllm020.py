@@ -22,11 +22,9 @@ object is made for every point.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import importlib.metadata as md
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -34,7 +32,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.dont_write_bytecode = True  # keep this folder free of __pycache__
 sys.path.insert(0, str(HERE))
-from make_aiconfigurator_reference import BATCHES, DTYPES, REPO, SEQ_LENS, _plain  # noqa: E402  (same matrix)
+from make_aiconfigurator_reference import (  # noqa: E402  (same matrix, same record source)
+    BATCHES,
+    DTYPES,
+    REPO,
+    SEQ_LENS,
+    _plain,
+    aiconfigurator_source,
+    matrix_point,
+)
 
 DEFAULT_VENV_PYTHON = "/tmp/aic04/bin/python"
 SYSTEM, BACKEND, VERSION = "h100_sxm", "trtllm", "0.20.0"
@@ -109,12 +115,7 @@ def main(argv=None) -> int:
                         point = {
                             "model": model,
                             "aic_model_name": name,
-                            "dtype": dtype,
-                            "tp": tp,
-                            "num_gpus": tp,
-                            "isl": isl,
-                            "osl": osl,
-                            "batch": batch,
+                            **matrix_point(dtype, tp, isl, osl, batch),
                             "quant": {
                                 "gemm": mc.gemm_quant_mode.name,
                                 "kvcache": mc.kvcache_quant_mode.name,
@@ -163,24 +164,21 @@ def main(argv=None) -> int:
                             file=sys.stderr,
                         )
     record = {
-        "source": {
-            "package": "aiconfigurator",
-            "version": md.version("aiconfigurator"),
-            "backend": BACKEND,
-            "backend_version": VERSION,
-            "system": SYSTEM,
-            "how": "aiconfigurator.sdk: InferenceSession(get_model(NAME, ModelConfig(tp_size, gemm/kvcache/fmha "
-            "quant), 'trtllm'), get_database('h100_sxm','trtllm','0.20.0'), get_backend('trtllm'))"
-            ".run_agg(RuntimeConfig(batch_size, isl, osl), ctx_tokens=isl) for the top-level numbers; "
-            ".run_static(same, 'static') for the 'static' block",
-            "bf16_note": "0.4.0 names the 16-bit modes 'float16'; its H100 0.20.0 tables for them are the "
-            "16-bit (bf16/fp16) kernels",
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "python": platform.python_version(),
-            "numpy": md.version("numpy"),
-            "runtime_s": round(time.time() - started, 1),
-            "generator": "perf/reference/make_aiconfigurator_reference_trtllm020.py",
-        },
+        "source": aiconfigurator_source(
+            {
+                "backend": BACKEND,
+                "backend_version": VERSION,
+                "system": SYSTEM,
+                "how": "aiconfigurator.sdk: InferenceSession(get_model(NAME, ModelConfig(tp_size, gemm/kvcache/fmha "
+                "quant), 'trtllm'), get_database('h100_sxm','trtllm','0.20.0'), get_backend('trtllm'))"
+                ".run_agg(RuntimeConfig(batch_size, isl, osl), ctx_tokens=isl) for the top-level numbers; "
+                ".run_static(same, 'static') for the 'static' block",
+                "bf16_note": "0.4.0 names the 16-bit modes 'float16'; its H100 0.20.0 tables for them are the "
+                "16-bit (bf16/fp16) kernels",
+            },
+            started,
+            "perf/reference/make_aiconfigurator_reference_trtllm020.py",
+        ),
         "field_meaning": "as in aiconfigurator_h100_sxm.json: agg-mode ttft_ms/tpot_ms, output_tokens_per_s for "
         "the whole engine (all tp GPUs, prefill steps included); static.context_latency_ms = one "
         "prefill of the whole batch",

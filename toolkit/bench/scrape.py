@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,15 +38,7 @@ class ScrapeSummary:
     engine_step_ms: float | None = None
 
     def to_dict(self) -> dict:
-        return {
-            "samples": self.samples,
-            "pending_mean": self.pending_mean,
-            "pending_max": self.pending_max,
-            "queue_us_per_request": self.queue_us_per_request,
-            "kv_cache": self.kv_cache,
-            "cpu_utilization_mean": self.cpu_utilization_mean,
-            "engine_step_ms": self.engine_step_ms,
-        }
+        return asdict(self)
 
 
 def parse_samples(text: str) -> dict[str, float]:

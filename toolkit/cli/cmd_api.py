@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 
 import click
 
@@ -24,6 +25,47 @@ from toolkit.cli.render import emit_json, note
 from toolkit.repository.reader import open_repository
 from toolkit.serve.net import is_loopback
 from toolkit.settings import api_keys as read_api_keys
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """An optional module uvicorn takes when installed, chosen by an option: auto, it, or the stock one."""
+
+    flag: str
+    parameter: str
+    module: str
+    stock: str
+    what: str
+
+
+ACCELERATORS = (
+    Accelerator("--loop", "event_loop", "uvloop", "asyncio", "Event loop"),
+    Accelerator("--http", "http_impl", "httptools", "h11", "HTTP parser"),
+)
+
+
+def accelerator_options(command):
+    """One `auto | MODULE | STOCK` option per accelerator, in ACCELERATORS' order."""
+    for accelerator in reversed(ACCELERATORS):
+        command = click.option(
+            accelerator.flag,
+            accelerator.parameter,
+            default="auto",
+            type=click.Choice(["auto", accelerator.module, accelerator.stock]),
+            help=f"{accelerator.what}: auto takes {accelerator.module} when installed.",
+        )(command)
+    return command
+
+
+def refuse_missing_accelerators(chosen: dict[str, str]) -> None:
+    """A named accelerator that is not installed is a bad parameter (auto falls back instead)."""
+    for accelerator in ACCELERATORS:
+        module, flag = accelerator.module, accelerator.flag
+        if chosen[accelerator.parameter] == module and importlib.util.find_spec(module) is None:
+            raise click.BadParameter(
+                f"{module} is not installed; pip install {module}, or pass {flag} auto",
+                param_hint=flag,
+            )
 
 
 @click.command("api")
@@ -63,20 +105,7 @@ from toolkit.settings import api_keys as read_api_keys
 @tool_parser_option
 @max_in_flight_option
 @api_limit_options
-@click.option(
-    "--loop",
-    "event_loop",
-    default="auto",
-    type=click.Choice(["auto", "uvloop", "asyncio"]),
-    help="Event loop: auto takes uvloop when installed.",
-)
-@click.option(
-    "--http",
-    "http_impl",
-    default="auto",
-    type=click.Choice(["auto", "httptools", "h11"]),
-    help="HTTP parser: auto takes httptools when installed.",
-)
+@accelerator_options
 @click.option(
     "--log-level",
     default="info",
@@ -117,15 +146,7 @@ def command(
     from toolkit.api import ApiSettings, run_api
 
     reject_api_key_value(api_key)
-    for choice, module, flag in (
-        (event_loop, "uvloop", "--loop"),
-        (http_impl, "httptools", "--http"),
-    ):
-        if choice == module and importlib.util.find_spec(module) is None:
-            raise click.BadParameter(
-                f"{module} is not installed; pip install {module}, or pass {flag} auto",
-                param_hint=flag,
-            )
+    refuse_missing_accelerators({"event_loop": event_loop, "http_impl": http_impl})
     keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
     settings = ApiSettings(

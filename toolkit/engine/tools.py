@@ -42,21 +42,28 @@ def detect_trtllm_version(python: str | None = None) -> str | None:
     return lines[-1] if done.returncode == 0 and lines else None
 
 
-def detect_gpu_sm() -> str | None:
-    """Compute capability of GPU 0 as nvidia-smi prints it ("9.0"), or None without a GPU."""
+def _nvidia_smi_lines(query: str) -> list[str] | None:
+    """The non-blank lines `nvidia-smi --query-gpu=QUERY` prints (one per GPU), or None without it."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:
         done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    lines = done.stdout.split()
-    return lines[0].strip() if done.returncode == 0 and lines else None
+    if done.returncode != 0:
+        return None
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+
+def detect_gpu_sm() -> str | None:
+    """Compute capability of GPU 0 as nvidia-smi prints it ("9.0"), or None without a GPU."""
+    lines = _nvidia_smi_lines("compute_cap")
+    return lines[0] if lines else None
 
 
 def require_trtllm() -> str:
@@ -82,22 +89,8 @@ def require_trtllm() -> str:
 
 def detect_gpu_count() -> int | None:
     """GPUs this machine shows (one nvidia-smi line each), or None without nvidia-smi."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return (
-        len([line for line in done.stdout.splitlines() if line.strip()])
-        if done.returncode == 0
-        else None
-    )
+    lines = _nvidia_smi_lines("name")
+    return None if lines is None else len(lines)
 
 
 def require_gpus(needed: int, why: str) -> None:

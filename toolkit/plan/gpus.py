@@ -10,9 +10,10 @@ dense is half of it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from toolkit.errors import PlanError
+from toolkit.registry import by_name
 
 GB = 10**9
 TB = 10**12
@@ -42,103 +43,90 @@ class GpuProfile:
         return self.fp8_tflops is not None
 
     def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "memory_bytes": self.memory_bytes,
-            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
-            "bf16_tflops": self.bf16_tflops,
-            "fp8_tflops": self.fp8_tflops,
-            "sm": self.sm,
-            "gpu_products": list(self.gpu_products),
-            "interconnect_bytes_per_s": self.interconnect_bytes_per_s,
-        }
+        return {**asdict(self), "gpu_products": list(self.gpu_products)}
 
 
-GPU_PROFILES: dict[str, GpuProfile] = {
-    profile.name: profile
-    for profile in (
-        # NVIDIA H100 Tensor Core GPU datasheet (2023), "H100 SXM" column: 80 GB HBM3, 3.35 TB/s,
-        # BF16 1,979 TFLOPS* and FP8 3,958 TFLOPS* with sparsity -> 989.5 / 1,979 dense. Hopper: SM 9.0.
-        # nvidia-smi on "NVIDIA H100 80GB HBM3": memory.total 81559 MiB.
-        GpuProfile(
-            "h100-sxm",
-            "NVIDIA H100 SXM 80GB",
-            81559 * MIB,
-            3.35 * TB,
-            989.5,
-            1979.0,
-            "9.0",
-            gpu_products=("NVIDIA-H100-80GB-HBM3",),
-            interconnect_bytes_per_s=450 * GB,  # NVLink 900 GB/s
-        ),
-        # Same datasheet, "H100 PCIe" column: 80 GB HBM2e, 2 TB/s, BF16 1,513* / FP8 3,026* (sparse);
-        # nvidia-smi on "NVIDIA H100 PCIe": 81559 MiB.
-        GpuProfile(
-            "h100-pcie",
-            "NVIDIA H100 PCIe 80GB",
-            81559 * MIB,
-            2.0 * TB,
-            756.5,
-            1513.0,
-            "9.0",
-            gpu_products=("NVIDIA-H100-PCIe",),
-            interconnect_bytes_per_s=64 * GB,  # PCIe Gen5 128 GB/s (the NVLink bridge is optional)
-        ),
-        # Same datasheet, "H100 NVL" column: 94 GB HBM3, 3.9 TB/s, BF16 1,671* / FP8 3,341* (sparse).
-        # The datasheet's 94 GB (decimal): no nvidia-smi figure we could cite; errs low.
-        GpuProfile(
-            "h100-nvl",
-            "NVIDIA H100 NVL 94GB",
-            94 * GB,
-            3.9 * TB,
-            835.5,
-            1670.5,
-            "9.0",
-            gpu_products=("NVIDIA-H100-NVL",),
-            interconnect_bytes_per_s=300 * GB,  # NVLink bridge 600 GB/s (pairs of cards)
-        ),
-        # NVIDIA H200 Tensor Core GPU datasheet (2024), "H200 SXM": 141 GB HBM3e, 4.8 TB/s,
-        # BF16 1,979* / FP8 3,958* (sparse), same Hopper compute as H100 SXM; nvidia-smi: 143771 MiB.
-        GpuProfile(
-            "h200",
-            "NVIDIA H200 SXM 141GB",
-            143771 * MIB,
-            4.8 * TB,
-            989.5,
-            1979.0,
-            "9.0",
-            gpu_products=("NVIDIA-H200",),
-            interconnect_bytes_per_s=450 * GB,  # NVLink 900 GB/s
-        ),
-        # NVIDIA A100 Tensor Core GPU datasheet (2021), "A100 80GB SXM": 80 GB HBM2e, 2,039 GB/s,
-        # BF16 312 TFLOPS dense (624 sparse); no FP8. Ampere: SM 8.0. nvidia-smi: 81920 MiB.
-        GpuProfile(
-            "a100-80gb",
-            "NVIDIA A100 SXM 80GB",
-            81920 * MIB,
-            2.039 * TB,
-            312.0,
-            None,
-            "8.0",
-            gpu_products=("NVIDIA-A100-SXM4-80GB",),
-            interconnect_bytes_per_s=300 * GB,  # NVLink 600 GB/s
-        ),
-        # NVIDIA L40S datasheet (2023): 48 GB GDDR6, 864 GB/s, BF16 362.05 dense (733 sparse),
-        # FP8 733 dense (1,466 sparse). Ada Lovelace: SM 8.9. nvidia-smi: 46068 MiB.
-        GpuProfile(
-            "l40s",
-            "NVIDIA L40S 48GB",
-            46068 * MIB,
-            0.864 * TB,
-            362.05,
-            733.0,
-            "8.9",
-            gpu_products=("NVIDIA-L40S",),
-            interconnect_bytes_per_s=32 * GB,  # no NVLink: PCIe Gen4 x16 64 GB/s
-        ),
-    )
-}
+GPU_PROFILES: dict[str, GpuProfile] = by_name(
+    # NVIDIA H100 Tensor Core GPU datasheet (2023), "H100 SXM" column: 80 GB HBM3, 3.35 TB/s,
+    # BF16 1,979 TFLOPS* and FP8 3,958 TFLOPS* with sparsity -> 989.5 / 1,979 dense. Hopper: SM 9.0.
+    # nvidia-smi on "NVIDIA H100 80GB HBM3": memory.total 81559 MiB.
+    GpuProfile(
+        "h100-sxm",
+        "NVIDIA H100 SXM 80GB",
+        81559 * MIB,
+        3.35 * TB,
+        989.5,
+        1979.0,
+        "9.0",
+        gpu_products=("NVIDIA-H100-80GB-HBM3",),
+        interconnect_bytes_per_s=450 * GB,  # NVLink 900 GB/s
+    ),
+    # Same datasheet, "H100 PCIe" column: 80 GB HBM2e, 2 TB/s, BF16 1,513* / FP8 3,026* (sparse);
+    # nvidia-smi on "NVIDIA H100 PCIe": 81559 MiB.
+    GpuProfile(
+        "h100-pcie",
+        "NVIDIA H100 PCIe 80GB",
+        81559 * MIB,
+        2.0 * TB,
+        756.5,
+        1513.0,
+        "9.0",
+        gpu_products=("NVIDIA-H100-PCIe",),
+        interconnect_bytes_per_s=64 * GB,  # PCIe Gen5 128 GB/s (the NVLink bridge is optional)
+    ),
+    # Same datasheet, "H100 NVL" column: 94 GB HBM3, 3.9 TB/s, BF16 1,671* / FP8 3,341* (sparse).
+    # The datasheet's 94 GB (decimal): no nvidia-smi figure we could cite; errs low.
+    GpuProfile(
+        "h100-nvl",
+        "NVIDIA H100 NVL 94GB",
+        94 * GB,
+        3.9 * TB,
+        835.5,
+        1670.5,
+        "9.0",
+        gpu_products=("NVIDIA-H100-NVL",),
+        interconnect_bytes_per_s=300 * GB,  # NVLink bridge 600 GB/s (pairs of cards)
+    ),
+    # NVIDIA H200 Tensor Core GPU datasheet (2024), "H200 SXM": 141 GB HBM3e, 4.8 TB/s,
+    # BF16 1,979* / FP8 3,958* (sparse), same Hopper compute as H100 SXM; nvidia-smi: 143771 MiB.
+    GpuProfile(
+        "h200",
+        "NVIDIA H200 SXM 141GB",
+        143771 * MIB,
+        4.8 * TB,
+        989.5,
+        1979.0,
+        "9.0",
+        gpu_products=("NVIDIA-H200",),
+        interconnect_bytes_per_s=450 * GB,  # NVLink 900 GB/s
+    ),
+    # NVIDIA A100 Tensor Core GPU datasheet (2021), "A100 80GB SXM": 80 GB HBM2e, 2,039 GB/s,
+    # BF16 312 TFLOPS dense (624 sparse); no FP8. Ampere: SM 8.0. nvidia-smi: 81920 MiB.
+    GpuProfile(
+        "a100-80gb",
+        "NVIDIA A100 SXM 80GB",
+        81920 * MIB,
+        2.039 * TB,
+        312.0,
+        None,
+        "8.0",
+        gpu_products=("NVIDIA-A100-SXM4-80GB",),
+        interconnect_bytes_per_s=300 * GB,  # NVLink 600 GB/s
+    ),
+    # NVIDIA L40S datasheet (2023): 48 GB GDDR6, 864 GB/s, BF16 362.05 dense (733 sparse),
+    # FP8 733 dense (1,466 sparse). Ada Lovelace: SM 8.9. nvidia-smi: 46068 MiB.
+    GpuProfile(
+        "l40s",
+        "NVIDIA L40S 48GB",
+        46068 * MIB,
+        0.864 * TB,
+        362.05,
+        733.0,
+        "8.9",
+        gpu_products=("NVIDIA-L40S",),
+        interconnect_bytes_per_s=32 * GB,  # no NVLink: PCIe Gen4 x16 64 GB/s
+    ),
+)
 
 
 def get_gpu(name: str) -> GpuProfile:

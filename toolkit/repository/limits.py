@@ -70,22 +70,29 @@ class RepositoryLimits:
                     f"--{name.replace('_', '-')}={value} must be positive",
                     hint="pass a positive number",
                 )
-        if self.max_seq_len > max_position_embeddings:
-            raise RepositoryError(
-                f"--max-seq-len={self.max_seq_len} is over the model's max_position_embeddings "
+        seq = self.max_seq_len
+        # (broken, what is wrong, the fix), checked in order
+        rules = (
+            (
+                seq > max_position_embeddings,
+                f"--max-seq-len={seq} is over the model's max_position_embeddings "
                 f"{max_position_embeddings}",
-                hint=f"pass --max-seq-len {max_position_embeddings} or less",
-            )
-        if self.max_input_len >= self.max_seq_len:
-            raise RepositoryError(
+                f"pass --max-seq-len {max_position_embeddings} or less",
+            ),
+            (
+                self.max_input_len >= seq,
                 f"--max-input-len={self.max_input_len} leaves no room to generate within "
-                f"--max-seq-len={self.max_seq_len}",
-                hint="make --max-input-len smaller than --max-seq-len",
-            )
-        if self.kv_cache_tokens < self.max_seq_len:
-            raise RepositoryError(
+                f"--max-seq-len={seq}",
+                "make --max-input-len smaller than --max-seq-len",
+            ),
+            (
+                self.kv_cache_tokens < seq,
                 f"--kv-cache-tokens={self.kv_cache_tokens} cannot hold one sequence of "
-                f"--max-seq-len={self.max_seq_len}",
-                hint=f"pass --kv-cache-tokens {self.max_seq_len} or more",
-            )
+                f"--max-seq-len={seq}",
+                f"pass --kv-cache-tokens {seq} or more",
+            ),
+        )
+        for broken, message, hint in rules:
+            if broken:
+                raise RepositoryError(message, hint=hint)
         return self

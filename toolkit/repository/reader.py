@@ -146,12 +146,10 @@ def read_manifest(repo: Path) -> Manifest:
             f"{repo} is not a toolkit model repository (no {MANIFEST})",
             hint="build one with: toolkit build --target cpu --model smollm2-135m-instruct --output DIR",
         )
+    from toolkit.jsonfile import read_json
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RepositoryError(
-            f"{path} is not valid JSON: {exc}", hint="rebuild the repository with toolkit build"
-        ) from exc
+        data = read_json(path, hint="rebuild the repository with toolkit build")
     except OSError as exc:
         raise RepositoryError(
             f"cannot read {path}: {exc.strerror}", hint="check the folder's permissions"
