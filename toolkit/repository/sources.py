@@ -16,7 +16,14 @@ from types import ModuleType
 
 from toolkit.errors import RepositoryError
 
-COMMON_MODULES = ("textcodec", "params", "engine_metrics", "engine_requests", "guides")
+COMMON_MODULES = (
+    "textcodec",
+    "params",
+    "engine_metrics",
+    "engine_requests",
+    "guides",
+    "lora_tasks",
+)
 
 
 def model_repo_sources() -> Path:
