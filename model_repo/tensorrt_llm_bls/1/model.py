@@ -147,7 +147,7 @@ class TritonPythonModel:
         for source, target in self.passthrough.items():
             tensor = pb_utils.get_input_tensor_by_name(request, source)
             if tensor is not None:
-                inputs.append(pb_utils.Tensor(target, tensor.as_numpy().reshape(1, 1)))
+                inputs.append(pb_utils.Tensor(target, _engine_shaped(tensor.as_numpy())))
         return inputs
 
     def _text_outputs(self, response) -> list:
@@ -184,3 +184,11 @@ class TritonPythonModel:
         ]
         ids = [self.codec.encode(t, False) for t in texts if t]
         return pack_word_lists([ids + ([] if under_min_tokens else [[i] for i in self.stop_ids])])
+
+
+def _engine_shaped(array: np.ndarray) -> np.ndarray:
+    """A passed-on input as the engine takes it: a scalar as [1, 1]; a matrix (lora_weights, lora_config: one
+    row per adapter module) with the batch dimension in front, [1, rows, columns]."""
+    if array.size == 1:
+        return array.reshape(1, 1)
+    return array.reshape(1, *array.shape[-2:])
