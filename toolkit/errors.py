@@ -65,3 +65,8 @@ class BenchError(ToolkitError, RuntimeError):
 
 class DeployError(ToolkitError, ValueError):
     """A deployment that cannot run where asked: its repository, its values, or its output folder."""
+
+
+class AdapterError(ToolkitError, ValueError):
+    """A LoRA adapter (--lora NAME=PATH) that cannot be served on the base model: missing, corrupt, of
+    another base model, or beyond the build's limits."""

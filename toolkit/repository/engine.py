@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from toolkit.model.tokens import TokenFacts
 
 if TYPE_CHECKING:
+    from toolkit.model.adapters import CheckedAdapter
     from toolkit.repository.writer import RepositoryPlan
 
 CHECKPOINT_FILES = (
@@ -97,5 +98,9 @@ class EngineSpec(Protocol):
         ...
 
     def install(self, version: Path, checkpoint: Path) -> None: ...
+
+    def install_adapters(self, version: Path, adapters: tuple[CheckedAdapter, ...]) -> None:
+        """The LoRA adapters' files in the version folder, as this engine reads them."""
+        ...
 
     def config(self, plan: RepositoryPlan) -> mc.ModelConfig: ...

@@ -90,6 +90,10 @@ class TrtllmEngine:
         if c.has_input("guided_decoding_guide", self.trtllm_version):
             write_tokenizer_info(version, checkpoint / "tokenizer.json", list(self.stop_token_ids))
 
+    def install_adapters(self, version: Path, adapters) -> None:
+        if adapters:  # GpuTarget.plan refuses --lora until the engine is built with the LoRA plugin
+            raise TypeError("a TensorRT-LLM engine plan with LoRA adapters")
+
     def config(self, plan) -> mc.ModelConfig:
         limits = plan.limits
         config = mc.ModelConfig(
@@ -217,6 +221,12 @@ class GpuTarget(Target):
         from toolkit.engine.build_plan import plan_engine_build
         from toolkit.plan.source import load_model_for_plan
 
+        if settings.lora:
+            raise RecipeError(
+                f"--lora is not built into {self.name} engines yet",
+                hint="build the adapters for --target cpu, or drop --lora",
+                value=[name for name, _ in settings.lora],
+            )
         planned = load_model_for_plan(model)
         memory = self.plan_memory(settings, planned)
         engine_build = plan_engine_build(
