@@ -6,6 +6,7 @@ ensemble's text API)."""
 
 from __future__ import annotations
 
+import itertools
 import queue
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +23,7 @@ from toolkit.serve.net import free_port
 from lora_adapters import TWO_ADAPTERS, make_two_adapters, peft_model
 from repos import launch_on_free_ports, write_test_repository
 from tiny import make_tiny_checkpoint
+from toy_tokenizers import byte_level_bpe
 
 pytestmark = pytest.mark.server
 
@@ -255,3 +257,51 @@ def test_an_unknown_model_is_a_404_listing_the_valid_ids(client):
     message = refused.value.body["message"]
     assert "`gamma` does not exist" in message
     assert all(f"`{name}`" in message for name in ("Lora-Base", "alpha", "beta"))
+
+
+# --- toolkit bench --lora-mix ------------------------------------------------------------------------------
+def test_bench_spreads_a_lora_mix_and_reports_each_adapter(server, built, tmp_path):
+    from toolkit.bench.sweep import LoadPoint, plan_sweep, run_sweep
+
+    _, _, repo = built
+    # The tiny tokenizer has too few whole words to build prompts from: words of a toy one, sent as text.
+    syllables = itertools.product("bcdfgklmnprst", "aeiou", "bdgklmnprst")
+    words = [a + b + c + "er" for a, b, c in itertools.islice(syllables, 90)]
+    byte_level_bpe([" ".join(words)] * 20, vocab_size=1000).save(str(tmp_path / "tokenizer.json"))
+    plan = plan_sweep(
+        server.grpc_url,
+        (LoadPoint("concurrency", 6),),
+        input_tokens=12,
+        output_tokens=6,
+        out_dir=tmp_path / "bench",
+        prompts=4,
+        requests=24,
+        repo=Path(repo),
+        tokenizer=tmp_path / "tokenizer.json",
+        metrics_url=server.metrics_url,
+        lora_mix=("alpha", "beta", "base"),
+    )
+    assert plan.lora_mix == (("alpha", 1), ("beta", 2), ("base", 0))
+    (point,) = run_sweep(plan).points
+    assert set(point.adapters) == {"alpha", "beta", "base"}
+    assert [m.requests for m in point.adapters.values()] == [8, 8, 8]
+    assert sum(m.output_tokens for m in point.adapters.values()) == point.metrics.output_tokens
+    total = sum(m.output_tokens_per_s for m in point.adapters.values())
+    assert total == pytest.approx(point.metrics.output_tokens_per_s)
+
+
+def test_bench_refuses_a_mix_name_that_is_no_adapter(built, tmp_path):
+    from toolkit.bench.sweep import LoadPoint, plan_sweep
+    from toolkit.errors import BenchError
+
+    _, _, repo = built
+    with pytest.raises(BenchError, match=r"gamma is not a LoRA adapter .*valid: base, alpha, beta"):
+        plan_sweep(
+            "127.0.0.1:1",
+            (LoadPoint("concurrency", 1),),
+            input_tokens=4,
+            output_tokens=2,
+            out_dir=tmp_path,
+            repo=Path(repo),
+            lora_mix=("alpha", "gamma"),
+        )

@@ -13,7 +13,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from toolkit.bench.metrics import PointMetrics, parse_profile_export, point_metrics
+from toolkit.bench.metrics import (
+    PointMetrics,
+    adapter_metrics,
+    parse_profile_export,
+    point_metrics,
+)
 from toolkit.bench.perf_analyzer import PerfAnalyzer, find_perf_analyzer, run_perf_analyzer
 from toolkit.bench.prompts import make_prompts, write_input_data
 from toolkit.bench.scrape import MetricsScraper, ScrapeSummary
@@ -66,6 +71,8 @@ class SweepPlan:
     expected: tuple[Expected | None, ...] = ()  # per point: the plan's estimate (GPU repositories)
     timeout_s: float = 600.0
     seed: int = 0
+    # --lora-mix: (model id, LoRA task id) the requests are spread over; task 0 is the base model.
+    lora_mix: tuple[tuple[str, int], ...] = ()
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -84,11 +91,14 @@ class PointResult:
     tokens_per_s_of_expected: float | None = None
     itl_of_expected: float | None = None
     ttft_of_expected: float | None = None
+    # --lora-mix: each adapter's (and the base model's) requests, by model id, over the point's duration.
+    adapters: dict[str, PointMetrics] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
             "point": asdict(self.point),
             "metrics": self.metrics.to_dict(),
+            "adapters": {name: m.to_dict() for name, m in self.adapters.items()},
             "server": self.server.to_dict(),
             "export_file": str(self.export_file),
             "expected": None if self.expected is None else asdict(self.expected),
@@ -175,6 +185,7 @@ def plan_sweep(
     metrics_url: str | None = None,
     timeout_s: float = 600.0,
     seed: int = 0,
+    lora_mix: tuple[str, ...] = (),
 ) -> SweepPlan:
     """The sweep: prompts are made with the served repository's tokenizer, encoded the way its preprocessing encodes."""
     repository = open_repository(repo) if repo is not None else None
@@ -201,7 +212,8 @@ def plan_sweep(
             f"--requests={requests} must be at least 1",
             hint="or leave it out for an automatic count",
         )
-    counts = tuple(requests or default_request_count(p, prompts) for p in points)
+    mix = resolve_lora_mix(lora_mix, repository)
+    counts = tuple(requests or default_request_count(p, prompts * max(len(mix), 1)) for p in points)
     tokens = repository.tokens if repository is not None else None
     expected = expectations(repository, points, input_tokens, output_tokens) if repository else ()
     return SweepPlan(
@@ -220,7 +232,35 @@ def plan_sweep(
         expected=expected,
         timeout_s=timeout_s,
         seed=seed,
+        lora_mix=mix,
     )
+
+
+BASE_IN_MIX = "base"
+
+
+def resolve_lora_mix(
+    names: tuple[str, ...], repository: Repository | None
+) -> tuple[tuple[str, int], ...]:
+    """--lora-mix a,b,base -> ((a, 1), (b, 2), (base, 0)) by the repository's adapters (`base`, or the base
+    model's id: the base model)."""
+    if not names:
+        return ()
+    if repository is None:
+        raise BenchError(
+            "--lora-mix needs the served repository (its adapters' task ids)",
+            hint="pass --repo DIR, or bench the server toolkit serve started",
+        )
+    tasks = {adapter.name: adapter.task_id for adapter in repository.adapters}
+    tasks.update({BASE_IN_MIX: 0, repository.served_model_name: 0})
+    unknown = [name for name in names if name not in tasks]
+    if unknown:
+        valid = ", ".join([BASE_IN_MIX, *(a.name for a in repository.adapters)])
+        raise BenchError(
+            f"--lora-mix: {', '.join(unknown)} is not a LoRA adapter of this repository (valid: {valid})",
+            hint="name the adapters built with --lora NAME=PATH, and base for the base model",
+        )
+    return tuple((name, tasks[name]) for name in names)
 
 
 def expectations(
@@ -294,7 +334,11 @@ def run_sweep(
         seed=plan.seed,
     )
     input_file = write_input_data(
-        plan.out_dir / "inputs.json", prompts, plan.output_tokens, plan.model
+        plan.out_dir / "inputs.json",
+        prompts,
+        plan.output_tokens,
+        plan.model,
+        lora_tasks=tuple(task for _, task in plan.lora_mix),
     )
     results = []
     for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
@@ -342,7 +386,10 @@ def run_point(
     if not experiments:
         raise BenchError(f"{export_file} holds no experiment", hint=f"read {log_file}")
     metrics = point_metrics(experiments[-1])
-    return compared(PointResult(point, metrics, scraper.summary(), export_file), expected)
+    names = {task: name for name, task in plan.lora_mix}
+    adapters = adapter_metrics(experiments[-1], names) if names else {}
+    result = PointResult(point, metrics, scraper.summary(), export_file, adapters=adapters)
+    return compared(result, expected)
 
 
 def compared(result: PointResult, expected: Expected | None) -> PointResult:
