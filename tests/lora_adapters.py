@@ -76,3 +76,66 @@ def peft_model(checkpoint: Path, folder: Path):
 
     base = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     return PeftModel.from_pretrained(base, folder).eval()
+
+
+def write_lora_adapter(
+    folder: Path,
+    config: dict,
+    *,
+    base: str,
+    rank: int = 8,
+    alpha: int = 16,
+    modules: tuple[str, ...] = ("q_proj", "v_proj"),
+    layers: tuple[int, ...] = (0, 1),
+    seed: int = 0,
+) -> Path:
+    """A PEFT LoRA folder for a model known by its config.json only (the GPU tests' 8B configs): random
+    float16 tensors of the shapes peft would save for `modules` of `layers`, named as peft names them."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    heads, kv_heads = (
+        config["num_attention_heads"],
+        config.get("num_key_value_heads", config["num_attention_heads"]),
+    )
+    head_dim = config.get("head_dim") or hidden // heads
+    features = {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv_heads * head_dim),
+        "v_proj": (hidden, kv_heads * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inner),
+        "up_proj": (hidden, inner),
+        "down_proj": (inner, hidden),
+    }
+    random = np.random.default_rng(seed)
+    tensors = {}
+    for layer in layers:
+        for module in modules:
+            part = "self_attn" if module in ATTENTION else "mlp"
+            prefix = f"base_model.model.model.layers.{layer}.{part}.{module}"
+            fan_in, fan_out = features[module]
+            tensors[f"{prefix}.lora_A.weight"] = random.normal(0, 0.02, (rank, fan_in)).astype(
+                np.float16
+            )
+            tensors[f"{prefix}.lora_B.weight"] = random.normal(0, 0.02, (fan_out, rank)).astype(
+                np.float16
+            )
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, folder / "adapter_model.safetensors")
+    adapter_config = {
+        "peft_type": "LORA",
+        "base_model_name_or_path": base,
+        "r": rank,
+        "lora_alpha": alpha,
+        "target_modules": list(modules),
+        "layers_to_transform": list(layers),
+        "bias": "none",
+        "task_type": "CAUSAL_LM",
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(adapter_config))
+    return folder

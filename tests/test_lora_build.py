@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from lora_adapters import make_lora_adapter, make_two_adapters
 
 from toolkit.build import BuildRequest, plan_build
 from toolkit.build_settings import SETTINGS, BuildSettings
@@ -21,6 +20,7 @@ from toolkit.model.adapters import Adapter
 from toolkit.recipes import load_recipe
 from toolkit.repository.reader import open_repository
 
+from lora_adapters import make_lora_adapter, make_two_adapters
 from repos import write_test_repository
 from tiny import make_tiny_checkpoint
 

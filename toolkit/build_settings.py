@@ -514,6 +514,16 @@ class BuildSettings:
         default="the largest --lora rank",
         minimum=1,
     )
+    lora_cache_adapters: int | None = setting(
+        "GPU: adapters of the maximum rank the GPU's LoRA cache holds at once (its memory is counted in the "
+        "plan, out of the KV cache); the host cache holds one more. Leave room to add adapters later "
+        "without a new engine.",
+        kind=int,
+        targets=_GPU,
+        recipe="engine.lora_cache_adapters",
+        default="the number of --lora adapters",
+        minimum=1,
+    )
 
     def given(self) -> dict[str, Any]:
         """The settings that are set (not None)."""

@@ -91,7 +91,7 @@ def command(model, target, recipe, output, discard_changes, allow_pickle, dry_ru
 
 
 def _print(data: dict, title: str) -> None:
-    commands = data.pop("commands", None)
+    commands = [*(data.pop("commands", None) or ()), *data.pop("lora_conversion", ())]
     hidden = ("plan", "settings", "capabilities")
     emit_table(title, [(key, value) for key, value in data.items() if key not in hidden])
     if "plan" in data:

@@ -29,6 +29,7 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 PICKLE_WEIGHTS = "adapter_model.bin"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HUB_CACHE = re.compile(r"models--([\w.-]+?)--([\w.-]+)/snapshots/")
 # peft's tensor names: base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight
 _TENSOR = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:[\w.]+\.)?(\w+)\.lora_([AB])\.weight$")
 # The Hugging Face checkpoints the embedded models were converted from: what their adapters name as base.
@@ -165,6 +166,9 @@ def base_model_names(
     """The names a base model goes by: its --model value, display name, hub id (embedded: the checkpoint
     it was converted from)."""
     names = [source_value, display_name, *([hub_id] if hub_id else [])]
+    cached = _HUB_CACHE.search(source_value)  # a local snapshot of the hub cache names its repo
+    if cached:
+        names.append(f"{cached[1]}/{cached[2]}")
     embedded = EMBEDDED_BASES.get(source_value.lower())
     if embedded:
         names.append(embedded)
@@ -271,7 +275,8 @@ def _check_base_name(config: dict[str, Any], base: BaseModel, where: str) -> Non
         f"{where} was trained on {named!r} (base_model_name_or_path in {CONFIG_FILE}), not on the base "
         f"model {base.names[0]!r}",
         hint=f"give an adapter trained on {base.names[-1]}, or build the adapter's base model "
-        f"(--model {named})",
+        f"(--model {named}); if {base.names[0]} is that very model, set base_model_name_or_path in "
+        f"{CONFIG_FILE} to {base.names[-1]!r}",
         value=named,
     )
 
