@@ -305,3 +305,50 @@ def test_bench_refuses_a_mix_name_that_is_no_adapter(built, tmp_path):
             repo=Path(repo),
             lora_mix=("alpha", "gamma"),
         )
+
+
+# --- toolkit generate --lora -------------------------------------------------------------------------------
+@pytest.mark.parametrize("with_repo", [False, True])
+def test_generate_with_an_adapter_by_name(server, built, reference, tokenizer, with_repo):
+    import json
+
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    _, _, repo = built
+    tokens = open_repository(repo).tokens
+    text = PROMPTS[2]
+    expected = _until_end(
+        reference(tokenizer.encode(text).ids, "beta"), {tokens.end_id, *tokens.stop_ids}
+    )
+    args = [
+        "generate",
+        text,
+        "--raw",
+        "--lora",
+        "beta",
+        "-u",
+        server.grpc_url,
+        "-n",
+        str(NEW_TOKENS),
+    ]
+    result = CliRunner().invoke(
+        cli, [*args, "--json", *(["--repo", str(repo)] if with_repo else [])]
+    )
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.output)
+    assert answer["lora"] == "beta"
+    assert answer["text"] == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_generate_refuses_an_adapter_name_the_server_does_not_have(server):
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    result = CliRunner().invoke(
+        cli, ["generate", "hi", "--raw", "--lora", "gamma", "-u", server.grpc_url]
+    )
+    assert result.exit_code == 1
+    assert "--lora gamma" in result.output and "its adapters: alpha, beta" in result.output
