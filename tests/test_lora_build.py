@@ -347,3 +347,24 @@ def test_the_cli_prints_the_error_and_the_fix(made, tmp_path):
     assert result.exit_code == 1
     assert "Error: --lora a=" in result.output and "org/other-model" in result.output
     assert "fix: " in result.output
+
+
+# --- deploy: the fingerprint covers the adapters, the build Job cannot reach local ones -------------
+def test_the_fingerprint_covers_the_adapters_files_and_the_job_refuses_local_adapters(
+    repo, made, tmp_path
+):
+    from toolkit.deploy.fingerprint import fingerprint
+    from toolkit.deploy.reproduce import check_adapters_reachable
+    from toolkit.errors import DeployError
+
+    checkpoint, adapters, _ = made
+    opened = open_repository(repo)
+    alpha = _copy(adapters["alpha"], tmp_path / "alpha")
+    beta = make_lora_adapter(checkpoint, tmp_path / "beta", rank=8, seed=5)  # other weights
+    other = write_test_repository(
+        checkpoint, tmp_path / "other", lora=(("alpha", str(alpha)), ("beta", str(beta)))
+    )
+    assert fingerprint(open_repository(other).manifest) != fingerprint(opened.manifest)
+    with pytest.raises(DeployError) as refused:
+        check_adapters_reachable(opened)  # (the local base model is refused too, before)
+    assert "alpha (local:" in refused.value.message and "hf:ORG/NAME@REV" in refused.value.hint
