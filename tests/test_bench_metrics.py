@@ -167,7 +167,9 @@ def test_perf_analyzer_args_stream_over_grpc_with_a_fixed_count(tmp_path: Path):
         plan, LoadPoint("request_rate", 2.5), 10, tmp_path / "in.json", tmp_path / "pe.json"
     )
     assert args[:7] == ["-m", "ensemble", "-i", "grpc", "--streaming", "-u", "h:1"]
-    assert args[args.index("--request-rate-range") + 1] == "2.5"
+    assert (
+        args[args.index("--request-rate-range") + 1] == "2.5:2.5"
+    )  # start:end: one rate (a lone rate under 1 reads as several)
     assert args[args.index("--request-count") + 1] == "10"
     assert args[args.index("--profile-export-file") + 1] == str(tmp_path / "pe.json")
 

@@ -353,3 +353,38 @@ def test_leftover_cleanup_treats_the_output_name_literally(tiny, tmp_path):
     other.mkdir()
     assert build("-t", "synthetic", "-m", str(tiny), "-o", str(tmp_path / "a[b]")).exit_code == 0
     assert other.exists()
+
+
+# --- round two: what a checkpoint may bring in ---------------------------------------------------
+def _checkpoint_copy(tiny: Path, where: Path) -> Path:
+    import shutil
+
+    shutil.copytree(tiny, where)
+    return where
+
+
+def test_a_checkpoint_link_to_a_file_outside_it_is_refused(tiny, tmp_path):
+    """A chat_template.jinja linking to a private (0600) file elsewhere was copied into the repository
+    (as 0644, readable by all) and used."""
+    checkpoint = _checkpoint_copy(tiny, tmp_path / "ckpt")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("{{ 'the secret' }}")
+    secret.chmod(0o600)
+    (checkpoint / "chat_template.jinja").unlink()
+    (checkpoint / "chat_template.jinja").symlink_to(secret)
+    repo = tmp_path / "repo"
+    result = build("-t", "cpu", "-m", str(checkpoint), "-o", str(repo))
+    assert_clean_error(result, "chat_template.jinja", str(secret))
+    assert not repo.exists()
+
+
+def test_links_inside_the_checkpoint_still_build(tiny, tmp_path):
+    """The Hugging Face cache's own layout: snapshot files link to blobs inside the cached repo."""
+    cache = tmp_path / "models--acme--tiny"
+    checkpoint = _checkpoint_copy(tiny, cache / "snapshots" / ("0" * 40))
+    (cache / "blobs").mkdir()
+    blob = cache / "blobs" / "tokenizer.json"
+    (checkpoint / "tokenizer.json").rename(blob)
+    (checkpoint / "tokenizer.json").symlink_to(Path("../../blobs/tokenizer.json"))
+    result = build("-t", "synthetic", "-m", str(checkpoint), "-o", str(tmp_path / "repo"))
+    assert result.exit_code == 0, result.output

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -206,7 +207,8 @@ class EngineStream:
 class ApiStream:
     """A streamed completion through the OpenAI API, read on a thread; records what arrived and how it ended."""
 
-    def __init__(self, base: str, prompt: str, max_tokens: int):
+    def __init__(self, base: str, prompt: str, max_tokens: int, **fields):
+        self.fields = fields  # more of the body (min_tokens, ...)
         self.events: list[dict] = []
         self.ended: str | None = None
         self.first = threading.Event()
@@ -223,6 +225,7 @@ class ApiStream:
             "max_tokens": max_tokens,
             "stream": True,
             "temperature": 0,
+            **self.fields,
         }
         try:
             model = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"]
@@ -583,3 +586,180 @@ def test_signals_ignored_on_start_stay_ignored():
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+# --- round two: ghost requests, orphans, shared memory, a paused engine ----------------------------
+STOP_BOUND_S = 10  # a stop after any fault: everything gone within this
+
+
+def _shm_segments(prefix: str) -> dict[str, int]:
+    """The Python backend's shared-memory regions of one server (name -> permission bits)."""
+    return {
+        entry.name: entry.stat().st_mode & 0o777
+        for entry in Path("/dev/shm").iterdir()
+        if entry.name.startswith(prefix)
+    }
+
+
+def _shm_prefix(serve: Serving) -> str:
+    return f"toolkit_{serve.process.pid}_{serve.ports['grpc']}_"
+
+
+def _ensemble_stream(url: str, max_tokens: int):
+    """A streamed request to the ensemble over gRPC, as perf_analyzer (toolkit bench) sends it."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    inputs = []
+    for name, value, dtype in (
+        ("text_input", np.array([["loop"]], dtype=object), "BYTES"),
+        ("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32"),
+        ("stream", np.array([[True]], dtype=bool), "BOOL"),
+    ):
+        tensor = grpcclient.InferInput(name, list(value.shape), dtype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    client.async_stream_infer("ensemble", inputs)
+    return client, results
+
+
+def _engine_active(metrics_url: str) -> float:
+    for line in httpx.get(metrics_url, timeout=10).text.splitlines():
+        if line.startswith("nv_trt_llm_request_metrics{") and 'request_type="active"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no nv_trt_llm_request_metrics{request_type=active}")
+
+
+def test_a_cancelled_ensemble_stream_leaves_no_ghost_and_the_next_stop_is_prompt(
+    serving, bigram_repo
+):
+    """Triton 2.51's ensemble loses a request whose postprocessing step is refused as cancelled while
+    the engine still streams: it stays "in flight" for good and every stop waits the whole drain."""
+    serve = serving()
+    metrics = f"http://127.0.0.1:{serve.ports['metrics']}/metrics"
+    client, results = _ensemble_stream(serve.grpc, 1500)
+    for _ in range(5):
+        result, error = results.get(timeout=60)
+        assert error is None, error
+    client.stop_stream(cancel_requests=True)  # the client goes (a bench interrupted, a closed tab)
+    deadline = time.monotonic() + 60
+    while _engine_active(metrics) and time.monotonic() < deadline:
+        time.sleep(0.5)  # the engine ends its part of the request (it runs to its end, or stops)
+    assert not _engine_active(metrics), "the engine never ended the cancelled request"
+    stopped_at = time.monotonic()
+    serve.process.send_signal(signal.SIGTERM)
+    code = serve.wait(60)
+    took = time.monotonic() - stopped_at
+    assert code == 0, serve.output()
+    assert took < STOP_BOUND_S, f"the stop took {took:.1f} s\n{serve.output()}"
+    assert "drain timeout" not in serve.output()
+    assert not survivors(serve.processes)
+
+
+def test_kill_9_of_serve_leaves_no_process_and_no_shared_memory(serving, served_repo):
+    """A real model (SmolLM2) busy generating: its stub, orphaned, kept generating for minutes."""
+    serve = serving(repo=served_repo.repo)
+    prefix = _shm_prefix(serve)
+    assert _shm_segments(prefix), "no shared-memory region found for this server"
+    streams = [ApiStream(serve.api, "Once upon a time", 200, min_tokens=200) for _ in range(3)]
+    assert all(stream.first.wait(120) for stream in streams)
+    os.kill(serve.process.pid, signal.SIGKILL)
+    serve.process.wait(10)
+    left = survivors(serve.processes, STOP_BOUND_S)
+    assert not left, {pid: _comm(pid) for pid in left}
+    assert not _shm_segments(prefix), _shm_segments(prefix)
+
+
+def test_shared_memory_is_owner_only_and_gone_after_each_kind_of_stop(serving, bigram_repo):
+    serve = serving()
+    prefix = _shm_prefix(serve)
+    segments = _shm_segments(prefix)
+    assert len(segments) == 4, segments  # one per Python model instance
+    assert set(segments.values()) == {0o600}, segments  # prompts and outputs pass through them
+    os.kill(serve.triton_pid, signal.SIGKILL)  # an abnormal stop: nobody unloads the models
+    serve.wait()
+    assert not survivors(serve.processes, STOP_BOUND_S)
+    assert not _shm_segments(prefix), _shm_segments(prefix)
+
+
+def test_a_failed_start_leaves_no_shared_memory(served_repo, tmp_path):
+    """A start given up while a model still loads (--ready-timeout): what it started is killed mid-load."""
+    from toolkit.errors import ServerError
+
+    from repos import launch_on_free_ports
+
+    before = set(_shm_segments("toolkit_"))
+    with pytest.raises(ServerError, match="not ready"):
+        launch_on_free_ports(served_repo.repo, tmp_path / "triton.log", 3)
+    time.sleep(1)
+    left = set(_shm_segments(f"toolkit_{os.getpid()}_")) - before
+    assert not left, left
+
+
+def test_a_paused_engine_fails_over_cleanly(serving, bigram_repo):
+    """SIGSTOP of the engine's stub (a frozen cgroup, a stuck debugger): streams end, serve says which
+    process stalled and stops everything instead of hanging or aborting."""
+    serve = serving()
+    prefix = _shm_prefix(serve)
+    api_stream = ApiStream(serve.api, "loop", 2000)
+    assert api_stream.first.wait(60)
+    stub = serve.stub_of("tensorrt_llm")
+    paused_at = time.monotonic()
+    os.kill(stub, signal.SIGSTOP)
+    try:
+        code = serve.wait(HANG_BOUND_S + 10)
+    finally:
+        if process_alive(stub):
+            os.kill(stub, signal.SIGCONT)
+    assert time.monotonic() - paused_at < HANG_BOUND_S + 10
+    assert code == 1, serve.output()
+    assert "tensorrt_llm" in serve.output() and "stopped" in serve.output(), serve.output()
+    assert api_stream.outcome(HANG_BOUND_S) != "hung"
+    assert "Traceback" not in serve.output() and "lock_exception" not in serve.output()
+    assert not survivors(serve.processes, STOP_BOUND_S)
+    assert not _shm_segments(prefix)
+
+
+def test_nan_weights_served_with_allow_modified_never_turn_health_green(bigram_repo, tmp_path):
+    """Modified weights served anyway (--allow-modified): NaN in them made every request a 502 while
+    /health stayed 200. The engine checks its logits once as it loads, so the server never comes up."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "repo"
+    shutil.copytree(bigram_repo, broken)
+    weights = broken / "tensorrt_llm/1/weights/model.safetensors"
+    tensors = load_file(weights)
+    tensors["lm_head.weight"] = torch.full_like(tensors["lm_head.weight"], float("nan"))
+    save_file(tensors, weights, metadata={"format": "pt"})
+    argv = [sys.executable, "-m", "toolkit.cli.main", "serve", "--repo", str(broken)]
+    ports = {name: free_port() for name in ("http", "grpc", "metrics", "openai")}
+    for name, port in ports.items():
+        argv += [f"--{name}-port", str(port)]
+    argv += ["--log-file", str(tmp_path / "triton.log"), "--allow-modified"]
+    serve = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 180
+        while serve.poll() is None and time.monotonic() < deadline:
+            seen |= descendants(serve.pid)
+            try:
+                health = httpx.get(f"http://127.0.0.1:{ports['openai']}/health", timeout=2)
+            except httpx.HTTPError:
+                health = None
+            assert health is None or health.status_code != 200, "health is green over NaN weights"
+            time.sleep(0.5)
+        assert serve.poll() is not None, "serve kept serving NaN weights"
+        stderr = serve.stderr.read()
+        assert serve.returncode == 1, stderr
+        assert "non-finite" in stderr and "tensorrt_llm" in stderr, stderr
+        assert not survivors(seen)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        for pid in seen:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)

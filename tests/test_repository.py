@@ -395,4 +395,4 @@ def test_serve_refuses_the_same_port_twice_and_out_of_range_ports(tiny, tmp_path
     result = CliRunner().invoke(
         cli, ["serve", "--repo", str(tmp_path / "repo"), "--http-port", "0"]
     )
-    assert result.exit_code == 2 and "'--http-port': 0 is not in the range" in result.output
+    assert result.exit_code == 1 and "'--http-port': 0 is not in the range" in result.output

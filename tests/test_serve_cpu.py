@@ -395,3 +395,13 @@ def test_toolkit_generate_answers_paris_over_grpc_and_http(served_repo):
         "max_tokens=5000 is over this engine's limit" in result.output
         and "fix: lower --max-tokens" in result.output
     )
+
+
+def test_the_cpu_engine_leaves_a_core_for_the_rest_of_the_server(served_repo):
+    """--num-threads 0 (the default) meant torch's default, every core: on a busy 2-core host the
+    engine ran several times slower at 2 threads than at 1, behind Triton, pre/postprocessing and the API."""
+    import os
+
+    log = (served_repo.home / "tritonserver-test.log").read_text(errors="replace")
+    expected = max(1, len(os.sched_getaffinity(0)) - 1)
+    assert f"tensorrt_llm (CPU): {expected} torch threads" in log, log[-2000:]

@@ -421,7 +421,8 @@ class BuildSettings:
     )
     # --- engine
     num_threads: int | None = setting(
-        "CPU engine: torch threads (0: torch's default).",
+        "CPU engine: torch threads (0: the CPUs the server may use, but one: the rest of the server "
+        "needs one; on a busy host fewer threads are faster).",
         kind=int,
         targets=_CPU,
         recipe="engine.num_threads",

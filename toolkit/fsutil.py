@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -98,22 +99,39 @@ def make_world_readable(folder: Path) -> None:
     os.chmod(folder, 0o755 & ~_umask())
 
 
-def check_free_space(folder: Path, needed_bytes: int, what: str) -> None:
+def check_free_space(
+    folder: Path,
+    needed_bytes: int,
+    what: str,
+    hint: str = "free some space there, or write somewhere else",
+) -> None:
     """Refuse before writing when the filesystem cannot hold `needed_bytes`, naming both numbers."""
     free = shutil.disk_usage(folder).free
     if free < needed_bytes:
         raise ToolkitError(
             f"{what} needs {needed_bytes / 1e6:,.1f} MB in {folder}, but only {free / 1e6:,.1f} MB are free",
-            hint="free some space there, or write somewhere else",
+            hint=hint,
         )
 
 
-def disk_full_error(exc: OSError, where: Path, what: str) -> ToolkitError:
+def disk_full_error(
+    exc: Exception,
+    where: Path,
+    what: str,
+    hint: str = "free some space there, or write somewhere else; nothing was changed",
+) -> ToolkitError:
     """A readable error for ENOSPC/EDQUOT while writing `what` under `where`."""
-    return ToolkitError(
-        f"{what} failed: the filesystem of {where} is full ({exc.strerror})",
-        hint="free some space there, or write somewhere else; nothing was changed",
-    )
+    reason = getattr(exc, "strerror", None) or "no space left on device"
+    return ToolkitError(f"{what} failed: the filesystem of {where} is full ({reason})", hint=hint)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC/EDQUOT, also when a library wrapped it in an error of its own (safetensors' writer says
+    "No space left on device (os error 28)" in a SafetensorError)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "Disk quota exceeded" in text
 
 
 def copy_tree(source: Path, target: Path, skip: tuple[str, ...] = ("__pycache__",)) -> None:

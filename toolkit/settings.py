@@ -117,24 +117,48 @@ def trtllm_tools() -> TrtllmTools:
 
 
 def api_keys(key_files: tuple[Path, ...] | list[Path] = ()) -> tuple[str, ...]:
-    """Bearer keys from files (one per line, `#` comments) and TOOLKIT_API_KEYS, blanks dropped, order kept."""
+    """Bearer keys from files (one per line, `#` comments) and TOOLKIT_API_KEYS, blanks dropped, order kept.
+
+    A key file or a set TOOLKIT_API_KEYS that holds no key is an error: it means keys were meant (a
+    secret mounted empty, a variable left blank), and serving without any would turn authentication
+    off without a word."""
     keys: list[str] = []
     for path in key_files:
-        try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
+        found = _key_file(Path(path))
+        if not found:
             raise ToolkitError(
-                f"cannot read the API key file {path}: {exc.strerror}",
-                hint="pass a readable file with one key per line to --api-key-file",
-            ) from exc
-        except UnicodeDecodeError as exc:
+                f"the API key file {path} holds no API key (only blank lines or # comments)",
+                hint="put one key per line in it, or leave --api-key-file out to serve without keys",
+                value=str(path),
+            )
+        keys += found
+    variable = os.environ.get(API_KEYS)
+    if variable is not None and variable != "":
+        found = [part.strip() for part in variable.split(",") if part.strip()]
+        if not found:
             raise ToolkitError(
-                f"the API key file {path} is not UTF-8 text (byte {exc.start}: {exc.reason})",
-                hint="pass a text file with one key per line to --api-key-file",
-            ) from exc
-        keys += [line.strip() for line in lines if not line.lstrip().startswith("#")]
-    keys += [part.strip() for part in os.environ.get(API_KEYS, "").split(",")]
-    return tuple(dict.fromkeys(key for key in keys if key))
+                f"{API_KEYS} is set but holds no API key ({variable!r})",
+                hint=f"set it to comma-separated keys, or unset {API_KEYS} to serve without keys",
+            )
+        keys += found
+    return tuple(dict.fromkeys(keys))
+
+
+def _key_file(path: Path) -> list[str]:
+    """The keys of one key file."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ToolkitError(
+            f"cannot read the API key file {path}: {exc.strerror}",
+            hint="pass a readable file with one key per line to --api-key-file",
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ToolkitError(
+            f"the API key file {path} is not UTF-8 text (byte {exc.start}: {exc.reason})",
+            hint="pass a text file with one key per line to --api-key-file",
+        ) from exc
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
 def child_environment(base: dict | None = None, *, keep_secrets: tuple[str, ...] = ()) -> dict:

@@ -143,6 +143,11 @@ def process_alive(pid: int) -> bool:
     return _state(pid) not in ("Z", "X", None)
 
 
+def process_stopped(pid: int) -> bool:
+    """Whether `pid` is stopped by a signal (SIGSTOP, SIGTSTP; state T), not traced by a debugger (t)."""
+    return _state(pid) == "T"
+
+
 def _state(pid: int) -> str | None:
     fields = _stat_fields(pid)
     return fields[0] if fields else None

@@ -14,9 +14,22 @@ import re
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+# Plain-text marks: text between them is encoded as text even where it spells a special token
+# (`<|im_start|>` becomes "<", "|", "im", ...), as OpenAI encodes message content. The OpenAI API wraps
+# each message's content in them before the chat template renders it, so a user cannot write a turn of
+# another role; the template's own special tokens stay outside. Unicode noncharacters (reserved for a
+# program's internal use, never text): never encoded themselves, and dropped from the wrapped text.
+TEXT_OPEN, TEXT_CLOSE = "\ufdd0", "\ufdd1"
+_MARKS = re.compile(f"([{TEXT_OPEN}{TEXT_CLOSE}])")
+
+
+def plain_text(text: str) -> str:
+    """`text` marked to be encoded as text, whatever special tokens it spells."""
+    return TEXT_OPEN + text.replace(TEXT_OPEN, "").replace(TEXT_CLOSE, "") + TEXT_CLOSE
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -49,6 +62,8 @@ class TextCodec:
         )
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.token_bytes = self._build_table(spec.get("decoder") or {})
+        self.special = self.tokenizer
+        self._plain: Tokenizer | None = None
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -56,8 +71,11 @@ class TextCodec:
     def encode_prompt(self, text: str, add_special_tokens: bool, bos_id: int | None) -> list[int]:
         """A prompt's ids: raw text gets the tokenizer's special tokens (its BOS, as NVIDIA's stock
         preprocessing adds them), unless the text already starts with the BOS (a chat template that
-        writes it itself), so a prompt never carries two."""
-        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        writes it itself), so a prompt never carries two. Marked spans (`plain_text`) are text."""
+        if TEXT_OPEN in text or TEXT_CLOSE in text:
+            ids = self._encode_marked(text, add_special_tokens)
+        else:
+            ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         if (
             add_special_tokens
             and bos_id is not None
@@ -66,6 +84,37 @@ class TextCodec:
         ):
             return ids[1:]
         return ids
+
+    @property
+    def plain(self) -> Tokenizer:
+        """The same tokenizer with special-token text split like any other (for marked text); made on
+        first use: a copy of a large vocabulary costs memory every model that never needs it would pay."""
+        if self._plain is None:
+            plain = Tokenizer.from_str(self.special.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return self._plain
+
+    def _encode_marked(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Each span encoded by its kind (special-token text read as such outside the marks, as text
+        inside), joined, and the tokenizer's special tokens (BOS) added once to the whole. encode_batch
+        releases the GIL, as the API's long prompts need."""
+        template, plain, order, inside = [], [], [], False
+        for piece in _MARKS.split(text):
+            if piece in (TEXT_OPEN, TEXT_CLOSE):
+                inside = piece == TEXT_OPEN
+            elif piece:
+                (plain if inside else template).append(piece)
+                order.append(inside)
+        encoded = {
+            False: iter(self.special.encode_batch(template, add_special_tokens=False)),
+            True: iter(self.plain.encode_batch(plain, add_special_tokens=False)),
+        }
+        spans = [next(encoded[kind]) for kind in order]
+        whole = (
+            Encoding.merge(spans) if spans else self.special.encode("", add_special_tokens=False)
+        )
+        return self.special.post_process(whole, add_special_tokens=add_special_tokens).ids
 
     def decode_bytes(self, ids) -> bytes:
         table = self.token_bytes

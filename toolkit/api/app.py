@@ -15,7 +15,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from toolkit.api.errors import ApiError, install_error_handlers
+from toolkit.api.errors import ApiError, install_error_handlers, short_text
+from toolkit.api.fairness import hold_share
 from toolkit.api.gate import ARRIVAL, Gate
 from toolkit.api.generation import Job
 from toolkit.api.jobs import plan_job, refuse_unsupported, render_chat, request_features
@@ -64,7 +65,14 @@ def create_app(settings: ApiSettings) -> FastAPI:
         finally:
             await state.backend.close()
 
-    app = FastAPI(title="toolkit OpenAI-compatible API", version="1", lifespan=lifespan)
+    # No slash redirects: Starlette builds their Location from the Host header (an open redirect to
+    # whatever host a client names); /v1/chat/completions/ is a 404 naming the path instead.
+    app = FastAPI(
+        title="toolkit OpenAI-compatible API",
+        version="1",
+        lifespan=lifespan,
+        redirect_slashes=False,
+    )
     app.state.api = state
     install_error_handlers(app)
     _add_routes(app, state)
@@ -98,11 +106,15 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
                 400,
                 f"This server cannot render chat messages: {exc.message}{fix}.",
                 param="messages",
+                code="chat_template_missing",
             ) from exc
         except Exception as exc:  # noqa: BLE001 - a template's own error (jinja2 or raise_exception) is the client's 400
             reason = " ".join(str(exc).split()) or type(exc).__name__
             raise ApiError(
-                400, f"The chat template refused these messages: {reason}", param="messages"
+                400,
+                f"The chat template refused these messages: {short_text(reason, 400)}",
+                param="messages",
+                code="chat_template_refused",
             ) from exc
         job = await plan_job(
             state,
@@ -115,6 +127,7 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
             features=features,
             tools=tools,
         )
+        await hold_share(state.share, request, job.prompt_tokens + job.max_tokens)
         return await respond(state, job, bool(body.stream), request)
 
     @app.post("/v1/completions", response_model=Completion, responses=ERRORS)
@@ -137,6 +150,8 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
                 first_index=i * features.n,
             )
             jobs.append(dataclasses.replace(job, id=jobs[0].id) if jobs else job)
+        held = sum((job.prompt_tokens + job.max_tokens) * features.n for job in jobs)
+        await hold_share(state.share, request, held)
         return await respond(state, jobs, bool(body.stream), request)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)

@@ -165,9 +165,27 @@ class _Bounds(_UvicornProtocol):
             "request_timeout",
         )
 
-    def _refuse(self, status: int, message: str, code: str) -> None:
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes that are no HTTP request (a Content-Length of -1, two of them, a bad
+        chunk size): a plain-text line; here the same 400 in OpenAI's JSON format, as every other error."""
+        self._refuse(
+            400,
+            "The request is not valid HTTP/1.1 (its request line, headers or chunked framing "
+            "cannot be parsed).",
+            "invalid_http_request",
+            # Bad framing of the request being read (its own cycle, not yet answered) is answered now.
+            started_only=True,
+        )
+
+    def _answering(self, started_only: bool) -> bool:
+        """Whether a response of the previous request is under way (or, `started_only`, being written)."""
+        if self.cycle is None or self.cycle.response_complete:
+            return False
+        return self.cycle.response_started or not started_only
+
+    def _refuse(self, status: int, message: str, code: str, started_only: bool = False) -> None:
         self._stop_waiting()
-        if self.cycle is not None and not self.cycle.response_complete:
+        if self._answering(started_only):
             # A pipelined request's headers, while the previous response is being written: an answer now
             # would land inside that response. Close; the response's stream sees the disconnect.
             log.info(
@@ -179,7 +197,11 @@ class _Bounds(_UvicornProtocol):
             self.transport.close()
             return
         body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
-        reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
+        reason = {
+            400: b"Bad Request",
+            408: b"Request Timeout",
+            431: b"Request Header Fields Too Large",
+        }[status]
         self.transport.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n\r\n%s" % (status, reason, len(body), body)

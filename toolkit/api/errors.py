@@ -41,12 +41,24 @@ class ApiError(ToolkitError):
         return error_body(self.message, self.type, self.param, self.code)
 
 
+# What an error may echo of the request: a refusal names the offending value by a short prefix, never
+# the whole of it (a 6 MB logit_bias key came back whole, in the message and again in `param`).
+MAX_MESSAGE_CHARS = 1000
+MAX_PARAM_CHARS = 200
+MAX_NAME_CHARS = 64  # one client-chosen name (a key, a model id) inside a message or a param
+
+
+def short_text(text: str, limit: int = MAX_NAME_CHARS) -> str:
+    """`text` cut to `limit` characters, marked when cut."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
     return {
         "error": {
-            "message": printable(message),
+            "message": printable(short_text(message, MAX_MESSAGE_CHARS)),
             "type": type,
-            "param": None if param is None else printable(param),
+            "param": None if param is None else printable(short_text(param, MAX_PARAM_CHARS)),
             "code": code,
         }
     }
@@ -103,7 +115,7 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     loc = _param_parts(first)
     param = ".".join(loc) or None
     if first.get("type") == "extra_forbidden":
-        param = param or str(first["loc"][-1])  # a key that is no identifier, named as sent
+        param = param or short_text(str(first["loc"][-1]))  # a key that is no identifier, as sent
         return ApiError(
             400,
             f"Unrecognized request argument supplied: {param}",
@@ -130,7 +142,11 @@ UNICODE_ERRORS = ("lone_surrogate", "string_unicode")
 
 
 def _param_parts(error: dict) -> list[str]:
-    return [str(part) for part in error.get("loc", ()) if part != "body" and _is_field(part)]
+    """The error's location as field names and indexes; a client's own key (of logit_bias, or an
+    unknown field) by a short prefix."""
+    return [
+        short_text(str(part)) for part in error.get("loc", ()) if part != "body" and _is_field(part)
+    ]
 
 
 def _unicode_error(error: dict) -> ApiError:

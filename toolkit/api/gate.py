@@ -19,12 +19,16 @@ import hmac
 import json
 import time
 
-from toolkit.api.body import ClientLeft, ReadBudget, Refusal, read_body, replay
+from toolkit.api.body import ClientLeft, ReadBudget, Refusal, check_structure, read_body, replay
 from toolkit.api.errors import error_body
 from toolkit.api.metrics import ApiMetrics
 from toolkit.settings import ApiLimits
 
 ARRIVAL = "toolkit_arrival"
+CLIENT = (
+    "toolkit_client"  # which API key (its index), for the key's share of the engine (fairness.py)
+)
+SHARE_RELEASE = "toolkit_share_release"  # set by the route once the request holds its share
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 # Bodies read (bounded, as a generation's) but not counted in flight: the tokenizer's endpoints.
 TOKENIZER_PATHS = frozenset({"/tokenize", "/detokenize"})
@@ -76,8 +80,9 @@ class Gate:
 
         generation = scope["method"] == "POST" and path in GENERATION_PATHS
         tokenizer = scope["method"] == "POST" and path in TOKENIZER_PATHS
+        key = self._key_index(scope) if self.api_keys and path not in OPEN_PATHS else 0
         try:
-            if path not in OPEN_PATHS and self.api_keys and not self._authorized(scope):
+            if key is None:
                 await self._refuse(
                     send_and_record,
                     401,
@@ -100,7 +105,8 @@ class Gate:
                 await self.app(scope, receive, send_and_record)
                 return
             # Where time-to-first-token starts (Starlette's request.state reads scope["state"]).
-            scope.setdefault("state", {})[ARRIVAL] = time.perf_counter()
+            state = scope.setdefault("state", {})
+            state[ARRIVAL], state[CLIENT] = time.perf_counter(), f"key{key}"
             if self.in_flight >= self.max_in_flight:
                 await self._refuse_busy(send_and_record)
                 return
@@ -111,6 +117,7 @@ class Gate:
             finally:
                 self.in_flight -= 1
                 self.metrics.in_flight.dec()
+                state.pop(SHARE_RELEASE, lambda: None)()  # the response has ended, however it ended
         finally:
             self.metrics.requests.labels(endpoint, str(status[0])).inc()
 
@@ -121,6 +128,8 @@ class Gate:
         except ClientLeft:
             status[0] = 499
             return None
+        if not isinstance(body, Refusal):
+            body = check_structure(body) or body
         if isinstance(body, Refusal):
             # Part of the body may still be on its way: close the connection rather than read it.
             headers, kind = [CLOSE], "invalid_request_error"
@@ -140,14 +149,16 @@ class Gate:
         retry = [(b"retry-after", str(self.retry_after_s).encode())]
         await self._refuse(send, 429, message, "rate_limit_error", "rate_limit_exceeded", retry)
 
-    def _authorized(self, scope) -> bool:
+    def _key_index(self, scope) -> int | None:
+        """Which of the API keys the request carries, or None (no key, or another)."""
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
         if scheme.lower() != b"bearer" or not token:
-            return False
+            return None
         token = token.strip()
         # Compare against every key, in constant time per key: no early exit that leaks which matched.
-        return any([hmac.compare_digest(token, key) for key in self.api_keys])
+        matches = [hmac.compare_digest(token, key) for key in self.api_keys]
+        return matches.index(True) if any(matches) else None
 
     @staticmethod
     async def _refuse(send, status: int, message: str, type: str, code: str, headers: list) -> None:

@@ -87,6 +87,11 @@ class ApiMetrics:
         self.in_flight = Gauge(
             "toolkit_api_requests_in_flight", "Generation requests being served now", registry=r
         )
+        self.share_waiting = Gauge(
+            "toolkit_api_share_waiting",
+            "Generation requests waiting because their API key holds its whole share of the engine",
+            registry=r,
+        )
         self.body_read = Gauge(
             "toolkit_api_body_read_bytes",
             "Bytes of request bodies being read now, before admission (bounded by --body-read-budget-mib)",

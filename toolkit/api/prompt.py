@@ -32,10 +32,13 @@ NORMALIZER_SLACK = 4
 class PromptCodec:
     """Render chat messages with the checkpoint's chat template; text <-> token ids as the repository does."""
 
-    def __init__(self, repository: Repository):
+    def __init__(self, repository: Repository, *, content_as_text: bool = True):
         tokenizer_dir = repository.tokenizer_json.parent
         self.tokens = repository.tokens
-        self.text = common_module("textcodec").TextCodec(tokenizer_dir)
+        textcodec = common_module("textcodec")
+        self.text = textcodec.TextCodec(tokenizer_dir)
+        # Message content marked as text (textcodec.plain_text): its special-token text stays text.
+        self.mark_content = textcodec.plain_text if content_as_text else None
         self.template = ChatTemplate.from_tokenizer_dir(tokenizer_dir)
         self.max_token_chars = longest_token_chars(self.text.tokenizer)
         # The same codec, encoding through encode_batch, which releases the GIL while it runs (encode
@@ -69,11 +72,17 @@ class PromptCodec:
         return self.text.decode_bytes(ids)
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
-        """The prompt text for `messages` (and `tools`), ending with the assistant's generation prompt."""
+        """The prompt text for `messages` (and `tools`), ending with the assistant's generation prompt;
+        each message's content marked as text (unless special tokens in messages are trusted)."""
         if self.template is None:
             raise RepositoryError(
                 "this model's tokenizer has no chat template", hint="use /v1/completions"
             )
+        if self.mark_content is not None:
+            messages = [
+                {**m, "content": self.mark_content(m["content"])} if m.get("content") else m
+                for m in messages
+            ]
         return self.template.render(messages, tools=tools)
 
 

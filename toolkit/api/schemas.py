@@ -1,6 +1,8 @@
 """Request and response bodies, following the OpenAI API reference (chat completions, completions, models).
 
 Requests forbid unknown fields: OpenAI answers an unrecognized argument with a 400, and so do we.
+They are strict about JSON types too, as OpenAI is: `"max_tokens": true` or `"16"`, `"stream": "true"`,
+`"temperature": "1"` are 400s, never converted (an integer is still a number: `"temperature": 1`).
 Fields whose support depends on the repository (n, logprobs, penalties, logit_bias, structured
 outputs, ...) are typed here and checked against its capabilities (`requested_features`); fields of
 the reference this server cannot honour at all are declared so that `unsupported_fields` refuses them
@@ -62,7 +64,7 @@ def valid_unicode(value):
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Request):

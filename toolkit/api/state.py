@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.api.errors import ApiError
+from toolkit.api.errors import ApiError, short_text
+from toolkit.api.fairness import EngineShare
 from toolkit.api.logprobs import TokenTexts
 from toolkit.api.metrics import ApiMetrics
 from toolkit.api.prompt import PromptCodec
@@ -40,6 +41,9 @@ class ApiSettings:
     reasoning_parser: str = "auto"
     # How tool calls are read from the output: auto (from the model's tokenizer), a family, or none.
     tool_parser: str = "auto"
+    # Trusted callers only: special-token text in message content (<|im_start|>, ...) is read as those
+    # tokens. Off, content is text, as at OpenAI: a user cannot write a turn of another role.
+    special_tokens_in_messages: bool = False
 
 
 class ApiState:
@@ -47,7 +51,9 @@ class ApiState:
         self.settings = settings
         self.repository = repository
         self.limits = repository.limits
-        self.codec = PromptCodec(repository)
+        self.codec = PromptCodec(
+            repository, content_as_text=not settings.special_tokens_in_messages
+        )
         decoder = self.codec if settings.model_name == ENGINE_MODEL else None
         self.capabilities = repository.capabilities
         self.reasoning = reasoning_parser(
@@ -65,6 +71,9 @@ class ApiState:
             vocab_size=self.vocab_size,
         )
         self.metrics = ApiMetrics()
+        self.share = EngineShare(
+            repository.limits, len(settings.api_keys), self.metrics.share_waiting.set
+        )
         self.model_id = settings.served_model_name or repository.served_model_name
         # Each LoRA adapter is a model id of its own (its name), served with its task id.
         self.adapters = {adapter.name: adapter.task_id for adapter in repository.adapters}
@@ -92,7 +101,7 @@ class ApiState:
                 served += " and its LoRA adapters " + ", ".join(f"`{a}`" for a in self.adapters)
             raise ApiError(
                 404,
-                f"The model `{name}` does not exist; this server serves {served}.",
+                f"The model `{short_text(name)}` does not exist; this server serves {served}.",
                 param="model",
                 code="model_not_found",
             )

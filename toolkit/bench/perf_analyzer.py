@@ -14,6 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,10 +105,20 @@ def _check_libb64() -> None:
         ) from exc
 
 
+SERVER_GONE_S = (
+    3  # perf_analyzer waits forever on the streams of a server that died: give up after this
+)
+
+
 def run_perf_analyzer(
-    pa: PerfAnalyzer, args: list[str], log_file: Path, timeout_s: float
+    pa: PerfAnalyzer,
+    args: list[str],
+    log_file: Path,
+    timeout_s: float,
+    server_up: Callable[[], bool] = lambda: True,
 ) -> PerfAnalyzerRun:
-    """Run to completion in its own session, logging to `log_file`; a non-zero exit is an error."""
+    """Run to completion in its own session, logging to `log_file`; a non-zero exit is an error, and so
+    is a server that stops answering (`server_up`, asked every second) for SERVER_GONE_S seconds."""
     argv = (str(pa.executable), *args)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "wb") as log:
@@ -116,7 +128,7 @@ def run_perf_analyzer(
             argv, stdout=log, stderr=subprocess.STDOUT, env=pa.env, start_new_session=True
         )
         try:
-            code = process.wait(timeout_s)
+            code = _wait(process, timeout_s, server_up, log_file)
         except subprocess.TimeoutExpired:
             stop_process(process, 5)
             raise BenchError(
@@ -134,9 +146,30 @@ def run_perf_analyzer(
     return PerfAnalyzerRun(argv, log_file, code)
 
 
+def _wait(process: subprocess.Popen, timeout_s: float, server_up, log_file: Path) -> int:
+    deadline, gone_since = time.monotonic() + timeout_s, None
+    while True:
+        try:
+            return process.wait(min(1.0, max(deadline - time.monotonic(), 0.01)))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+        gone_since = None if server_up() else (gone_since or time.monotonic())
+        if gone_since is not None and time.monotonic() - gone_since >= SERVER_GONE_S:
+            stop_process(process, 5)
+            raise BenchError(
+                f"the server stopped answering during this point (nothing on its gRPC port for "
+                f"{SERVER_GONE_S} s); perf_analyzer was stopped\n{log_tail(log_file)}",
+                hint="see why the server died (toolkit serve's output, its log), then run the sweep again",
+            )
+
+
 def log_tail(path: Path, lines: int = 20) -> str:
+    """The log's last lines, before the usage text perf_analyzer prints after an argument error (a
+    hundred lines of options that pushed the one error line out of the tail)."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no perf_analyzer log)"
-    return "--- perf_analyzer log (last lines) ---\n" + "\n".join(text[-lines:])
+    usage = next((i for i, line in enumerate(text) if line.startswith("Usage: ")), len(text))
+    return "--- perf_analyzer log (last lines) ---\n" + "\n".join(text[:usage][-lines:])

@@ -8,6 +8,7 @@ showed during the run (toolkit.bench.scrape).
 from __future__ import annotations
 
 import math
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -287,10 +288,12 @@ def expectations(
 def perf_analyzer_args(
     plan: SweepPlan, point: LoadPoint, requests: int, input_file: Path, export_file: Path
 ) -> list[str]:
+    # A rate as start:end: perf_analyzer 2.51 reads a lone rate under 1 ("0.5") as a range of several
+    # values and then refuses --request-count ("not supported with multiple request-rate values").
     load = (
         ["--concurrency-range", f"{int(point.value)}"]
         if point.mode == "concurrency"
-        else ["--request-rate-range", f"{point.value:g}"]
+        else ["--request-rate-range", f"{point.value:g}:{point.value:g}"]
     )
     return [
         "-m",
@@ -341,12 +344,31 @@ def run_sweep(
         lora_tasks=tuple(task for _, task in plan.lora_mix),
     )
     results = []
-    for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
-        on_point(index, point, None)
-        expected = plan.expected[index] if index < len(plan.expected) else None
-        results.append(run_point(pa, plan, point, requests, input_file, expected))
-        on_point(index, point, results[-1])
+    try:
+        for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
+            on_point(index, point, None)
+            expected = plan.expected[index] if index < len(plan.expected) else None
+            results.append(run_point(pa, plan, point, requests, input_file, expected))
+            on_point(index, point, results[-1])
+    except BaseException as exc:  # a failed point, Ctrl-C, SIGTERM: what finished is still a result
+        if not results:
+            raise
+        partial = SweepResult(
+            plan, tuple(results), started, str(pa.executable), time.monotonic() - t0
+        )
+        raise SweepStopped(partial, exc) from exc
     return SweepResult(plan, tuple(results), started, str(pa.executable), time.monotonic() - t0)
+
+
+class SweepStopped(Exception):
+    """A sweep ended before its last point: `partial` holds the points that finished, `cause` why."""
+
+    def __init__(self, partial: SweepResult, cause: BaseException):
+        super().__init__(
+            f"the sweep stopped after {len(partial.points)} of {len(partial.plan.points)} points"
+        )
+        self.partial = partial
+        self.cause = cause
 
 
 EXPORT_ATTEMPTS = 3
@@ -372,7 +394,9 @@ def run_point(
     for attempt in range(1, EXPORT_ATTEMPTS + 1):
         export_file.unlink(missing_ok=True)
         with MetricsScraper(plan.metrics_url) as scraper:
-            run_perf_analyzer(pa, args, log_file, plan.timeout_s + 60)
+            run_perf_analyzer(
+                pa, args, log_file, plan.timeout_s + 60, lambda: port_answers(plan.grpc_url)
+            )
         if not export_file.is_file():
             raise BenchError(
                 f"perf_analyzer wrote no profile export at {export_file}", hint=f"read {log_file}"
@@ -408,6 +432,16 @@ def compared(result: PointResult, expected: Expected | None) -> PointResult:
 
 def _ratio(measured: float, expected: float) -> float | None:
     return measured / expected if measured and math.isfinite(measured) and expected else None
+
+
+def port_answers(url: str) -> bool:
+    """Whether something accepts TCP connections at HOST:PORT (a dead server refuses at once)."""
+    host, _, port = url.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def default_metrics_url(grpc_url: str) -> str:

@@ -14,6 +14,7 @@ from toolkit.cli.options import (
     max_in_flight_option,
     reject_api_key_value,
     repo_option,
+    special_tokens_option,
     tool_parser_option,
     triton_url_option,
 )
@@ -82,6 +83,7 @@ from toolkit.settings import api_keys as read_api_keys
     "On SIGTERM/Ctrl-C, seconds to let in-flight requests and streams finish (new connections are "
     "refused at once)."
 )
+@special_tokens_option
 @click.option(
     "--dry-run", is_flag=True, help="Print the settings (keys counted, never shown) and exit."
 )
@@ -102,6 +104,7 @@ def command(
     http_impl,
     log_level,
     drain_timeout,
+    special_tokens_in_messages,
     dry_run,
 ):
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) over Triton gRPC."""
@@ -129,6 +132,7 @@ def command(
         limits=limits,
         reasoning_parser=reasoning_parser,
         tool_parser=tool_parser,
+        special_tokens_in_messages=special_tokens_in_messages,
     )
     if dry_run:
         emit_json(
@@ -152,6 +156,7 @@ def command(
                 "loop": event_loop,
                 "http": http_impl,
                 "drain_timeout_s": drain_timeout,
+                "special_tokens_in_messages": special_tokens_in_messages,
             }
         )
         return

@@ -11,6 +11,7 @@ from rich.table import Table
 from toolkit.bench.report import write_report
 from toolkit.bench.sweep import (
     SweepResult,
+    SweepStopped,
     default_metrics_url,
     parse_points,
     plan_sweep,
@@ -126,14 +127,26 @@ def command(
         seed=seed,
         lora_mix=tuple(name.strip() for name in (lora_mix or "").split(",") if name.strip()),
     )
-    result = write_report(_run_with_progress(plan))
+    try:
+        result = write_report(_run_with_progress(plan))
+    except (
+        SweepStopped
+    ) as stopped:  # keep and show the points that finished, then say why it stopped
+        _report(write_report(stopped.partial), as_json)
+        note(f"[yellow]{stopped}[/]; the finished points are kept in {plan.out_dir}")
+        raise stopped.cause from None
+    _report(result, as_json)
+
+
+def _report(result: SweepResult, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_dict())
-    else:
-        _print_summary(result)
-        note(
-            f"results in {plan.out_dir}: sweep.csv, sweep.json, throughput_vs_latency.png, ttft_itl_vs_load.png"
-        )
+        return
+    _print_summary(result)
+    note(
+        f"results in {result.plan.out_dir}: sweep.csv, sweep.json, throughput_vs_latency.png, "
+        "ttft_itl_vs_load.png"
+    )
 
 
 def _run_with_progress(plan) -> SweepResult:

@@ -14,6 +14,7 @@ from toolkit.cli.options import (
     max_in_flight_option,
     reject_api_key_value,
     repo_option,
+    special_tokens_option,
     tool_parser_option,
 )
 from toolkit.cli.render import emit_json, note, stderr_console
@@ -56,6 +57,7 @@ from toolkit.settings import api_keys as read_api_keys
 @max_in_flight_option
 @api_limit_options
 @tool_parser_option
+@special_tokens_option
 @click.option(
     "--expose-triton",
     is_flag=True,
@@ -98,6 +100,7 @@ def command(
     max_in_flight,
     limits,
     tool_parser,
+    special_tokens_in_messages,
     expose_triton,
     allow_modified,
     ready_timeout,
@@ -137,6 +140,7 @@ def command(
         max_in_flight=max_in_flight,
         api_limits=limits,
         tool_parser=tool_parser,
+        special_tokens_in_messages=special_tokens_in_messages,
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
         session = start_serving(
@@ -151,11 +155,13 @@ def command(
         else:
             for key, value in endpoints.items():
                 click.echo(f"{key:11} {value}")
+        # What bench reads to find this server's repository and metrics (the foreground's too: the
+        # quickstart serves in the foreground, on ports of its own).
+        write_server_record(
+            session.server,
+            {"openai": endpoints.get("openai"), "openai_pid": endpoints.get("openai_pid")},
+        )
         if background:
-            write_server_record(
-                session.server,
-                {"openai": endpoints.get("openai"), "openai_pid": endpoints.get("openai_pid")},
-            )
             pids = " ".join(str(p) for p in (endpoints["pid"], endpoints.get("openai_pid")) if p)
             note(f"server running in the background; stop it with: kill {pids}")
             return

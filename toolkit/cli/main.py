@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import pkgutil
 import sys
@@ -14,23 +15,70 @@ from toolkit.signals import Stopped, stop_signals_raise
 
 # No auto_envvar_prefix: an option reads the environment only where toolkit.cli.options declares it
 # (and --help shows it).
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 CONTEXT_SETTINGS = {
     "help_option_names": ["-h", "--help"],
     "show_default": True,
 }
 
 
+class UsageProblem(click.ClickException):
+    """click's own parsing errors (an unknown option, a bad value, a missing argument) said as every other
+    error is: `Error: ...`, `  fix: ...`, exit code 1 (click's default is its usage text and exit 2)."""
+
+    exit_code = 1
+
+    def __init__(self, error: click.UsageError):
+        super().__init__(error.format_message())
+        path = error.ctx.command_path if error.ctx is not None else "toolkit"
+        param = getattr(error, "param", None)  # BadParameter and its kin name the option
+        where = param.get_error_hint(error.ctx) if param is not None and error.ctx else None
+        self.fix = (
+            f"give {where} a valid value; `{path} -h` lists the options and their values"
+            if where
+            else f"`{path} -h` lists the commands, options and arguments"
+        )
+
+    def show(self, file=None) -> None:
+        click.echo(f"Error: {self.message}", err=True)
+        click.echo(f"  fix: {self.fix}", err=True)
+
+
 class ToolkitGroup(click.Group):
-    """Maps ToolkitError to `Error: ...` on stderr and exit code 1; anything else propagates."""
+    """Maps ToolkitError (and click's usage errors, and a full disk) to `Error: ...` and a `fix:` line on
+    stderr, exit code 1; anything else propagates."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:  # the group's own options (`toolkit --bogus`)
+            if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+                raise
+            raise UsageProblem(exc) from exc
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except ToolkitError as exc:
-            click.echo(f"Error: {exc.message}", err=True)
-            if exc.hint:
-                click.echo(f"  fix: {exc.hint}", err=True)
+            _error(exc.message, exc.hint)
             ctx.exit(1)
+        except click.UsageError as exc:  # a command's options and arguments, an unknown command
+            raise UsageProblem(exc) from exc
+        except OSError as exc:
+            if exc.errno not in DISK_FULL:
+                raise
+            _error(
+                f"the filesystem is full: {exc.strerror} ({exc.filename or 'while writing'})",
+                "free some space there; the toolkit's caches live in TOOLKIT_HOME "
+                "(default ~/.cache/toolkit), which you can point at a filesystem with room",
+            )
+            ctx.exit(1)
+
+
+def _error(message: str, hint: str | None) -> None:
+    click.echo(f"Error: {message}", err=True)
+    if hint:
+        click.echo(f"  fix: {hint}", err=True)
 
 
 @click.group(cls=ToolkitGroup, context_settings=CONTEXT_SETTINGS)

@@ -239,3 +239,14 @@ def tool_parser_option(function):
         "whose markers the model's tokenizer has (hermes: Qwen2.5 <tool_call>, mistral: [TOOL_CALLS], "
         "llama3_json: Llama 3.x JSON and <|python_tag|>); none reads no calls.",
     )(function)
+
+
+def special_tokens_option(function):
+    """--special-tokens-in-messages: trust special-token text in chat message content."""
+    return click.option(
+        "--special-tokens-in-messages",
+        is_flag=True,
+        help="OpenAI API, trusted callers only: read special-token text in chat message content "
+        "(<|im_start|>, ...) as those tokens. Off, content is plain text, as at OpenAI, and no message "
+        "can forge a turn of another role.",
+    )(function)

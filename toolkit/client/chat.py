@@ -6,8 +6,10 @@ model's config (parameter `chat_template`), so `toolkit generate` needs nothing 
 
 from __future__ import annotations
 
+import http.client
 from pathlib import Path
 
+from toolkit.client.generate import GRPC_ON_HTTP, not_http
 from toolkit.errors import ClientError
 from toolkit.model.chat_template import ChatTemplate
 
@@ -32,10 +34,14 @@ def template_from_server(url: str, protocol: str) -> ChatTemplate | None:
             client = httpclient.InferenceServerClient(url.removeprefix("http://"))
             config = client.get_model_config("preprocessing")
             client.close()
+    except http.client.HTTPException as exc:  # an HTTP client's parser on a gRPC (HTTP/2) port
+        raise not_http(url) from exc
     except Exception as exc:  # noqa: BLE001 - any transport failure means: cannot reach the server
         raise ClientError(
             f"cannot read the chat template from {url}: {exc}",
-            hint="start the server (toolkit serve), fix --url, or pass --raw",
+            hint=GRPC_ON_HTTP
+            if "http1.x server" in str(exc).lower()
+            else "start the server (toolkit serve), fix --url, or pass --raw",
         ) from exc
     source = config.get("parameters", {}).get("chat_template", {}).get("string_value")
     return ChatTemplate(source) if source else None

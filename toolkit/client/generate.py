@@ -7,6 +7,7 @@ UTF-8 decoder per request turns them into text as they arrive.
 from __future__ import annotations
 
 import codecs
+import http.client
 import json
 import queue
 import time
@@ -202,14 +203,14 @@ def generate_http(
     if request.stop_words:
         body["stop_words"] = list(request.stop_words)
     base = url if url.startswith("http") else f"http://{url}"
-    http = urllib.request.Request(
+    call = urllib.request.Request(
         f"{base}/v2/models/{model}/generate",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
     start = time.perf_counter()
     try:
-        with urllib.request.urlopen(http, timeout=timeout_s) as response:
+        with urllib.request.urlopen(call, timeout=timeout_s) as response:
             payload = json.loads(response.read())
     except urllib.error.HTTPError as exc:
         message = _error_message(exc)
@@ -219,6 +220,8 @@ def generate_http(
             f"cannot reach {base}: {exc.reason}",
             hint="start the server with toolkit serve, or fix --url",
         ) from exc
+    except http.client.HTTPException as exc:  # bytes that are no HTTP/1.1 status line
+        raise not_http(base) from exc
     elapsed = time.perf_counter() - start
     text = payload.get("text_output", "")
     return GenerateResult(text=text, pieces=[text], time_to_first_piece_s=elapsed, total_s=elapsed)
@@ -231,8 +234,28 @@ def _error_message(exc: urllib.error.HTTPError) -> str:
         return str(exc)
 
 
+HTTP_ON_GRPC = (
+    "-p grpc (Triton's gRPC port, 8001 by default), or -u HOST:PORT of its HTTP port (--http-port, 8000 by "
+    "default)"
+)
+GRPC_ON_HTTP = (
+    "-p http (Triton's HTTP port, 8000 by default), or -u HOST:PORT of its gRPC port (--grpc-port, 8001 by "
+    "default)"
+)
+
+
+def not_http(url: str) -> ClientError:
+    """The answer to HTTP bytes from a server that speaks HTTP/2 only (Triton's gRPC port)."""
+    return ClientError(
+        f"{url} does not answer HTTP/1.1: it is a gRPC port (HTTP/2), as Triton's --grpc-port is",
+        hint=HTTP_ON_GRPC,
+    )
+
+
 def _hint_for(message: str) -> str:
     lowered = message.lower()
+    if "http1.x server" in lowered:  # gRPC's words for an HTTP/1.1 port
+        return GRPC_ON_HTTP
     if "max_tokens" in message:
         return "lower --max-tokens"
     if "max_input_len" in message:

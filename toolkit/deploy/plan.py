@@ -21,6 +21,7 @@ from toolkit import __version__
 from toolkit.deploy import sizing
 from toolkit.deploy.fingerprint import fingerprint
 from toolkit.deploy.reproduce import build_arguments
+from toolkit.deploy.text import check_image_reference, check_strings
 from toolkit.deploy.values import (
     chart_defaults,
     check_cluster_values,
@@ -45,15 +46,15 @@ DEFAULT_MOUNT_PATH = "/models"
 WAITING_PER_REPLICA = 4
 KV_CACHE_FRACTION = 0.8  # KV-cache use per replica (the endpoint picker's own saturation mark)
 HTTP_ROUTE_MIN_S = 300
-NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # matched whole (fullmatch)
 NAME_MAX = 40  # the chart's names add up to 13 characters to it, within Kubernetes' 53 for releases
 # A Secret's name: a DNS-1123 subdomain (the API server refuses a pod that names another).
-SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 SECRET_NAME_MAX = 253
 # A stopping replica holds its GPUs for the drain: longer than a day is a typo.
 DRAIN_MAX_S = 86400
 # The Gateway API's Duration (GEP-2257), as the chart's schema and the HTTPRoute CRD check it.
-GATEWAY_DURATION = re.compile(r"^([0-9]{1,5}(h|m|s|ms)){1,4}$")
+GATEWAY_DURATION = re.compile(r"([0-9]{1,5}(h|m|s|ms)){1,4}")
 NAMESPACE = "NAMESPACE"  # the placeholder the printed commands use
 
 
@@ -238,7 +239,7 @@ def _release_name(request: DeployRequest, repository: Repository) -> str:
         slug = re.sub(r"[^a-z0-9]+", "-", repository.served_model_name.lower()).strip("-")
         name = f"{slug}-{repository.target}"[:NAME_MAX].strip("-")
         name = name if name[:1].isalpha() else f"m-{name}"[:NAME_MAX]
-    if not NAME.match(name) or len(name) > NAME_MAX:
+    if not NAME.fullmatch(name) or len(name) > NAME_MAX:
         raise DeployError(
             f"--name {name!r} is not a release name: lowercase letters, digits and '-', starting with a "
             f"letter, at most {NAME_MAX} characters",
@@ -414,7 +415,7 @@ def _absolute(path: str) -> bool:
 
 
 def _check_secret_name(given: str, name: str, fix: str) -> None:
-    if not SECRET_NAME.match(name) or len(name) > SECRET_NAME_MAX:
+    if not SECRET_NAME.fullmatch(name) or len(name) > SECRET_NAME_MAX:
         raise DeployError(
             f"{given} is not a Secret name: lowercase letters, digits, '-' and '.', starting and "
             f"ending with a letter or digit, at most {SECRET_NAME_MAX} characters",
@@ -430,10 +431,12 @@ def _split_image(image: str) -> tuple[str, str | None]:
             hint="pass --image REGISTRY/REPO or REGISTRY/REPO:TAG",
         )
     head, _, last = image.rpartition("/")
+    repository, tag = image, None
     if ":" in last:
         repo, tag = last.split(":", 1)
-        return (f"{head}/{repo}" if head else repo), tag
-    return image, None
+        repository = f"{head}/{repo}" if head else repo
+    check_image_reference(repository, tag, image)
+    return repository, tag
 
 
 # --- checks on the merged values ----------------------------------------------------------------
@@ -457,6 +460,7 @@ def _check_values(
     if auth.get("enabled", True) and not auth.get("existingSecret"):
         auth["existingSecret"] = f"{name}-api-keys"
     _check_cluster_settings(values, request, files)
+    check_strings(values, files)  # every string helm will paste into the objects
     if not request.build:
         _check_on_volume(repository, info, values["storage"]["mountPath"])
 
@@ -473,7 +477,7 @@ def _check_cluster_settings(
             hint=f"set storage.mountPath to an absolute path there, or pass --mount-path {DEFAULT_MOUNT_PATH}",
         )
     route = lookup(values, "routing.httpRoute.requestTimeout")
-    if not isinstance(route, str) or not GATEWAY_DURATION.match(route):
+    if not isinstance(route, str) or not GATEWAY_DURATION.fullmatch(route):
         given = _given("routing.httpRoute.requestTimeout", None, None, files, route)
         raise DeployError(
             f"{given} is not a Gateway API duration: up to four parts of at most 5 digits and h, m, "

@@ -35,7 +35,7 @@ CHECKPOINT_BYTES_PER_PARAMETER = 2
 # time is reported with the Job's reason (DeadlineExceeded), not as helm's timeout.
 HELM_TIMEOUT_MARGIN_S = 300
 # Kubernetes resource quantities (memory): a number, optionally with a decimal or binary suffix.
-QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")  # matched whole
 QUANTITY_UNITS: dict[str | None, int] = {
     None: 1,
     **{s: 1000 ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
@@ -89,7 +89,7 @@ def quantity_bytes(value) -> int | None:
     """Bytes of a Kubernetes memory quantity (2Gi, 500M, 1073741824); None when it is not one."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value if value >= 0 else None
-    match = QUANTITY.match(str(value).strip()) if isinstance(value, str) else None
+    match = QUANTITY.fullmatch(str(value).strip()) if isinstance(value, str) else None
     if match is None:
         return None
     return math.ceil(float(match.group(1)) * QUANTITY_UNITS[match.group(2)])

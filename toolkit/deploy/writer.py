@@ -23,6 +23,7 @@ import yaml
 
 from toolkit import __version__
 from toolkit.deploy.plan import DeploymentPlan
+from toolkit.deploy.text import comment_line
 from toolkit.deploy.values import chart_source
 from toolkit.errors import DeployError
 from toolkit.fsutil import file_lock, make_world_readable
@@ -86,10 +87,10 @@ def _render(plan: DeploymentPlan, root: Path, commands: list[str]) -> None:
     source = chart_source()
     shutil.copytree(source, root / "chart", ignore=shutil.ignore_patterns(*_CHART_IGNORED))
     shutil.copytree(source / "image", root / "image")
-    header = (
-        f"# Written by toolkit deploy {__version__} for {plan.repository.path}\n"
+    header = (  # one line each, whatever the path holds: a line break would start YAML of its own
+        f"# Written by toolkit deploy {__version__} for {comment_line(str(plan.repository.path))}\n"
         f"# ({plan.target}, build key {plan.repository.manifest.build_key}, fingerprint {plan.fingerprint}).\n"
-        "# Install: " + commands[-1] + "\n"
+        "# Install: " + comment_line(commands[-1]) + "\n"
     )
     (root / "values.yaml").write_text(header + yaml.safe_dump(plan.values, sort_keys=False))
     record = {

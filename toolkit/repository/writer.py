@@ -320,7 +320,12 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
             c.POSTPROCESSING_OUTPUTS,
             max_batch_size=limits.max_batch_size,
             instances=plan.postprocessing_instances,
-            dynamic_batching=True,
+            # Not dynamically batched (NVIDIA's is): Triton 2.51's batcher fails a queued request whose
+            # ensemble was cancelled, and an ensemble whose step fails while its engine step still streams
+            # never ends (it stops counting its steps' final responses): it stays in flight for good and
+            # every later stop waits the whole drain timeout. Unbatched, a cancelled step runs (its text
+            # goes nowhere) and the ensemble ends with its engine step. tests/test_faults.py
+            dynamic_batching=False,
             parameters={"tokenizer_dir": "tokenizer", "skip_special_tokens": True},
         ),
     )

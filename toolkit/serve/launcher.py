@@ -66,9 +66,16 @@ class RunningServer:
 
     def stop(self, timeout_s: float | None = None) -> int | None:
         """Its exit code (None: it could not be waited for, e.g. it was not our child)."""
-        return stop_process(
+        code = stop_process(
             self.process, self.config.exit_timeout_s + 5 if timeout_s is None else timeout_s
         )
+        self.release_shared_memory()
+        return code
+
+    def release_shared_memory(self) -> None:
+        """Unlink what is left of this server's Python-backend regions: a stub killed (by us, past the
+        drain, or by a signal) never unlinks its own, and tritonserver unlinks them only on a clean unload."""
+        remove_shared_memory(self.config)
 
 
 def check_repository(
@@ -105,9 +112,10 @@ def check_repository(
     if changes and not allow_modified:
         listed = ", ".join(f"{change.path} ({change.change})" for change in changes[:5])
         more = f" and {len(changes) - 5} more" if len(changes) > 5 else ""
+        # The rebuild replaces edited files only when told to (toolkit build refuses otherwise).
         raise RepositoryError(
             f"{repo} differs from what toolkit build wrote: {listed}{more}",
-            hint=f"rebuild it ({repository.rebuild_command})"
+            hint=f"rebuild it, discarding those changes ({repository.rebuild_command} --discard-changes)"
             + (f", or {modified_fix}" if modified_fix else ""),
         )
     return repository
@@ -157,6 +165,21 @@ def server_command(binary: TritonBinary, config: ServerConfig, world_size: int =
 def shm_prefix(config: ServerConfig, rank: int = 0) -> str:
     """One Python-backend shared-memory prefix per server and rank, so servers side by side never share regions."""
     return f"toolkit_{os.getpid()}_{config.grpc_port}_r{rank}_"
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def remove_shared_memory(config: ServerConfig) -> None:
+    """Unlink every region of this server (all ranks). A region still mapped stays readable by whoever
+    maps it until they exit; no new process can open it."""
+    prefix = shm_prefix(config, 0).removesuffix("r0_")
+    try:
+        entries = [entry for entry in SHM_DIR.iterdir() if entry.name.startswith(prefix)]
+    except OSError:
+        return  # no /dev/shm (not Linux)
+    for entry in entries:
+        entry.unlink(missing_ok=True)
 
 
 def launch_server(

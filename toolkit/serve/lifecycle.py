@@ -32,6 +32,7 @@ from toolkit.signals import STOP_SIGNALS, Stopped, deferred_interrupts, replace,
 from toolkit.subprocs import (
     command_line,
     process_alive,
+    process_stopped,
     session_members,
     signal_session,
     stop_process,
@@ -41,6 +42,9 @@ from toolkit.subprocs import (
 STUB = "triton_python_backend_stub"
 WATCH_INTERVAL_S = 0.5
 FAULT_GRACE_S = 2.0  # after a part died: how long tritonserver gets to exit before it is killed
+# A stub stopped by a signal this long (SIGSTOP, a frozen cgroup) is taken as dead: its requests cannot
+# move, and tritonserver, timing out on the locks the stub holds, may abort mid-stream.
+STALLED_STUB_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class ServeOptions:
     api_log: Path | None = None
     api_limits: ApiLimits = ApiLimits()  # the OpenAI API's timeouts, body size and body read budget
     tool_parser: str = "auto"  # how the OpenAI API reads tool calls (toolkit.api.tool_parsers)
+    # The OpenAI API trusts special tokens in message content.
+    special_tokens_in_messages: bool = False
 
 
 @dataclass
@@ -64,6 +70,7 @@ class ServeSession:
     stubs: dict[int, str] = field(default_factory=dict)  # pid -> model name
     stop_requested: int | None = None  # the signal that asked us to stop
     forced: int | None = None  # a second stop signal: killed without waiting
+    stopped_since: dict[int, float] = field(default_factory=dict)  # stub pid -> when seen stopped
 
     def endpoints(self) -> dict:
         found = {
@@ -132,7 +139,21 @@ class ServeSession:
                     f"the {model} model's process (Python-backend stub, pid {pid}) died; Triton would keep "
                     "reporting it ready while failing every request, so the server is stopped"
                 )
+            stalled = self._stalled_for(pid)
+            if stalled >= STALLED_STUB_S:
+                return (
+                    f"the {model} model's process (Python-backend stub, pid {pid}) has been stopped "
+                    f"(SIGSTOP or a frozen cgroup) for {stalled:.0f} s; its requests cannot progress and Triton "
+                    "would keep reporting it ready, so the server is stopped"
+                )
         return None
+
+    def _stalled_for(self, pid: int) -> float:
+        """How long `pid` has been seen stopped by a signal (0 while it runs)."""
+        if not process_stopped(pid):
+            self.stopped_since.pop(pid, None)
+            return 0.0
+        return time.monotonic() - self.stopped_since.setdefault(pid, time.monotonic())
 
     def stop(self) -> tuple[int | None, int | None]:
         """Stop both at once, draining: each stops admitting and finishes its streams (the API's as
@@ -161,6 +182,7 @@ class ServeSession:
         for process in (self.server.process, self.api):
             if process is not None:
                 signal_session(process.pid, signal.SIGKILL)
+        self.server.release_shared_memory()
 
     def stop_after_fault(self) -> None:
         """Stop at once: requests on a dead part never finish, so draining would only hold clients for
@@ -213,6 +235,7 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
         max_in_flight=options.max_in_flight,
         limits=options.api_limits,
         tool_parser=options.tool_parser,
+        special_tokens_in_messages=options.special_tokens_in_messages,
     )
     session.api, session.api_log = launch_api(
         settings,

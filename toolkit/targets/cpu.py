@@ -26,7 +26,9 @@ GPU_HINT = "build for a GPU target (--target h100-sxm), whose TensorRT-LLM backe
 class CpuEngine(PythonEngine):
     """transformers' continuous batching over a paged KV cache, fp32 weights copied into the repository."""
 
-    num_threads: int = 0  # torch threads; 0: torch's default
+    num_threads: int = (
+        0  # torch threads; 0: the usable CPUs but one (the engine decides as it loads)
+    )
     kind: ClassVar[str] = "cpu"
     source_folder: ClassVar[str] = "tensorrt_llm_cpu"
     copies_weights: ClassVar[bool] = True

@@ -23,6 +23,8 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
+from lifetime import bind_to_server  # noqa: E402
+
 from engine_metrics import EngineMetrics  # noqa: E402
 from engine_requests import (  # noqa: E402
     NO_REQUEST_ID,
@@ -52,6 +54,7 @@ def _error(message: str):
 
 class TritonPythonModel:
     def initialize(self, args):
+        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -63,9 +66,9 @@ class TritonPythonModel:
         from scheduling import unblock_after_cancellation
 
         params = ModelParams(args)
-        threads = params.integer("num_threads")
-        if threads > 0:
-            torch.set_num_threads(threads)
+        threads = params.integer("num_threads") or _default_threads()
+        torch.set_num_threads(threads)
+        print(f"tensorrt_llm (CPU): {threads} torch threads", file=sys.stderr, flush=True)
         self.decoupled = params.flag("decoupled")
         # What this repository does not honour (its capabilities), refused per request.
         self.refusals = Refusals(params.text("refusals"))
@@ -91,6 +94,7 @@ class TritonPythonModel:
         self.embedding_rows = (
             model.get_input_embeddings().num_embeddings
         )  # valid input ids: [0, rows)
+        _check_finite_logits(model, self.default_end_id)
         unblock_after_cancellation()
         self.prefix_hits = PrefixHits(self.block_size)
         record_prefix_hits(self.prefix_hits)
@@ -562,6 +566,40 @@ class TritonPythonModel:
                     stream.sender.send(_error("the CPU engine is shutting down"), flags=_final())
                 except Exception:  # noqa: BLE001 - the server may already have released the request
                     pass
+
+
+def _default_threads() -> int:
+    """All the CPUs this server may use but one (at least 1): the rest of the server (tritonserver,
+    pre/postprocessing, BLS, the API) needs one too. torch's own default takes every core, and on a
+    busy 2-core host 2 threads decoded several times slower than 1 (and erratically)."""
+    return max(1, _usable_cpus() - 1)
+
+
+def _usable_cpus() -> int:
+    """CPUs of this process's affinity, within its cgroup's CPU quota (a pod's limit), if any."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as limit:  # cgroup v2: "max 100000" or "400000 100000"
+            quota, period = limit.read().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, int(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota: the affinity is the bound
+    return cpus
+
+
+def _check_finite_logits(model, token: int) -> None:
+    """One forward pass of one token as the model loads: weights that give NaN or inf logits (a damaged
+    file served with --allow-modified) would fail every request while Triton reported the model ready."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([[token]])).logits
+    if not torch.isfinite(logits).all():
+        raise RuntimeError(
+            "tensorrt_llm (CPU): the checkpoint's weights give non-finite logits (NaN or inf) for a probe "
+            "token: the weights are damaged; rebuild the repository from an intact checkpoint"
+        )
 
 
 def _words(request, name: str) -> list:

@@ -39,6 +39,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
+from lifetime import bind_to_server  # noqa: E402
+
 from engine_metrics import EngineMetrics  # noqa: E402
 from engine_requests import NO_REQUEST_ID, Collector, Refusals, is_stop_request  # noqa: E402
 from lora_tasks import AdapterTable  # noqa: E402
@@ -97,6 +99,7 @@ def _error(message: str):
 
 class TritonPythonModel:
     def initialize(self, args):
+        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
         params = ModelParams(args)
         self.decoupled = params.flag("decoupled")
         # What this repository does not honour (its capabilities), refused per request.
