@@ -289,3 +289,23 @@ def test_adding_an_adapter_within_the_engines_room_keeps_the_engine(built):
     _, same_modules, more_modules = built
     assert same_modules == 0
     assert more_modules == 1
+
+
+def test_runtime_lora_weights_are_declared_in_the_engines_dtype_on_every_model_that_passes_them(
+    built,
+):
+    """TensorRT-LLM refuses runtime weights of another dtype than the engine's (the record's storage-type
+    note); the engine is bf16, so lora_weights is BF16 on tensorrt_llm, the ensemble and the BLS alike
+    (the stock config's FP16 would be refused per request)."""
+    repo, _, _ = built
+    assert (
+        "Expected lora weights to be the same data type as base model"
+        in (CONVERT["flags"]["storage-type"]["note"])
+    )
+    for model in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls"):
+        config = parse_pbtxt((repo / model / "config.pbtxt").read_text())
+        types = {t.name: t.data_type for t in config.input}
+        assert (
+            types["lora_weights"]
+            == parse_pbtxt("input { data_type: TYPE_BF16 }").input[0].data_type
+        ), model

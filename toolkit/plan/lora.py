@@ -36,6 +36,7 @@ _QKV = ("attn_q", "attn_k", "attn_v")
 # hf_lora_convert.py's --storage-type must equal it).
 LORA_DTYPE = "bfloat16"
 LORA_DTYPE_BYTES = 2
+LORA_TENSOR_TYPE = "BF16"  # the same, as Triton names it (the lora_weights input's data type)
 # Host cache room beyond the built adapters: one more adapter of the maximum rank, sent at run time.
 RUNTIME_ADAPTERS = 1
 # The device cache is a fraction of the GPU memory free when the runtime creates it (after weights and

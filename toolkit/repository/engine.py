@@ -91,6 +91,11 @@ class EngineSpec(Protocol):
     @property
     def trtllm_version(self) -> str | None: ...
 
+    @property
+    def lora_weights_type(self) -> str | None:
+        """The data type the lora_weights input takes (None: the stock one)."""
+        ...
+
     def section(self) -> EngineSection: ...
 
     def prepared(self, checkpoint: Path, tokens: TokenFacts) -> EngineSpec:

@@ -292,6 +292,8 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
         "max_output_len": limits.max_output_len,
         "max_seq_len": limits.max_seq_len,
     }
+    # TensorRT-LLM takes runtime LoRA weights only in the engine's own dtype (tests/data/upstream).
+    lora_type = plan.engine.lora_weights_type
     progress("text models")
     for name in TEXT_MODELS:
         version = root / name / "1"
@@ -348,15 +350,18 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
                 "engine_outputs": ",".join(t.name for t in c.ENGINE_OUTPUTS),
             },
         ),
+        lora_type,
     )
     (root / c.ENSEMBLE / "1").mkdir(parents=True)
-    _write_config(root, configs.ensemble_model(limits.max_batch_size, plan.engine.trtllm_version))
+    _write_config(
+        root, configs.ensemble_model(limits.max_batch_size, plan.engine.trtllm_version), lora_type
+    )
     progress("engine")
     plan.engine.install(root / c.ENGINE / "1", plan.model.path)
     if plan.adapters:
         progress("LoRA adapters")
         plan.engine.install_adapters(root / c.ENGINE / "1", plan.adapters)
-    _write_config(root, plan.engine.config(plan))
+    _write_config(root, plan.engine.config(plan), lora_type)
     progress("manifest")
     hashes = checkpoint_hashes(plan.model.path)
     known = {f"{c.ENGINE}/1/weights/{name}": digest for name, digest in hashes.items()}
@@ -392,7 +397,11 @@ def _bls_passthrough(trtllm_version: str | None) -> dict[str, str]:
     }
 
 
-def _write_config(root: Path, config) -> None:
+def _write_config(root: Path, config, lora_weights_type: str | None = None) -> None:
+    """config.pbtxt of one model; `lora_weights_type`: the engine's dtype for the lora_weights input, which
+    the ensemble and the BLS pass on to it as they get it."""
+    if lora_weights_type is not None:
+        configs.set_input_type(config, "lora_weights", lora_weights_type)
     (root / config.name).mkdir(parents=True, exist_ok=True)
     (root / config.name / "config.pbtxt").write_text(configs.to_pbtxt(config))
 

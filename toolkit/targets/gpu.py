@@ -16,7 +16,7 @@ from toolkit.engine.fusions import FUSIONS
 from toolkit.engine.trtllm_flags import LORA_CONVERT_SCRIPT
 from toolkit.errors import EngineBuildError, RecipeError, RepositoryError, ServerError
 from toolkit.plan.gpus import GpuProfile
-from toolkit.plan.lora import LoraEngine, trtllm_modules
+from toolkit.plan.lora import LORA_TENSOR_TYPE, LoraEngine, trtllm_modules
 from toolkit.plan.precisions import KV_PRECISIONS, WEIGHT_PRECISIONS
 from toolkit.repository import configs
 from toolkit.repository import contract as c
@@ -90,6 +90,12 @@ class TrtllmEngine:
     lora: dict = field(default_factory=dict)
     kind: ClassVar[str] = "tensorrtllm"
     copies_weights: ClassVar[bool] = False
+
+    @property
+    def lora_weights_type(self) -> str | None:
+        """An engine with the LoRA plugin takes runtime adapters in its own dtype (TensorRT-LLM: "Expected
+        lora weights to be the same data type as base model"): BF16, where the stock config says FP16."""
+        return LORA_TENSOR_TYPE if self.lora else None
 
     def section(self) -> EngineSection:
         parameters = {

@@ -61,6 +61,11 @@ class PythonEngine:
         """The TensorRT-LLM release whose tensor names the engine reads: the pinned one."""
         return None
 
+    @property
+    def lora_weights_type(self) -> str | None:
+        """The stock type: the Python engines refuse lora_weights, whatever its type."""
+        return None
+
     def section(self) -> EngineSection:
         parameters = {f.name: getattr(self, f.name) for f in fields(self)}
         return EngineSection(kind=self.kind, parameters=_jsonable(parameters))
