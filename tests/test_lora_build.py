@@ -368,3 +368,31 @@ def test_the_fingerprint_covers_the_adapters_files_and_the_job_refuses_local_ada
     with pytest.raises(DeployError) as refused:
         check_adapters_reachable(opened)  # (the local base model is refused too, before)
     assert "alpha (local:" in refused.value.message and "hf:ORG/NAME@REV" in refused.value.hint
+
+
+def test_a_hub_adapter_is_fetched_at_its_revision_and_recorded_with_the_commit(
+    made, tmp_path, monkeypatch
+):
+    """hf:ORG/NAME@REV: the two adapter files are fetched (the hub is faked: its snapshot folder is named by the
+    commit, as huggingface_hub's cache names it), the manifest records the commit, the rebuild pins it."""
+    import toolkit.model.sources as sources
+
+    checkpoint, adapters, _ = made
+    commit = "a" * 40
+    snapshot = _copy(adapters["alpha"], tmp_path / "snapshots" / commit)
+    asked = []
+
+    def fake_download(repo_id, revision, patterns):
+        asked.append((repo_id, revision, sorted(patterns)))
+        return snapshot
+
+    monkeypatch.setattr(sources, "download_snapshot", fake_download)
+    planned = _plan(checkpoint, (("alpha", "hf:org/tiny-alpha@main"),)).planned
+    assert asked == [
+        ("org/tiny-alpha", "main", ["adapter_config.json", "adapter_model.safetensors"])
+    ]
+    adapter = planned.adapters[0].adapter
+    assert (adapter.source, adapter.revision) == ("hf:org/tiny-alpha", commit)
+    assert planned.settings.lora == (("alpha", f"hf:org/tiny-alpha@{commit}"),)
+    with pytest.raises(AdapterError, match="not a Hugging Face id"):
+        _plan(checkpoint, (("alpha", "hf:not an id"),))
