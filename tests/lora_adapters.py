@@ -110,12 +110,15 @@ def write_lora_adapter(
         "gate_proj": (hidden, inner),
         "up_proj": (hidden, inner),
         "down_proj": (inner, hidden),
+        # Phi-3's fused layers
+        "qkv_proj": (hidden, (heads + 2 * kv_heads) * head_dim),
+        "gate_up_proj": (hidden, 2 * inner),
     }
     random = np.random.default_rng(seed)
     tensors = {}
     for layer in layers:
         for module in modules:
-            part = "self_attn" if module in ATTENTION else "mlp"
+            part = "self_attn" if module in (*ATTENTION, "qkv_proj") else "mlp"
             prefix = f"base_model.model.model.layers.{layer}.{part}.{module}"
             fan_in, fan_out = features[module]
             tensors[f"{prefix}.lora_A.weight"] = random.normal(0, 0.02, (rank, fan_in)).astype(

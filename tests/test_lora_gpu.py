@@ -208,6 +208,34 @@ def test_an_adapter_of_another_model_is_refused_before_the_plan(adapters, tmp_pa
     assert result.exit_code == 1 and "lora_A has shape [8, 2048]" in result.output
 
 
+def test_adapters_of_fused_layers_are_checked_by_their_shapes_and_refused_on_gpu_naming_the_cpu(
+    tmp_path,
+):
+    catalog = (
+        Path(__file__).parents[1] / "toolkit" / "model" / "catalog" / "phi-3.5-mini-instruct.json"
+    )
+    entry = json.loads(catalog.read_text())
+    fused = write_lora_adapter(
+        tmp_path / "phi",
+        entry["config"],
+        base=entry["hub_id"],
+        modules=("qkv_proj", "gate_up_proj"),
+    )
+    result = invoke(
+        "build",
+        "-t",
+        "h100-sxm",
+        "-m",
+        "phi-3.5-mini-instruct",
+        "--dry-run",
+        "--lora",
+        f"f={fused}",
+    )
+    assert result.exit_code == 1, result.output
+    assert "gate_up_proj, qkv_proj" in result.output and "--target cpu" in result.output
+    assert "LoRA-able" not in result.output  # the shapes fit Phi-3's fused layers
+
+
 # --- a build through the fake tools -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, adapters):

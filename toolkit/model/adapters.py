@@ -322,15 +322,21 @@ def module_shapes(facts: ModelFacts) -> dict[str, tuple[int, int]]:
     q = facts.num_attention_heads * facts.head_dim
     kv = facts.num_kv_heads * facts.head_dim
     hidden, inner = facts.hidden_size, facts.intermediate_size
+    if facts.model_type == "phi3":  # fused layers (transformers' Phi3Attention / Phi3MLP)
+        return {
+            "qkv_proj": (hidden, q + 2 * kv),
+            "o_proj": (q, hidden),
+            "gate_up_proj": (hidden, 2 * inner),
+            "down_proj": (inner, hidden),
+        }
     shapes = {
         "q_proj": (hidden, q),
         "k_proj": (hidden, kv),
         "v_proj": (hidden, kv),
         "o_proj": (q, hidden),
     }
-    if (
-        not facts.num_experts
-    ):  # a mixture of experts' MLPs are its experts, which LoRA does not reach here
+    # A mixture of experts' MLPs are its experts, which these adapters do not reach.
+    if not facts.num_experts:
         shapes |= {
             "gate_proj": (hidden, inner),
             "up_proj": (hidden, inner),

@@ -16,7 +16,7 @@ from toolkit.engine.fusions import FUSIONS
 from toolkit.engine.trtllm_flags import LORA_CONVERT_SCRIPT
 from toolkit.errors import EngineBuildError, RecipeError, RepositoryError, ServerError
 from toolkit.plan.gpus import GpuProfile
-from toolkit.plan.lora import LORA_TENSOR_TYPE, LoraEngine, trtllm_modules
+from toolkit.plan.lora import HF_TO_TRTLLM, LORA_TENSOR_TYPE, LoraEngine, trtllm_modules
 from toolkit.plan.precisions import KV_PRECISIONS, WEIGHT_PRECISIONS
 from toolkit.repository import configs
 from toolkit.repository import contract as c
@@ -542,7 +542,16 @@ def lora_engine(adapters: tuple[CheckedAdapter, ...], settings: BuildSettings) -
             "serve fewer adapters",
             value=len(adapters),
         )
-    modules = trtllm_modules({m for a in adapters for m in a.adapter.target_modules})
+    hf_modules = {m for a in adapters for m in a.adapter.target_modules}
+    fused = sorted(hf_modules - set(HF_TO_TRTLLM))
+    if fused:
+        raise RecipeError(
+            f"--lora adapters target {', '.join(fused)}: GPU engines are built here for LoRA of "
+            f"{', '.join(HF_TO_TRTLLM)} only (not fused layers)",
+            hint="build these adapters for --target cpu, or adapters of the unfused modules",
+            value=fused,
+        )
+    modules = trtllm_modules(hf_modules)
     return LoraEngine(target_modules=modules, max_rank=max_rank, cache_adapters=holds)
 
 
