@@ -337,3 +337,24 @@ def test_runtime_lora_weights_are_declared_in_the_engines_dtype_on_every_model_t
             types["lora_weights"]
             == parse_pbtxt("input { data_type: TYPE_BF16 }").input[0].data_type
         ), model
+
+
+def test_a_build_without_the_conversion_script_stops_before_the_download(
+    adapters, tmp_path, monkeypatch
+):
+    install_fake_trtllm(monkeypatch, tmp_path)
+    monkeypatch.setenv("TOOLKIT_TRTLLM_EXAMPLES_DIR", str(tmp_path / "no-examples"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a download would fail differently
+    result = invoke(
+        "build",
+        "-t",
+        "h100-sxm",
+        "-m",
+        "llama-3.1-8b-instruct",
+        "-o",
+        str(tmp_path / "repo"),
+        "--lora",
+        f"sql={adapters['sql']}",
+    )
+    assert result.exit_code == 1 and "hf_lora_convert.py" in result.output, result.output
+    assert "TOOLKIT_TRTLLM_EXAMPLES_DIR" in result.output and not (tmp_path / "repo").exists()

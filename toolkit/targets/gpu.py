@@ -345,6 +345,8 @@ class GpuTarget(Target):
         require_gpu_sm(self.profile.sm, self.name)
         require_gpus(build.gpus, _gpus_why(build))
         check_calibration_source(build.calibration)
+        if plan.adapters:
+            _require_lora_converter()
 
     def build_engine(self, plan: TargetPlan, model, progress) -> tuple[TrtllmEngine, Any]:
         from toolkit.engine.build import execute_engine_build
@@ -577,3 +579,17 @@ def lora_parameters(repository: Path, runtime: dict[str, Any]) -> dict[str, Any]
         "lora_cache_host_memory_bytes": runtime["host_memory_bytes"],
         "lora_prefetch_dir": str(Path(repository) / c.ENGINE / "1" / LORA_DIR),
     }
+
+
+def _require_lora_converter() -> None:
+    """TensorRT-LLM's examples/hf_lora_convert.py, before hours of engine build that would end without it."""
+    from toolkit.engine.tools import container_hint
+
+    script = Path(trtllm_tools().examples_dir) / LORA_CONVERT_SCRIPT
+    if not script.is_file():
+        raise EngineBuildError(
+            f"--lora needs TensorRT-LLM's {LORA_CONVERT_SCRIPT}, which is not at {script}",
+            hint="set TOOLKIT_TRTLLM_EXAMPLES_DIR to the examples/ folder of a TensorRT-LLM checkout of the "
+            "pinned tag, or " + container_hint(),
+            value=str(script),
+        )
