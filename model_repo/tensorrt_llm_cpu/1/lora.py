@@ -68,10 +68,29 @@ def load_adapters(model, folder: Path, table: AdapterTable):
 
 
 class TokenRoute:
-    """This step's task id per packed token (None: no adapter token in the step), set by the pre-hook."""
+    """This step's task id per packed token (None: no adapter token in the step), set by the pre-hook, and
+    the step's column masks, one per column layout (layers the same adapters target share theirs)."""
 
     def __init__(self):
         self.tasks: torch.Tensor | None = None
+        self.masks: dict[int, torch.Tensor] = {}
+        self.layouts: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def set_tasks(self, tasks: torch.Tensor | None) -> None:
+        self.tasks = tasks
+        self.masks = {}
+
+    def layout(self, columns: torch.Tensor) -> torch.Tensor:
+        """One tensor per distinct column layout, so its mask is built once a step."""
+        return self.layouts.setdefault(tuple(columns.tolist()), columns)
+
+    def mask(self, tasks: torch.Tensor, columns: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[tokens, total rank]: 1 where the token's adapter owns the column, else 0."""
+        found = self.masks.get(id(columns))
+        if found is None:
+            found = (tasks.unsqueeze(1) == columns.unsqueeze(0)).to(dtype)
+            self.masks[id(columns)] = found
+        return found
 
 
 def route_adapters(model, manager, table: AdapterTable) -> int:
@@ -91,6 +110,8 @@ def route_adapters(model, manager, table: AdapterTable) -> int:
                 "serves LoRA on linear layers only (no DoRA, embeddings or convolutions)"
             )
         _concatenate(module, tasks)
+        if module._toolkit_columns is not None:
+            module._toolkit_columns = route.layout(module._toolkit_columns)
         module._toolkit_route = route
         module.forward = types.MethodType(_routed_forward, module)
         routed += 1
@@ -117,7 +138,8 @@ def _concatenate(module, tasks: list[int]) -> None:
 
 def _routed_forward(self, x, *args, **kwargs):
     result = self.base_layer(x, *args, **kwargs)
-    tasks = self._toolkit_route.tasks
+    route = self._toolkit_route
+    tasks = route.tasks
     if tasks is None or self._toolkit_a is None:
         return result
     flat = x.reshape(-1, x.shape[-1])
@@ -125,17 +147,17 @@ def _routed_forward(self, x, *args, **kwargs):
         raise RuntimeError(
             f"LoRA route covers {tasks.shape[0]} tokens, the step has {flat.shape[0]}"
         )
-    mask = (tasks.unsqueeze(1) == self._toolkit_columns.unsqueeze(0)).to(flat.dtype)
-    hidden = torch.nn.functional.linear(flat.to(self._toolkit_a.dtype), self._toolkit_a) * mask
-    delta = torch.nn.functional.linear(hidden, self._toolkit_b)
-    return result + delta.to(result.dtype).view(result.shape)
+    hidden = torch.nn.functional.linear(flat, self._toolkit_a)  # [tokens, total rank]
+    hidden.mul_(route.mask(tasks, self._toolkit_columns, hidden.dtype))
+    delta = torch.nn.functional.linear(hidden, self._toolkit_b)  # [tokens, out]
+    return result.add_(delta.view(result.shape))
 
 
 def _route_hook(manager, route: TokenRoute):
     """Before each forward: the task id of every packed token, from the batch the manager prepared."""
 
     def hook(module, args, kwargs):
-        route.tasks = None
+        route.set_tasks(None)
         processor = manager.batch_processor
         input_ids = kwargs.get("input_ids")
         if processor is None or input_ids is None:
@@ -150,7 +172,7 @@ def _route_hook(manager, route: TokenRoute):
         for index, task in enumerate(owners):
             if task:
                 tasks[bounds[index] : bounds[index + 1]] = task
-        route.tasks = tasks
+        route.set_tasks(tasks)
 
     return hook
 
