@@ -152,9 +152,9 @@ def test_the_plan_counts_the_lora_cache_and_the_caches_hold_every_adapter(adapte
         - with_lora["weights_bytes_per_gpu"]
         - with_lora["runtime_reserve_bytes"]
     )
-    device_slots = int(with_lora["lora_cache_gpu_memory_fraction"] * free) // (
-        min(LLAMA["hidden_size"] * 2, LLAMA["hidden_size"] + 1024) * 2
-    )
+    kv = LLAMA["num_key_value_heads"] * (LLAMA["hidden_size"] // LLAMA["num_attention_heads"])
+    page_width = LLAMA["hidden_size"] + kv  # the narrowest module: attn_k / attn_v (in + out)
+    device_slots = int(with_lora["lora_cache_gpu_memory_fraction"] * free) // (page_width * 2)
     assert device_slots >= one * len(ADAPTERS)  # "must hold 1 max sized LoRA", here both
 
 
