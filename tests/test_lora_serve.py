@@ -180,6 +180,24 @@ def test_an_unknown_task_id_and_run_time_weights_are_refused_and_the_engine_serv
     assert engine_tokens(server.grpc_url, ids, "beta") == reference(ids, "beta")
 
 
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_the_text_models_pass_run_time_adapter_weights_on_to_the_engine(server, model):
+    """The CPU engine refuses them by name: that answer proves they reached it whole."""
+    inputs = infer_inputs(
+        [
+            ("text_input", np.array([[b"hello"]], dtype=object), "BYTES"),
+            scalar("max_tokens", 2, "INT32"),
+            ("lora_weights", np.zeros((1, 2, 8), np.float16), "FP16"),
+            ("lora_config", np.zeros((1, 2, 3), np.int32), "INT32"),
+        ]
+    )
+    _, error = _stream(server.grpc_url, model, inputs)
+    assert (
+        error is not None
+        and "lora_weights: this engine serves only the LoRA adapters built" in error
+    )
+
+
 def _until_end(tokens: list[int], ends: set[int]) -> list[int]:
     for i, token in enumerate(tokens):
         if token in ends:
@@ -187,7 +205,8 @@ def _until_end(tokens: list[int], ends: set[int]) -> list[int]:
     return tokens
 
 
-def test_the_ensemble_passes_the_task_id_on(server, built, reference, tokenizer):
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
+def test_the_text_models_pass_the_task_id_on(server, built, reference, tokenizer, model):
     _, _, repo = built
     tokens = open_repository(repo).tokens
     ends = {tokens.end_id, *tokens.stop_ids}
@@ -202,7 +221,7 @@ def test_the_ensemble_passes_the_task_id_on(server, built, reference, tokenizer)
             scalar("lora_task_id", TASKS["alpha"], "UINT64"),
         ]
     )
-    responses, error = _stream(server.grpc_url, "ensemble", inputs)
+    responses, error = _stream(server.grpc_url, model, inputs)
     assert error is None, error
     got = b"".join(
         r.as_numpy("text_output").reshape(-1)[0]

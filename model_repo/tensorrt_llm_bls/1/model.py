@@ -31,6 +31,10 @@ from engine_requests import Collector  # noqa: E402
 from params import ModelParams, final_flag, scalar  # noqa: E402
 from textcodec import TextCodec, check_request_lengths, pack_word_lists  # noqa: E402
 
+# Inputs passed on whole (an adapter sent with the request: one row per adapter module), not as [1, 1] scalars;
+# lora_weights is BF16 on a bf16 GPU engine, which numpy cannot hold, so they go through DLPack unchanged.
+WHOLE_TENSORS = ("lora_weights", "lora_config")
+
 TOKEN_OUTPUTS = ("output_ids", "sequence_length")  # turned into text_output
 
 
@@ -149,8 +153,14 @@ class TritonPythonModel:
             inputs.append(pb_utils.Tensor("end_id", np.array([[self.end_id]], dtype=np.int32)))
         for source, target in self.passthrough.items():
             tensor = pb_utils.get_input_tensor_by_name(request, source)
-            if tensor is not None:
-                inputs.append(pb_utils.Tensor(target, _engine_shaped(tensor.as_numpy())))
+            if tensor is None:
+                continue
+            if (
+                source in WHOLE_TENSORS
+            ):  # as the client sent it, [1, rows, columns]; BF16 has no numpy type
+                inputs.append(pb_utils.Tensor.from_dlpack(target, tensor.to_dlpack()))
+            else:
+                inputs.append(pb_utils.Tensor(target, tensor.as_numpy().reshape(1, 1)))
         return inputs
 
     def _text_outputs(self, response) -> list:
@@ -187,11 +197,3 @@ class TritonPythonModel:
         ]
         ids = [self.codec.encode(t, False) for t in texts if t]
         return pack_word_lists([ids + ([] if under_min_tokens else [[i] for i in self.stop_ids])])
-
-
-def _engine_shaped(array: np.ndarray) -> np.ndarray:
-    """A passed-on input as the engine takes it: a scalar as [1, 1]; a matrix (lora_weights, lora_config: one
-    row per adapter module) with the batch dimension in front, [1, rows, columns]."""
-    if array.size == 1:
-        return array.reshape(1, 1)
-    return array.reshape(1, *array.shape[-2:])
