@@ -200,6 +200,31 @@ def test_requests_of_one_adapter_still_share_their_prefix(engine, reference):
     assert hits.pop("other-0") == 0
 
 
+def test_every_choice_of_an_adapter_request_forked_n_ways_keeps_its_adapter(engine, reference):
+    manager, _ = engine
+    prompt = _prompt(11, 40)
+    manager.num_return_sequences = 3
+    try:
+        manager.add_request(
+            prompt,
+            request_id="forked",
+            max_new_tokens=NEW_TOKENS,
+            eos_token_id=-1,
+            decoding=RequestDecoding(adapter=2),
+        )
+    finally:
+        manager.num_return_sequences = 1
+    wanted = {"forked", "forked__child#0", "forked__child#1"}
+    done, deadline = {}, time.time() + 120
+    while set(done) != wanted and time.time() < deadline:
+        result = manager.get_result(timeout=0.5)
+        if result is not None and result.is_finished() and result.request_id in wanted:
+            done[result.request_id] = result.generated_tokens
+    assert set(done) == wanted
+    assert reference(prompt, 2) != reference(prompt, None)
+    assert all(tokens == reference(prompt, 2) for tokens in done.values())  # greedy: all alike
+
+
 # --- the request side: lora_task_id, lora_weights / lora_config -------------------------------------------
 class _Tensor:
     def __init__(self, value):
