@@ -19,7 +19,6 @@ PINNED = RECORD["revisions"]["c2e65b8"]
 FAMILY = {
     "multimodal",
     "encoder-decoder",
-    "lora",
     "speculative",
     "retention",
     "disaggregated",
@@ -66,7 +65,6 @@ LEFT_OUT = {
         "PROMPT_TABLE_EXTRA_ID",
         "OUT_PROMPT_TABLE_EXTRA_IDS",
     },
-    "lora": {"lora_task_id", "lora_weights", "lora_config"},
     "speculative": {
         "draft_input_ids",
         "draft_logits",

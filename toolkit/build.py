@@ -161,6 +161,7 @@ def _package(
         settings=planned.settings,
         capabilities=planned.capabilities,
         memory_plan=planned.memory,
+        adapters=planned.adapters,
     )
     return repo_plan, built
 

@@ -10,6 +10,7 @@ None means "not given": the recipe's value, else the planner's or the target's d
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -35,7 +36,7 @@ class Setting:
     """How one build setting is given, checked and recorded."""
 
     name: str  # the BuildSettings field (and the manifest's settings key)
-    kind: type  # int, float, str, bool or Path
+    kind: type  # int, float, str, bool, Path, or dict (NAME=PATH pairs, repeatable: --lora)
     help: str
     targets: frozenset[str]  # target kinds it applies to
     recipe_key: str | None  # section.key in a recipe (None: command line only)
@@ -67,11 +68,21 @@ class Setting:
     def manifest_key(self) -> str:
         return f"settings.{self.name}"
 
+    @property
+    def multiple(self) -> bool:
+        """Whether the option is repeatable (NAME=PATH pairs: the value is a tuple of (name, path))."""
+        return self.kind is dict
+
     def applies_to(self, kind: str) -> bool:
         return kind in self.targets
 
     def expected(self) -> str:
         """What a valid value is, in words."""
+        if self.multiple:
+            return (
+                "NAME=PATH (NAME: a letter or digit, then up to 63 of letters, digits, '.', '_', '-'; PATH: "
+                "a PEFT adapter folder or hf:ORG/NAME[@REV]), each NAME once"
+            )
         if self.choices:
             return "one of " + ", ".join(str(c) for c in self.choices)
         if self.kind is bool:
@@ -90,6 +101,8 @@ class Setting:
 
     def problem(self, value: Any) -> str | None:
         """None when `value` is valid; else what it must be."""
+        if self.multiple:
+            return _pairs_problem(value, self.expected())
         if self.kind is bool:
             return None if isinstance(value, bool) else self.expected()
         if isinstance(value, bool):
@@ -114,7 +127,14 @@ class Setting:
         return None
 
     def parse_text(self, text: str) -> Any:
-        """A value from the command line or an environment variable; ValueError naming what it must be."""
+        """A value from the command line or an environment variable; ValueError naming what it must be.
+        A repeatable setting parses one NAME=PATH item into a (name, path) pair."""
+        if self.multiple:
+            name, sep, path = text.partition("=")
+            pair = (name.strip(), path.strip())
+            if not sep or _pairs_problem((pair,), "") is not None:
+                raise ValueError(f"{text!r} is not {self.expected()}")
+            return pair
         try:
             value: Any = {int: int, float: float, str: str, Path: Path}[self.kind](text)
         except ValueError:
@@ -130,8 +150,37 @@ class Setting:
         """The command-line form of `value` (rebuild arguments)."""
         if self.kind is bool:
             return [f"--{self.option}" if value else f"--{self.negation}"]
+        if self.multiple:
+            return [word for name, path in value for word in (f"--{self.option}", f"{name}={path}")]
         text = repr(float(value)) if self.kind is float else str(value)
         return [f"--{self.option}", text]
+
+
+# The name of one item of a NAME=PATH setting (a LoRA adapter: a model id of the OpenAI API).
+PAIR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _pairs_problem(value: Any, expected: str) -> str | None:
+    """None when `value` is a tuple of (NAME, PATH) pairs with valid, distinct names and non-empty paths."""
+    if not isinstance(value, tuple) or not all(
+        isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(v, str) for v in pair)
+        for pair in value
+    ):
+        return expected
+    names = [name for name, _ in value]
+    if any(not PAIR_NAME.match(name) for name in names) or len(set(names)) != len(names):
+        return expected
+    if any(not path.strip() for _, path in value):
+        return expected
+    return None
+
+
+def pairs_from_mapping(value: Any) -> Any:
+    """A recipe's or a manifest's {NAME: PATH} mapping as the setting's (name, path) pairs (other values
+    unchanged, for the row's check to refuse)."""
+    if isinstance(value, Mapping):
+        return tuple((str(k), v) for k, v in value.items())
+    return value
 
 
 def setting(
@@ -447,6 +496,35 @@ class BuildSettings:
         default="on",
         negation="no-decoupled",
     )
+    # --- LoRA adapters (toolkit.model.adapters checks them against the base model)
+    lora: tuple[tuple[str, str], ...] | None = setting(
+        "A LoRA adapter served beside the base model as model id NAME (repeatable): PATH is a Hugging "
+        "Face PEFT adapter folder (adapter_config.json + adapter_model.safetensors) or hf:ORG/NAME[@REV]; "
+        "checked against the base model before anything is built.",
+        kind=dict,
+        targets=ALL_KINDS,
+        recipe="lora",
+        default="none",
+    )
+    max_lora_rank: int | None = setting(
+        "GPU: the largest LoRA rank the engine takes (trtllm-build's --max_lora_rank); room for adapters "
+        "sent at run time (lora_weights) with a larger rank than the built ones.",
+        kind=int,
+        targets=_GPU,
+        recipe="engine.max_lora_rank",
+        default="the largest --lora rank",
+        minimum=1,
+    )
+    lora_cache_adapters: int | None = setting(
+        "GPU: adapters of the maximum rank the GPU's LoRA cache holds at once (its memory is counted in the "
+        "plan, out of the KV cache); the host cache holds one more. Leave room to add adapters later "
+        "without a new engine.",
+        kind=int,
+        targets=_GPU,
+        recipe="engine.lora_cache_adapters",
+        default="the number of --lora adapters",
+        minimum=1,
+    )
 
     def given(self) -> dict[str, Any]:
         """The settings that are set (not None)."""
@@ -457,7 +535,11 @@ class BuildSettings:
         return replace(self, **other.given())
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.given().items()}
+        """JSON values: paths as text, NAME=PATH pairs as a {NAME: PATH} object."""
+        return {
+            name: str(v) if isinstance(v, Path) else dict(v) if SETTINGS[name].multiple else v
+            for name, v in self.given().items()
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "the manifest") -> BuildSettings:
@@ -471,6 +553,8 @@ class BuildSettings:
                     hint="rebuild it with this toolkit",
                     value=name,
                 )
+            if row.multiple:
+                value = pairs_from_mapping(value)
             values[name] = Path(value) if row.kind is Path and value is not None else value
         settings = cls(**values)
         check_values(settings, where, key=lambda row: row.manifest_key)

@@ -69,3 +69,8 @@ class DeployError(ToolkitError, ValueError):
 
 class TraceError(ToolkitError, ValueError):
     """Tracing asked for but not possible: no OTLP endpoint, a bad sampling rate, no OpenTelemetry SDK."""
+
+
+class AdapterError(ToolkitError, ValueError):
+    """A LoRA adapter (--lora NAME=PATH) that cannot be served on the base model: missing, corrupt, of
+    another base model, or beyond the build's limits."""

@@ -14,12 +14,13 @@ from typing import Any
 
 import yaml
 
-from toolkit.build_settings import RECIPE_KEYS, BuildSettings, Setting
+from toolkit.build_settings import RECIPE_KEYS, BuildSettings, Setting, pairs_from_mapping
 from toolkit.errors import RecipeError
 from toolkit.targets import TARGET_NAMES, get_target
 
 _TOP_KEYS = ("name", "model", "target")
-_SECTIONS = sorted({key.split(".")[0] for key in RECIPE_KEYS})
+# Sections hold keys (batching.max_batch_size); a key without a section (lora) is a top-level mapping.
+_SECTIONS = sorted({key.split(".")[0] for key in RECIPE_KEYS if "." in key})
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ def recipe_from_dict(data: Any, path: Path) -> BuildRecipe:
             top[key] = value
             continue
         row = RECIPE_KEYS[key]
+        if row.multiple:
+            value = _pairs_in(value, path)
         problem = row.problem(value)
         if problem is not None:
             raise RecipeError(
@@ -115,6 +118,24 @@ def recipe_from_dict(data: Any, path: Path) -> BuildRecipe:
     )
     get_target(recipe.target).check_settings(recipe.settings, lambda row: _key_in(row, path))
     return recipe
+
+
+def _pairs_in(value: Any, path: Path) -> Any:
+    """A recipe's {NAME: PATH} mapping as (name, path) pairs, a relative local PATH taken from the recipe's
+    folder (hf: ids as written)."""
+    pairs = pairs_from_mapping(value)
+    if not isinstance(pairs, tuple):
+        return pairs
+    return tuple(
+        (name, _from_recipe_folder(where, path)) if isinstance(where, str) else (name, where)
+        for name, where in pairs
+    )
+
+
+def _from_recipe_folder(where: str, recipe: Path) -> str:
+    if where.startswith("hf:") or not where.strip() or Path(where).expanduser().is_absolute():
+        return where
+    return str((recipe.parent / where).resolve())
 
 
 def _key_in(row: Setting, path: Path) -> str:

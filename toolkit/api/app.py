@@ -173,12 +173,12 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
 
     @app.get("/v1/models", response_model=ModelList, responses=ERRORS)
     async def list_models():
-        return ModelList(data=[_model(state)])
+        return ModelList(data=[_model(state), *(_model(state, name) for name in state.adapters)])
 
     @app.get("/v1/models/{model}", response_model=Model, responses=ERRORS)
     async def retrieve_model(model: str):
         state.check_model(model)
-        return _model(state)
+        return _model(state, model if model in state.adapters else None)
 
     @app.get("/health", response_model=Health, responses={503: {"model": ErrorResponse}})
     async def health():
@@ -194,8 +194,15 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
         )
 
 
-def _model(state: ApiState) -> Model:
-    return Model(id=state.model_id, created=state.created, owned_by="toolkit")
+def _model(state: ApiState, adapter: str | None = None) -> Model:
+    """The base model's card, or a LoRA adapter's (its parent: the base model)."""
+    return Model(
+        id=adapter or state.model_id,
+        created=state.created,
+        owned_by="toolkit",
+        root=state.model_id,
+        parent=state.model_id if adapter else None,
+    )
 
 
 def _arrival(request: Request) -> float:

@@ -2,7 +2,8 @@
 outputs they come back in.
 
 Inputs are the backend's own where it has them (guided_decoding_guide_type / guided_decoding_guide,
-return_log_probs, num_return_sequences, return_perf_metrics for the KV blocks reused); top log probs come
+return_log_probs, num_return_sequences, return_perf_metrics for the KV blocks reused, lora_task_id for a
+LoRA adapter the body's `model` names); top log probs come
 from the Python engines' own `num_top_logprobs` input and `top_logprob_ids` / `top_logprobs` outputs, or,
 on a GPU engine built with --gather-generation-logits, from the raw generation logits, reduced here.
 """
@@ -32,6 +33,7 @@ class Features:
     top_from_logits: bool = False  # the alternatives from generation logits (a GPU engine's)
     n: int = 1  # choices, generated as the engine's num_return_sequences
     cached_tokens: bool = True  # ask for the KV blocks the prefix cache gave (return_perf_metrics)
+    lora_task_id: int = 0  # the LoRA adapter the body's model names (0: the base model)
 
     def tensors(self, names: dict[str, str]) -> list[tuple[str, np.ndarray, str]]:
         """The Triton inputs (name, [1, 1] array, dtype) these features add to an engine request."""
@@ -51,6 +53,8 @@ class Features:
         if self.cached_tokens:
             name = names.get("return_perf_metrics", "return_perf_metrics")
             out.append((name, np.array([[True]], bool), "BOOL"))
+        if self.lora_task_id:
+            out.append(("lora_task_id", np.array([[self.lora_task_id]], np.uint64), "UINT64"))
         return out
 
     def outputs(self) -> list[str]:

@@ -144,6 +144,7 @@ def request_features(
         top_from_logits=capabilities.top_logprobs_source == "generation_logits",
         n=body.n or 1,
         cached_tokens=state.backend.engine and capabilities.cached_tokens,
+        lora_task_id=state.lora_task(body.model),
     )
     return features, param if guide is not None else None
 

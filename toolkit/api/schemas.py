@@ -340,6 +340,10 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    # As vLLM lists them: the model it is served from (the base model's id for itself and for each of its
+    # LoRA adapters), and for an adapter the base model it adapts (None for the base model).
+    root: str | None = None
+    parent: str | None = None
 
 
 class ModelList(BaseModel):

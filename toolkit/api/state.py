@@ -83,6 +83,8 @@ class ApiState:
             repository.limits, len(settings.api_keys), self.metrics.share_waiting.set
         )
         self.model_id = settings.served_model_name or repository.served_model_name
+        # Each LoRA adapter is a model id of its own (its name), served with its task id.
+        self.adapters = {adapter.name: adapter.task_id for adapter in repository.adapters}
         self.created = int(time.time())
         self.long_encodes = asyncio.Semaphore(LONG_ENCODES_AT_ONCE)
         self._token_texts: TokenTexts | None = None
@@ -101,10 +103,17 @@ class ApiState:
         return self.limits.kv_block_size
 
     def check_model(self, name: str) -> None:
-        if name not in (self.model_id, self.settings.model_name):
+        if name not in (self.model_id, self.settings.model_name) and name not in self.adapters:
+            served = f"`{self.model_id}`"
+            if self.adapters:
+                served += " and its LoRA adapters " + ", ".join(f"`{a}`" for a in self.adapters)
             raise ApiError(
                 404,
-                f"The model `{short_text(name)}` does not exist; this server serves `{self.model_id}`.",
+                f"The model `{short_text(name)}` does not exist; this server serves {served}.",
                 param="model",
                 code="model_not_found",
             )
+
+    def lora_task(self, name: str) -> int:
+        """The LoRA task id a body's `model` asks for: its adapter's, 0 for the base model."""
+        return self.adapters.get(name, 0)

@@ -482,7 +482,10 @@ class TritonBackend:
             ("stream", np.array([[self.decoupled]], bool), "BOOL"),
             ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
             *sampling.tensors(engine=False),
-            *Features(guide=features.guide, cached_tokens=False).tensors({}),  # only guides pass
+            # Only guides and the LoRA adapter pass the text models.
+            *Features(
+                guide=features.guide, cached_tokens=False, lora_task_id=features.lora_task_id
+            ).tensors({}),
         ]
         return self._request(tensors, None)
 

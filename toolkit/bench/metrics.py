@@ -35,6 +35,9 @@ class RequestRecord:
     start_ns: int
     response_ns: tuple[int, ...]
     output_tokens: int
+    lora_task_id: int = (
+        0  # the LoRA adapter the request ran on (its request_inputs), 0: the base model
+    )
 
     @property
     def ttft_ms(self) -> float:
@@ -138,8 +141,21 @@ def _record(request: dict) -> RequestRecord | None:
     if not kept:
         return None
     return RequestRecord(
-        start_ns=int(request["timestamp"]), response_ns=tuple(kept), output_tokens=len(kept)
+        start_ns=int(request["timestamp"]),
+        response_ns=tuple(kept),
+        output_tokens=len(kept),
+        lora_task_id=_task_id((request.get("request_inputs") or {}).get("lora_task_id")),
     )
+
+
+def _task_id(value) -> int:
+    """The recorded lora_task_id input (a number, or a one-element list or string of one), 0 when absent."""
+    while isinstance(value, list) and value:
+        value = value[0]
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _carries_output(output: dict) -> bool:
@@ -152,7 +168,9 @@ def _carries_output(output: dict) -> bool:
     return output.get("sequence_length", 1) != 0
 
 
-def point_metrics(experiment: Experiment) -> PointMetrics:
+def point_metrics(experiment: Experiment, duration_s: float | None = None) -> PointMetrics:
+    """The point's metrics; `duration_s`: over this duration instead of its requests' own span (a part of a
+    point's requests, each adapter's of a --lora-mix point, over the whole point's)."""
     records = experiment.requests
     if not records:
         raise BenchError(
@@ -161,7 +179,7 @@ def point_metrics(experiment: Experiment) -> PointMetrics:
         )
     start = min(r.start_ns for r in records)
     end = max(r.response_ns[-1] for r in records)
-    duration = max(end - start, 1) / NS_PER_S
+    duration = duration_s or max(end - start, 1) / NS_PER_S
     tokens = sum(r.output_tokens for r in records)
     itls = [r.itl_ms for r in records if r.itl_ms is not None]
     return PointMetrics(
@@ -177,6 +195,19 @@ def point_metrics(experiment: Experiment) -> PointMetrics:
         latency_ms=Distribution.of([r.latency_ms for r in records]),
         output_len=Distribution.of([float(r.output_tokens) for r in records]),
     )
+
+
+def adapter_metrics(experiment: Experiment, names: dict[int, str]) -> dict[str, PointMetrics]:
+    """Each adapter's requests of a point (names: task id -> name; 0 is the base model) over the whole point's
+    duration, so that their tokens/s add up to the point's."""
+    duration = point_metrics(experiment).duration_s
+    out = {}
+    for task, name in names.items():
+        part = [r for r in experiment.requests if r.lora_task_id == task]
+        if part:
+            subset = Experiment(experiment.mode, experiment.value, tuple(part))
+            out[name] = point_metrics(subset, duration)
+    return out
 
 
 def flat_row(metrics: PointMetrics, extra: dict | None = None) -> dict:

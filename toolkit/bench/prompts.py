@@ -90,12 +90,18 @@ def _exact_prompt(encode, words: list[str], n: int, rng: random.Random) -> tuple
 
 
 def write_input_data(
-    path: Path, prompts: PromptSet, output_tokens: int, model: str = c.ENSEMBLE
+    path: Path,
+    prompts: PromptSet,
+    output_tokens: int,
+    model: str = c.ENSEMBLE,
+    lora_tasks: tuple[int, ...] = (),
 ) -> Path:
     """perf_analyzer `--input-data` JSON: one entry per prompt, output length forced to `output_tokens`.
 
     The ensemble and BLS take text; the engine (tensorrt_llm) takes the token ids. min_tokens equal to
     max_tokens makes every request produce exactly `output_tokens` tokens (the end id is ignored).
+    With `lora_tasks` (a --lora-mix: LoRA task ids, 0 the base model) each prompt is one entry per task,
+    interleaved, so perf_analyzer's round robin over the entries spreads the requests evenly.
     """
     if output_tokens < 1:
         raise BenchError(
@@ -105,6 +111,8 @@ def write_input_data(
         data = [_engine_entry(ids, output_tokens) for ids in prompts.token_ids]
     else:
         data = [_text_entry(text, output_tokens) for text in prompts.prompts]
+    if lora_tasks:
+        data = [{**entry, "lora_task_id": [task]} for entry in data for task in lora_tasks]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(json.dumps({"data": data}))

@@ -56,10 +56,21 @@ def csv_row(p: PointResult) -> dict:
 
 
 def sweep_csv(result: SweepResult) -> str:
-    rows = [csv_row(p) for p in result.points]
+    """One row per point; with --lora-mix, the point's row (adapter `all`) then one per adapter."""
+    if result.plan.lora_mix:
+        rows = [
+            row
+            for p in result.points
+            for row in (
+                {"adapter": "all", **csv_row(p)},
+                *({"adapter": name, **flat_row(m)} for name, m in p.adapters.items()),
+            )
+        ]
+    else:
+        rows = [csv_row(p) for p in result.points]
     buffer = io.StringIO()
     if rows:
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), restval="")
         writer.writeheader()
         writer.writerows(rows)
     return buffer.getvalue()

@@ -15,7 +15,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from toolkit.bench.breakdown import PointBreakdown
-from toolkit.bench.metrics import PointMetrics, parse_profile_export, point_metrics
+from toolkit.bench.metrics import (
+    PointMetrics,
+    adapter_metrics,
+    parse_profile_export,
+    point_metrics,
+)
 from toolkit.bench.perf_analyzer import PerfAnalyzer, find_perf_analyzer, run_perf_analyzer
 from toolkit.bench.prompts import make_prompts, write_input_data
 from toolkit.bench.scrape import MetricsScraper, ScrapeSummary
@@ -78,6 +83,9 @@ class SweepPlan:
         """What the load was sent to, for titles."""
         return f"OpenAI API {self.api_url}" if self.api_url else f"{self.model} @ {self.grpc_url}"
 
+    # --lora-mix: (model id, LoRA task id) the requests are spread over; task 0 is the base model.
+    lora_mix: tuple[tuple[str, int], ...] = ()
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["out_dir"], data["tokenizer"] = str(self.out_dir), str(self.tokenizer)
@@ -97,11 +105,14 @@ class PointResult:
     itl_of_expected: float | None = None
     ttft_of_expected: float | None = None
     breakdown: PointBreakdown | None = None  # --breakdown: where TTFT and ITL went, by layer
+    # --lora-mix: each adapter's (and the base model's) requests, by model id, over the point's duration.
+    adapters: dict[str, PointMetrics] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
             "point": asdict(self.point),
             "metrics": self.metrics.to_dict(),
+            "adapters": {name: m.to_dict() for name, m in self.adapters.items()},
             "server": self.server.to_dict(),
             "export_file": str(self.export_file),
             "expected": None if self.expected is None else asdict(self.expected),
@@ -191,6 +202,7 @@ def plan_sweep(
     seed: int = 0,
     api_url: str | None = None,
     traces: Path | None = None,
+    lora_mix: tuple[str, ...] = (),
 ) -> SweepPlan:
     """The sweep: prompts are made with the served repository's tokenizer, encoded the way its preprocessing encodes.
     With `api_url` and `traces` (--breakdown) the load goes through the OpenAI API, traced."""
@@ -229,7 +241,8 @@ def plan_sweep(
             f"--requests={requests} must be at least 1",
             hint="or leave it out for an automatic count",
         )
-    counts = tuple(requests or default_request_count(p, prompts) for p in points)
+    mix = resolve_lora_mix(lora_mix, repository)
+    counts = tuple(requests or default_request_count(p, prompts * max(len(mix), 1)) for p in points)
     tokens = repository.tokens if repository is not None else None
     expected = expectations(repository, points, input_tokens, output_tokens) if repository else ()
     return SweepPlan(
@@ -250,7 +263,35 @@ def plan_sweep(
         seed=seed,
         api_url=api_url.rstrip("/") if api_url else None,
         traces=traces,
+        lora_mix=mix,
     )
+
+
+BASE_IN_MIX = "base"
+
+
+def resolve_lora_mix(
+    names: tuple[str, ...], repository: Repository | None
+) -> tuple[tuple[str, int], ...]:
+    """--lora-mix a,b,base -> ((a, 1), (b, 2), (base, 0)) by the repository's adapters (`base`, or the base
+    model's id: the base model)."""
+    if not names:
+        return ()
+    if repository is None:
+        raise BenchError(
+            "--lora-mix needs the served repository (its adapters' task ids)",
+            hint="pass --repo DIR, or bench the server toolkit serve started",
+        )
+    tasks = {adapter.name: adapter.task_id for adapter in repository.adapters}
+    tasks.update({BASE_IN_MIX: 0, repository.served_model_name: 0})
+    unknown = [name for name in names if name not in tasks]
+    if unknown:
+        valid = ", ".join([BASE_IN_MIX, *(a.name for a in repository.adapters)])
+        raise BenchError(
+            f"--lora-mix: {', '.join(unknown)} is not a LoRA adapter of this repository (valid: {valid})",
+            hint="name the adapters built with --lora NAME=PATH, and base for the base model",
+        )
+    return tuple((name, tasks[name]) for name in names)
 
 
 def expectations(
@@ -332,7 +373,11 @@ def run_sweep(
         seed=plan.seed,
     )
     input_file = write_input_data(
-        plan.out_dir / "inputs.json", prompts, plan.output_tokens, plan.model
+        plan.out_dir / "inputs.json",
+        prompts,
+        plan.output_tokens,
+        plan.model,
+        lora_tasks=tuple(task for _, task in plan.lora_mix),
     )
     results = []
     try:
@@ -460,7 +505,10 @@ def run_point(
     if not experiments:
         raise BenchError(f"{export_file} holds no experiment", hint=f"read {log_file}")
     metrics = point_metrics(experiments[-1])
-    return compared(PointResult(point, metrics, scraper.summary(), export_file), expected)
+    names = {task: name for name, task in plan.lora_mix}
+    adapters = adapter_metrics(experiments[-1], names) if names else {}
+    result = PointResult(point, metrics, scraper.summary(), export_file, adapters=adapters)
+    return compared(result, expected)
 
 
 def compared(result: PointResult, expected: Expected | None) -> PointResult:

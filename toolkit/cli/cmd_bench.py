@@ -101,6 +101,12 @@ from toolkit.serve.launcher import read_server_record
 )
 @click.option("--timeout", type=float, default=600.0, help="Seconds one point may take.")
 @click.option("--seed", type=int, default=0, help="Prompt sampling seed.")
+@click.option(
+    "--lora-mix",
+    default=None,
+    help="Spread the requests evenly over these LoRA adapters, comma-separated (`base`: the base model), "
+    "e.g. a,b,base; reports each one's figures too.",
+)
 @json_option
 def command(
     url,
@@ -120,6 +126,7 @@ def command(
     traces,
     timeout,
     seed,
+    lora_mix,
     as_json,
 ) -> None:
     """Sweep load points with perf_analyzer (gRPC streaming) and report LLM latency and throughput."""
@@ -148,6 +155,7 @@ def command(
         seed=seed,
         api_url=api_url if breakdown else None,
         traces=traces.resolve() if breakdown and traces else None,
+        lora_mix=tuple(name.strip() for name in (lora_mix or "").split(",") if name.strip()),
     )
     try:
         result = write_report(_run_with_progress(plan))
@@ -225,18 +233,24 @@ def _print_summary(result: SweepResult) -> None:
     if with_expected:
         table.add_column("of\nplan", justify="right")
     for p in result.points:
-        m = p.metrics
-        row = [
-            f"{'c' if p.point.mode == 'concurrency' else 'r'}{p.point.value:g}",
-            str(m.requests),
-            f"{m.output_tokens_per_s:,.0f}",
-            f"{m.requests_per_s:.2f}",
-            f"{m.ttft_ms.p50:.0f}/{m.ttft_ms.p99:.0f}",
-            f"{m.itl_ms.p50:.1f}/{m.itl_ms.p99:.1f}",
-            f"{m.latency_ms.p50:.0f}/{m.latency_ms.p99:.0f}",
-        ]
+        load = f"{'c' if p.point.mode == 'concurrency' else 'r'}{p.point.value:g}"
+        row = _summary_cells(load, p.metrics)
         if with_expected:
             fraction = p.tokens_per_s_of_expected
             row.append("-" if fraction is None else f"{fraction:.0%}")
         table.add_row(*row)
+        for name, metrics in p.adapters.items():  # --lora-mix: each adapter's share of the point
+            table.add_row(*_summary_cells(f"  {name}", metrics), *([""] if with_expected else []))
     stdout_console.print(table)
+
+
+def _summary_cells(load: str, m) -> list[str]:
+    return [
+        load,
+        str(m.requests),
+        f"{m.output_tokens_per_s:,.0f}",
+        f"{m.requests_per_s:.2f}",
+        f"{m.ttft_ms.p50:.0f}/{m.ttft_ms.p99:.0f}",
+        f"{m.itl_ms.p50:.1f}/{m.itl_ms.p99:.1f}",
+        f"{m.latency_ms.p50:.0f}/{m.latency_ms.p99:.0f}",
+    ]

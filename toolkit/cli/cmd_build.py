@@ -91,10 +91,21 @@ def command(model, target, recipe, output, discard_changes, allow_pickle, dry_ru
 
 
 def _print(data: dict, title: str) -> None:
-    commands = data.pop("commands", None)
+    commands = [*(data.pop("commands", None) or ()), *data.pop("lora_conversion", ())]
+    adapters = data.pop("adapters", ())
     hidden = ("plan", "settings", "capabilities")
     emit_table(title, [(key, value) for key, value in data.items() if key not in hidden])
+    if adapters:
+        emit_table("LoRA adapters", [(a["name"], _adapter_line(a)) for a in adapters])
     if "plan" in data:
         emit_table("memory plan", plan_rows(MemoryPlan(**data["plan"])))
     for argv in commands or ():
         note("$ " + " ".join(argv))
+
+
+def _adapter_line(adapter: dict) -> str:
+    revision = f"@{adapter['revision']}" if adapter.get("revision") else ""
+    return (
+        f"task id {adapter['task_id']}, rank {adapter['rank']} (alpha {adapter['alpha']:g}), "
+        f"{', '.join(adapter['target_modules'])}: {adapter['source']}{revision}"
+    )

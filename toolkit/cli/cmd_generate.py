@@ -6,6 +6,7 @@ import click
 
 from toolkit.cli.options import json_option, repo_option, triton_url_option
 from toolkit.cli.render import emit_json, note
+from toolkit.client.adapters import adapters_of_repository, adapters_of_server, lora_task_id
 from toolkit.client.chat import render_chat_prompt
 from toolkit.client.generate import GenerateRequest, generate_grpc, generate_http
 
@@ -61,6 +62,13 @@ UINT64_MAX = 2**64 - 1  # seed: a UINT64 tensor
 @click.option(
     "--raw", is_flag=True, help="Send the prompt as is, without the model's chat template."
 )
+@click.option(
+    "--lora",
+    "lora",
+    default=None,
+    metavar="NAME",
+    help="Generate with this LoRA adapter of the repository (built with --lora NAME=PATH).",
+)
 @repo_option(
     "Repository whose chat template to apply [default: ask the server's model].", exists=True
 )
@@ -83,6 +91,7 @@ def command(
     seed,
     stop_words,
     raw,
+    lora,
     repo,
     timeout,
     as_json,
@@ -102,6 +111,7 @@ def command(
         top_p=top_p,
         seed=seed,
         stop_words=tuple(stop_words),
+        lora_task_id=None if lora is None else _lora_task(lora, repo, url, protocol),
     )
     if protocol == "http":
         result = generate_http(url, request, model=model, timeout_s=timeout)
@@ -121,5 +131,11 @@ def command(
                 "total_s": result.total_s,
                 "protocol": protocol,
                 "model": model,
+                "lora": lora,
             }
         )
+
+
+def _lora_task(name: str, repo, url: str, protocol: str) -> int:
+    adapters = adapters_of_repository(repo) if repo else adapters_of_server(url, protocol)
+    return lora_task_id(name, adapters)

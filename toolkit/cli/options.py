@@ -239,6 +239,8 @@ class SettingType(click.ParamType):
             self.fail(f"{exc} (fix: pass {self.row.flag} as {self.row.expected()})", param, ctx)
 
     def get_metavar(self, param, ctx=None) -> str:
+        if self.row.multiple:
+            return "NAME=PATH"
         if self.row.choices:
             return "[" + "|".join(str(choice) for choice in self.row.choices) + "]"
         return {int: "INTEGER", float: "FLOAT", str: "TEXT", Path: "PATH"}[self.row.kind]
@@ -253,6 +255,15 @@ def setting_options(*names: str):
             if row.kind is bool:
                 decls = [f"--{row.option}/--{row.negation}", row.name]
                 function = click.option(*decls, default=None, help=text)(function)
+            elif row.multiple:  # repeatable NAME=PATH: the pairs, or None when not given
+                function = click.option(
+                    f"--{row.option}",
+                    row.name,
+                    type=SettingType(row),
+                    multiple=True,
+                    callback=lambda _ctx, _param, value: tuple(value) or None,
+                    help=text,
+                )(function)
             else:
                 decls = [*([row.short] if row.short else []), f"--{row.option}", row.name]
                 function = click.option(

@@ -52,6 +52,19 @@ def plan_rows(plan: MemoryPlan) -> list[tuple[str, str]]:
         if plan.max_attention_window_size
         else []
     )
+    lora = (
+        [
+            (
+                "LoRA cache",
+                f"{gb(plan.lora_cache_bytes)} per GPU (out of the KV pool; "
+                f"{plan.lora_cache_gpu_memory_fraction:g} of the free memory) = {plan.lora_cache_adapters} "
+                f"adapters of rank {plan.lora_max_rank} at {gb(plan.lora_adapter_bytes)} each; host: "
+                f"{gb(plan.lora_host_cache_bytes)}",
+            )
+        ]
+        if plan.lora_cache_adapters
+        else []
+    )
     return [
         ("parameters", f"{plan.parameter_count:,}"),
         *experts,
@@ -76,6 +89,7 @@ def plan_rows(plan: MemoryPlan) -> list[tuple[str, str]]:
             f"{gb(plan.weights_bytes_per_gpu)} of weights and {gb(plan.runtime_reserve_bytes)} of runtime "
             "buffers leave (no token cap)",
         ),
+        *lora,
         (
             "sequences of max_seq_len",
             f"{plan.max_sequences_at_max_seq_len:,} x {plan.max_seq_len:,} tokens",

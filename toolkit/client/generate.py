@@ -33,6 +33,9 @@ class GenerateRequest:
     stop_words: tuple[str, ...] = ()
     min_tokens: int | None = None
     end_id: int | None = None
+    lora_task_id: int | None = (
+        None  # the LoRA adapter (toolkit.client.adapters), None: the base model
+    )
 
     def validate(self) -> None:
         if self.max_tokens <= 0:
@@ -73,6 +76,7 @@ def _optional_inputs(request: GenerateRequest) -> dict[str, tuple[object, str]]:
         "seed": (request.seed, "UINT64"),
         "min_tokens": (request.min_tokens, "INT32"),
         "end_id": (request.end_id, "INT32"),
+        "lora_task_id": (request.lora_task_id, "UINT64"),
     }
     return {name: pair for name, pair in values.items() if pair[0] is not None}
 

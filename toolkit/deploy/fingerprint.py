@@ -5,7 +5,7 @@ rebuilt on the cluster's volume has another key than the one built and tested on
 The fingerprint leaves out only where things are and when they were made; it keeps everything
 that decides what clients get: toolkit and model-source versions, target, checkpoint bytes,
 limits, tokens, the engine's kind, release, ranks and runtime, the build settings, the
-capabilities and the memory plan.
+capabilities, the LoRA adapters' files and the memory plan.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def fingerprint_fields(manifest: Manifest) -> dict:
         },
         "settings": _without_location(manifest.settings.to_dict()),
         "capabilities": manifest.capabilities.to_dict(),
+        # LoRA adapters by name, task id and file hashes (a changed adapter is another deployment).
+        **({"adapters": [a.to_dict() for a in manifest.adapters]} if manifest.adapters else {}),
         # Without its display name: how the model was written (hf:ORG/NAME or a catalog name, with or
         # without @REV) decides nothing that is served.
         "memory_plan": {

@@ -22,7 +22,22 @@ def build_arguments(repository: Repository) -> list[str]:
     at a pinned revision, its target, and every build setting as the manifest recorded it."""
     manifest = repository.manifest
     args = ["--model", model_argument(repository), "--target", manifest.target]
+    check_adapters_reachable(repository)
     return args + manifest.settings.rebuild_arguments()
+
+
+def check_adapters_reachable(repository: Repository) -> None:
+    """The Job downloads hub adapters at their recorded commit (the rebuild arguments name it); a local
+    adapter folder is not on the cluster."""
+    local = [a for a in repository.adapters if not a.source.startswith("hf:")]
+    if local:
+        listed = ", ".join(f"{a.name} ({a.source})" for a in local)
+        raise DeployError(
+            f"{repository.path} serves LoRA adapters from local folders, which the cluster's build Job "
+            f"cannot reach: {listed}",
+            hint="push them to the hub and rebuild with --lora NAME=hf:ORG/NAME@REV, or "
+            + NO_BUILD_HINT,
+        )
 
 
 def model_argument(repository: Repository) -> str:

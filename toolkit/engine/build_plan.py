@@ -20,6 +20,7 @@ from toolkit.engine.commands import (
 from toolkit.engine.fusions import check_fusions, chosen_fusions
 from toolkit.engine.trtllm_flags import check_argv
 from toolkit.errors import EngineBuildError
+from toolkit.plan.lora import LoraEngine
 from toolkit.plan.memory import MemoryPlan
 from toolkit.settings import toolkit_home, trtllm_tools
 from toolkit.trtllm import PINNED_TRTLLM_VERSION, TRITON_TRTLLM_CONTAINER
@@ -29,7 +30,9 @@ DEFAULT_CALIB_SIZE = 512
 DEFAULT_AWQ_BLOCK_SIZE = 128
 DEFAULT_BATCH_SCHEDULER_POLICY = "max_utilization"
 # Settings that do not shape the engine's bytes: left out of its cache key.
-_NOT_ENGINE_INPUTS = ("engine_dir", "decoupled")
+# The adapters themselves neither: the engine is built for their modules and rank (its `lora` input), and
+# they are converted into each repository, so adding one to a build that has room keeps the engine.
+_NOT_ENGINE_INPUTS = ("engine_dir", "decoupled", "lora")
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,8 @@ class EngineBuildPlan:
             "settings": engine_inputs(self.settings),
             "memory": self.memory.to_dict(),
             "commands_shape": self.step_names,
+            # only with LoRA: the keys of engines built before it stay as they were
+            **({"lora": self.steps.lora.to_dict()} if self.steps.lora is not None else {}),
         }
 
     def with_checkpoint(self, checkpoint_dir: Path) -> EngineBuildPlan:
@@ -118,6 +123,7 @@ def plan_engine_build(
     gpu_sm: str,
     output_dir: str | Path | None = None,
     display_dir: str = "",
+    lora: LoraEngine | None = None,
 ) -> EngineBuildPlan:
     """The commands that turn `checkpoint_dir` into an engine for `memory`'s GPU and limits.
 
@@ -140,7 +146,7 @@ def plan_engine_build(
         Path(output_dir).expanduser().resolve()
         if output_dir
         else default_engine_dir(
-            model, memory, _engine_key(model_source, settings, memory, step_names, gpu_sm)
+            model, memory, _engine_key(model_source, settings, memory, step_names, gpu_sm, lora)
         )
     )
     work_dir = engine_dir.parent / f".{engine_dir.name}.work"
@@ -155,6 +161,7 @@ def plan_engine_build(
         fusions=chosen_fusions(settings),
         calib_dataset=Path(calibration.dataset) if calibration and calibration.offline else None,
         gather_generation_logits=bool(settings.gather_generation_logits),
+        lora=lora,
     )
     offline = calibration is not None and calibration.offline
     environment = tuple(
@@ -255,9 +262,11 @@ def _engine_key(
     memory: MemoryPlan,
     step_names: tuple[str, ...],
     gpu_sm: str,
+    lora: LoraEngine | None = None,
 ) -> dict:
     """Everything of the build cache key that is known before the checkpoint is downloaded."""
     return {
+        **({"lora": lora.to_dict()} if lora is not None else {}),
         "model_source": model_source,
         "settings": engine_inputs(settings),
         "memory": memory.to_dict(),

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.engine.fusions import fusion_argv
-from toolkit.engine.trtllm_flags import QUANTIZE_SCRIPT
+from toolkit.engine.trtllm_flags import LORA_CONVERT_SCRIPT, QUANTIZE_SCRIPT
 from toolkit.errors import EngineBuildError
 from toolkit.model.architectures import ConverterCli, family_named
+from toolkit.plan.lora import LORA_DTYPE, LoraEngine
 from toolkit.plan.memory import MemoryPlan
 from toolkit.plan.precisions import WEIGHT_PRECISIONS
 from toolkit.settings import TrtllmTools
@@ -41,6 +42,8 @@ class StepSettings:
     moe_ep_size: int = 1
     # --gather_generation_logits: the backend can return each step's logits (top_logprobs).
     gather_generation_logits: bool = False
+    # LoRA adapters: the plugin, the modules and the largest rank the engine is built for (None: no LoRA).
+    lora: LoraEngine | None = None
 
 
 def needs_quantizer(plan: MemoryPlan) -> bool:
@@ -191,4 +194,34 @@ def trtllm_build_argv(plan: MemoryPlan, settings: StepSettings, tools: TrtllmToo
         argv += ["--use_fp8_context_fmha", "enable"]  # FP8 attention in the context phase on Hopper
     if settings.gather_generation_logits:
         argv.append("--gather_generation_logits")
-    return argv + fusion_argv(settings.fusions)
+    return argv + lora_build_flags(settings.lora) + fusion_argv(settings.fusions)
+
+
+def lora_build_flags(lora: LoraEngine | None) -> list[str]:
+    """The LoRA plugin in the engine's dtype (without it trtllm-build ignores the other two), the modules
+    the adapters need and the largest rank (trtllm-build's default is 64)."""
+    if lora is None:
+        return []
+    return [
+        "--lora_plugin",
+        LORA_DTYPE,
+        "--lora_target_modules",
+        *lora.target_modules,
+        "--max_lora_rank",
+        str(lora.max_rank),
+    ]
+
+
+def lora_convert_argv(adapter: Path, out_dir: Path, tools: TrtllmTools) -> list[str]:
+    """TensorRT-LLM's hf_lora_convert.py: a PEFT adapter folder -> out_dir/model.lora_weights.npy and
+    model.lora_config.npy (the backend's prefetch layout), the weights in the engine's dtype."""
+    return [
+        tools.python,
+        f"{tools.examples_dir}/{LORA_CONVERT_SCRIPT}",
+        "--in-file",
+        str(adapter),
+        "--out-dir",
+        str(out_dir),
+        "--storage-type",
+        LORA_DTYPE,
+    ]

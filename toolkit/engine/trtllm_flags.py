@@ -18,6 +18,9 @@ from toolkit.trtllm import PINNED_TRTLLM_VERSION
 # examples/models/core/ in 0.19; 0.17 and 0.18 had examples/llama/convert_checkpoint.py). The
 # converters are named by the model families (toolkit.model.architectures).
 QUANTIZE_SCRIPT = "quantization/quantize.py"
+# TensorRT-LLM's own conversion of a Hugging Face PEFT adapter into the runtime's LoRA tensors (at the top
+# of examples/, not under models/).
+LORA_CONVERT_SCRIPT = "hf_lora_convert.py"
 
 
 @dataclass(frozen=True)
@@ -360,6 +363,16 @@ _QUANTIZE = [
 QUANTIZE_FLAGS = {f.name: f for f in _QUANTIZE}
 
 # Tool names as the argv ends them (`.../llama/convert_checkpoint.py`): the converters share a file name.
+HF_LORA_CONVERT_FLAGS = {
+    f.name: f
+    for f in (
+        Flag("out-dir", "str"),
+        Flag("in-file", "str"),
+        Flag("verbose", "store_true"),
+        Flag("storage-type", "choice", ("float32", "float16", "bfloat16")),
+    )
+}
+
 TOOL_FLAGS = {
     "trtllm-build": TRTLLM_BUILD_FLAGS,
     "llama/convert_checkpoint.py": CONVERT_CHECKPOINT_FLAGS,
@@ -367,6 +380,7 @@ TOOL_FLAGS = {
     "gemma/convert_checkpoint.py": GEMMA_CONVERT_CHECKPOINT_FLAGS,
     "phi/convert_checkpoint.py": PHI_CONVERT_CHECKPOINT_FLAGS,
     "quantize.py": QUANTIZE_FLAGS,
+    LORA_CONVERT_SCRIPT: HF_LORA_CONVERT_FLAGS,
 }
 
 

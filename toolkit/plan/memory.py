@@ -16,6 +16,7 @@ from toolkit.model.architectures import ParameterSplit
 from toolkit.model.facts import ModelFacts
 from toolkit.plan.families import plan_notes, unread_expert_bytes
 from toolkit.plan.gpus import GB, MIB, GpuProfile
+from toolkit.plan.lora import DEVICE_MARGIN, LoraCachePlan, LoraEngine, plan_lora_cache
 from toolkit.plan.precisions import (
     KV_DTYPES,
     KV_PRECISIONS,
@@ -123,6 +124,15 @@ class MemoryPlan:
     notes: tuple[str, ...] = ()  # what the numbers assume, in words
     # Per GPU: the runtime's buffer of gathered generation logits (--gather_generation_logits), 0 without it.
     generation_logits_bytes: int = 0
+    # LoRA (toolkit.plan.lora), 0 without adapters: the GPU cache per GPU (out of the KV pool), the host
+    # cache, one adapter of the maximum rank, how many the GPU cache holds, that rank, and the GPU cache's
+    # share of the free memory (the backend's lora_cache_gpu_memory_fraction).
+    lora_cache_bytes: int = 0
+    lora_host_cache_bytes: int = 0
+    lora_adapter_bytes: int = 0
+    lora_cache_adapters: int = 0
+    lora_max_rank: int = 0
+    lora_cache_gpu_memory_fraction: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -208,6 +218,7 @@ def compute_plan(
     target_output_len: int | None = None,
     kv_cache_free_gpu_mem_fraction: float | None = None,
     gather_generation_logits: bool = False,
+    lora: LoraEngine | None = None,
 ) -> MemoryPlan:
     """Every number of the plan, whether it fits or not (see plan_memory for the checked version)."""
     _check_choices(gpu, dtype, kv_dtype)
@@ -230,17 +241,19 @@ def compute_plan(
         if gather_generation_logits
         else 0
     )
-    if gathered:
-        pool -= gathered
+    # The LoRA cache on the GPU (toolkit.plan.lora) comes out of both pools too, made before the KV pool.
+    cache = plan_lora_cache(facts, lora, tp, pp) if lora is not None else None
+    lora_device = int(cache.device_bytes * DEVICE_MARGIN) if cache else 0
+    if gathered or lora_device:
+        pool -= gathered + lora_device
         tokens = max(0, pool) // kv_gpu // TOKENS_PER_BLOCK * TOKENS_PER_BLOCK
     sequences = tokens // seq
     fraction = kv_cache_free_gpu_mem_fraction or KV_CACHE_FREE_GPU_MEM_FRACTION
     runtime_reserve = gathered + runtime_reserve_bytes(
         facts, tp, max_num_tokens or bench_tokens, max_batch_size or bench_batch
     )
-    runtime_tokens = runtime_kv_cache_tokens(
-        gpu.memory_bytes - w_gpu - runtime_reserve, fraction, kv_gpu
-    )
+    free_for_caches = gpu.memory_bytes - w_gpu - runtime_reserve
+    runtime_tokens = runtime_kv_cache_tokens(free_for_caches - lora_device, fraction, kv_gpu)
     batch = max_batch_size or held_batch(runtime_tokens, isl, osl, pp)
     num_tokens = max_num_tokens or step_tokens(batch, isl, osl)
     given = [
@@ -307,7 +320,21 @@ def compute_plan(
         stored_group_size=facts.quantization.group_size if facts.quantization else None,
         notes=plan_notes(facts, seq, running),
         generation_logits_bytes=generation_logits_bytes(facts, batch, tp) if gathered else 0,
+        **_lora_fields(cache, lora, free_for_caches),
     )
+
+
+def _lora_fields(cache: LoraCachePlan | None, lora: LoraEngine | None, free: int) -> dict:
+    if cache is None or lora is None:
+        return {}
+    return {
+        "lora_cache_bytes": cache.device_bytes,
+        "lora_host_cache_bytes": cache.host_bytes,
+        "lora_adapter_bytes": cache.adapter_bytes,
+        "lora_cache_adapters": lora.cache_adapters,
+        "lora_max_rank": lora.max_rank,
+        "lora_cache_gpu_memory_fraction": cache.gpu_memory_fraction(free),
+    }
 
 
 def generation_logits_bytes(facts: ModelFacts, max_batch_size: int, tp: int) -> int:

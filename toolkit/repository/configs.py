@@ -35,6 +35,13 @@ def tensor_outputs(tensors: Iterable[c.Tensor]) -> list[mc.ModelOutput]:
     ]
 
 
+def set_input_type(config: mc.ModelConfig, name: str, dtype: str) -> None:
+    """The data type of input `name` (when the config has it), e.g. "BF16"."""
+    for tensor in config.input:
+        if tensor.name == name:
+            tensor.data_type = mc.DataType.Value(f"TYPE_{dtype}")
+
+
 def set_parameters(config: mc.ModelConfig, parameters: Mapping[str, object]) -> None:
     for key, value in parameters.items():
         config.parameters[key].string_value = _param_string(value)

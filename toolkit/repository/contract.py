@@ -2,7 +2,7 @@
 
 Names, dtypes, dims, optional flags and reshapes follow NVIDIA's stock `all_models/inflight_batcher_llm`
 configs of the backend code TensorRT-LLM 0.20.0 ships (toolkit.trtllm says why that revision), restricted
-to text-only decoder models: the multimodal, encoder-decoder, LoRA, speculative-decoding,
+to text-only decoder models: the multimodal, encoder-decoder, speculative-decoding,
 KV-retention and disaggregated-serving tensors are left out (a client that sends one is refused by
 Triton as an unexpected input, never silently ignored). So is `runtime_top_p_min`, which
 the stock config declares but the backend never reads (its utils.h names top-p-min "runtime_top_k_min",
@@ -90,6 +90,11 @@ ENGINE_INPUTS = (
     # The guide's kind (json, json_schema, regex, ebnf_grammar: GUIDE_TYPES) and the guide itself.
     _opt("guided_decoding_guide_type", "STRING", ragged=True),
     _opt("guided_decoding_guide", "STRING", ragged=True),
+    # LoRA: the adapter's task id (0: the base model; the repository's adapters are 1, 2, ... as built),
+    # or, on the GPU engine only, an adapter sent with the request (hf_lora_convert.py's two arrays).
+    *_scalars("UINT64", "lora_task_id"),
+    _opt("lora_weights", "FP16", (-1, -1), ragged=True),
+    _opt("lora_config", "INT32", (-1, 3), ragged=True),
 )
 ENGINE_OUTPUTS = (
     Tensor("output_ids", "INT32", (-1, -1)),
@@ -166,6 +171,9 @@ ENGINE_INPUT_FEATURES: dict[str, tuple[str, object]] = {
     "guided_decoding_guide_type": ("guided_decoding", None),
     "guided_decoding_guide": ("guided_decoding", None),
     "num_top_logprobs": ("top_logprobs", 0),
+    "lora_task_id": ("lora", 0),
+    "lora_weights": ("lora", None),
+    "lora_config": ("lora", None),
 }
 
 # Inputs an earlier release reads under another name: pinned name -> (name, releases before which it applies).
@@ -280,7 +288,10 @@ _TEXT = (
     ("stream", "BOOL", (1,), False),
     ("embedding_bias_words", "STRING", (-1,), False),
     ("embedding_bias_weights", "FP32", (-1,), False),
+    ("lora_task_id", "UINT64", (1,), True),
 )
+# An adapter sent with the request (GPU engine): ragged on the ensemble and the BLS alike.
+_LORA_RUNTIME = (("lora_weights", "FP16", (-1, -1)), ("lora_config", "INT32", (-1, 3)))
 _REQUIRED_TEXT = (Tensor("text_input", "STRING", (1,)), Tensor("max_tokens", "INT32", (1,)))
 _GUIDED = (
     "guided_decoding_guide_type",
@@ -290,11 +301,13 @@ TEXT_INPUTS = (
     *_REQUIRED_TEXT,
     *(_opt(name, dtype, dims) for name, dtype, dims, _ in _TEXT),
     *(_opt(name, "STRING", ragged=True) for name in _GUIDED),
+    *(_opt(name, dtype, dims, ragged=True) for name, dtype, dims in _LORA_RUNTIME),
 )
 BLS_INPUTS = (
     *_REQUIRED_TEXT,
     *(_opt(name, dtype, dims, scalar=reshaped) for name, dtype, dims, reshaped in _TEXT),
     *(_opt(name, "STRING") for name in _GUIDED),
+    *(_opt(name, dtype, dims, ragged=True) for name, dtype, dims in _LORA_RUNTIME),
 )
 TEXT_OUTPUTS = (Tensor("text_output", "STRING", (-1,)), *ENGINE_OUTPUTS[2:])
 
@@ -361,6 +374,9 @@ _ENGINE_FROM_TEXT = {
     "bad_words_list": "_BAD_WORDS_IDS",
     "guided_decoding_guide_type": "guided_decoding_guide_type",
     "guided_decoding_guide": "guided_decoding_guide",
+    "lora_task_id": "lora_task_id",
+    "lora_weights": "lora_weights",
+    "lora_config": "lora_config",
 }
 ENGINE_OUTPUT_MAP = {
     "output_ids": "_TOKENS_BATCH",

@@ -16,6 +16,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from toolkit.model.tokens import TokenFacts
 
 if TYPE_CHECKING:
+    from toolkit.model.adapters import CheckedAdapter
     from toolkit.repository.writer import RepositoryPlan
 
 CHECKPOINT_FILES = (
@@ -90,6 +91,11 @@ class EngineSpec(Protocol):
     @property
     def trtllm_version(self) -> str | None: ...
 
+    @property
+    def lora_weights_type(self) -> str | None:
+        """The data type the lora_weights input takes (None: the stock one)."""
+        ...
+
     def section(self) -> EngineSection: ...
 
     def prepared(self, checkpoint: Path, tokens: TokenFacts) -> EngineSpec:
@@ -97,5 +103,9 @@ class EngineSpec(Protocol):
         ...
 
     def install(self, version: Path, checkpoint: Path) -> None: ...
+
+    def install_adapters(self, version: Path, adapters: tuple[CheckedAdapter, ...]) -> None:
+        """The LoRA adapters' files in the version folder, as this engine reads them."""
+        ...
 
     def config(self, plan: RepositoryPlan) -> mc.ModelConfig: ...

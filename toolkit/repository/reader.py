@@ -17,6 +17,7 @@ from toolkit.build_settings import BuildSettings
 from toolkit.capabilities import Capabilities
 from toolkit.errors import RepositoryError, RepositoryNotFoundError, ToolkitError
 from toolkit.fsutil import sha256_file
+from toolkit.model.adapters import Adapter
 from toolkit.model.facts import ModelFacts
 from toolkit.model.tokens import TokenFacts
 from toolkit.model.verify import file_sha256, remember_sha256
@@ -72,6 +73,8 @@ class Manifest:
     decoupled: bool = True
     memory_plan: MemoryPlan | None = None  # GPU targets: the planner's numbers
     versions: dict[str, str | None] = field(default_factory=dict)
+    # LoRA adapters served beside the base model, in task id order (1, 2, ...; 0 is the base model).
+    adapters: tuple[Adapter, ...] = ()
     generator: str = GENERATOR
 
     def to_dict(self) -> dict:
@@ -93,6 +96,7 @@ class Manifest:
             "decoupled": self.decoupled,
             "memory_plan": None if self.memory_plan is None else self.memory_plan.to_dict(),
             "versions": dict(self.versions),
+            "adapters": [adapter.to_dict() for adapter in self.adapters],
             "generator": self.generator,
         }
 
@@ -128,6 +132,7 @@ class Manifest:
                 decoupled=bool(data.get("decoupled", True)),
                 memory_plan=None if plan is None else MemoryPlan(**plan),
                 versions=dict(data.get("versions") or {}),
+                adapters=tuple(Adapter.from_dict(a) for a in data.get("adapters") or ()),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, ToolkitError):
@@ -245,6 +250,11 @@ class Repository:
                 hint=f"rebuild it: {self.rebuild_command}",
             )
         return path
+
+    @property
+    def adapters(self) -> tuple[Adapter, ...]:
+        """The LoRA adapters it serves (task ids 1, 2, ...), empty when none."""
+        return self.manifest.adapters
 
     @property
     def memory_plan(self) -> MemoryPlan | None:

@@ -24,6 +24,7 @@ COMMON_MODULES = (
     "guides",
     "lifetime",
     "tracing",
+    "lora_tasks",
 )
 
 

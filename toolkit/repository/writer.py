@@ -33,6 +33,7 @@ from toolkit.fsutil import (
     make_world_readable,
     write_text_atomic,
 )
+from toolkit.model.adapters import ADAPTER_FILES, CheckedAdapter
 from toolkit.model.chat_template import template_from_tokenizer_dir
 from toolkit.model.facts import ModelFacts, read_model_facts
 from toolkit.model.sources import ResolvedModel
@@ -77,6 +78,7 @@ class RepositoryPlan:
     memory_plan: MemoryPlan | None = None
     preprocessing_instances: int = 1
     postprocessing_instances: int = 1
+    adapters: tuple[CheckedAdapter, ...] = ()  # LoRA adapters, checked against the model
 
     @property
     def key(self) -> str:
@@ -95,6 +97,9 @@ class RepositoryPlan:
             "decoupled": self.decoupled,
             "instances": [self.preprocessing_instances, self.postprocessing_instances],
             "memory_plan": None if self.memory_plan is None else self.memory_plan.to_dict(),
+            "adapters": [
+                checked.adapter.to_dict() for checked in self.adapters
+            ],  # their file hashes too
         }
         return hashlib.sha256(
             json.dumps(payload, sort_keys=True, default=str).encode()
@@ -121,6 +126,7 @@ def plan_repository(
     settings: BuildSettings,
     capabilities: Capabilities,
     memory_plan: MemoryPlan | None = None,
+    adapters: tuple[CheckedAdapter, ...] = (),
 ) -> RepositoryPlan:
     """What to write for `model` with this engine and these limits (checked against the model)."""
     facts = read_model_facts(model.path)
@@ -137,6 +143,7 @@ def plan_repository(
         capabilities=capabilities,
         decoupled=settings.decoupled is not False,
         memory_plan=memory_plan,
+        adapters=adapters,
     )
 
 
@@ -264,7 +271,10 @@ def _bytes_needed(plan: RepositoryPlan) -> int:
         else 0
     )
     tokenizer = sum(p.stat().st_size for p in files if p.name in CHECKPOINT_FILES)
-    return weights + tokenizer * (len(TEXT_MODELS) + 1) + (1 << 20)
+    adapters = sum(
+        (a.folder / name).stat().st_size for a in plan.adapters for name in ADAPTER_FILES
+    )
+    return weights + tokenizer * (len(TEXT_MODELS) + 1) + adapters + (1 << 20)
 
 
 # --- rendering ---------------------------------------------------------------------------------
@@ -282,6 +292,8 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
         "max_output_len": limits.max_output_len,
         "max_seq_len": limits.max_seq_len,
     }
+    # TensorRT-LLM takes runtime LoRA weights only in the engine's own dtype (tests/data/upstream).
+    lora_type = plan.engine.lora_weights_type
     progress("text models")
     for name in TEXT_MODELS:
         version = root / name / "1"
@@ -338,12 +350,18 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
                 "engine_outputs": ",".join(t.name for t in c.ENGINE_OUTPUTS),
             },
         ),
+        lora_type,
     )
     (root / c.ENSEMBLE / "1").mkdir(parents=True)
-    _write_config(root, configs.ensemble_model(limits.max_batch_size, plan.engine.trtllm_version))
+    _write_config(
+        root, configs.ensemble_model(limits.max_batch_size, plan.engine.trtllm_version), lora_type
+    )
     progress("engine")
     plan.engine.install(root / c.ENGINE / "1", plan.model.path)
-    _write_config(root, plan.engine.config(plan))
+    if plan.adapters:
+        progress("LoRA adapters")
+        plan.engine.install_adapters(root / c.ENGINE / "1", plan.adapters)
+    _write_config(root, plan.engine.config(plan), lora_type)
     progress("manifest")
     hashes = checkpoint_hashes(plan.model.path)
     known = {f"{c.ENGINE}/1/weights/{name}": digest for name, digest in hashes.items()}
@@ -365,6 +383,7 @@ def _render(plan: RepositoryPlan, root: Path, key: str, progress) -> None:
         decoupled=plan.decoupled,
         memory_plan=plan.memory_plan,
         versions=_library_versions(),
+        adapters=tuple(checked.adapter for checked in plan.adapters),
     )
     write_text_atomic(root / MANIFEST, json.dumps(manifest.to_dict(), indent=2) + "\n")
 
@@ -378,7 +397,11 @@ def _bls_passthrough(trtllm_version: str | None) -> dict[str, str]:
     }
 
 
-def _write_config(root: Path, config) -> None:
+def _write_config(root: Path, config, lora_weights_type: str | None = None) -> None:
+    """config.pbtxt of one model; `lora_weights_type`: the engine's dtype for the lora_weights input, which
+    the ensemble and the BLS pass on to it as they get it."""
+    if lora_weights_type is not None:
+        configs.set_input_type(config, "lora_weights", lora_weights_type)
     (root / config.name).mkdir(parents=True, exist_ok=True)
     (root / config.name / "config.pbtxt").write_text(configs.to_pbtxt(config))
 

@@ -28,6 +28,7 @@ from toolkit.repository.limits import RepositoryLimits
 if TYPE_CHECKING:
     from toolkit.engine.build_plan import EngineBuildPlan
     from toolkit.engine.info import EngineInfo
+    from toolkit.model.adapters import CheckedAdapter
     from toolkit.model.sources import ResolvedModel
     from toolkit.model.spec import ModelSpec
     from toolkit.plan.memory import MemoryPlan
@@ -60,6 +61,7 @@ class TargetPlan:
     engine: EngineSpec | None  # cpu / synthetic; a GPU engine is known once compiled
     memory: MemoryPlan | None = None  # GPU targets
     engine_build: EngineBuildPlan | None = None  # GPU targets
+    adapters: tuple[CheckedAdapter, ...] = ()  # LoRA adapters, checked against the base model
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -67,6 +69,8 @@ class TargetPlan:
             "settings": self.settings.to_dict(),
             "capabilities": self.capabilities.to_dict(),
         }
+        if self.adapters:
+            data["adapters"] = [checked.adapter.to_dict() for checked in self.adapters]
         if self.engine is not None:
             data["engine"] = self.engine.section().to_dict()
         if self.engine_build is not None and self.memory is not None:
@@ -217,3 +221,42 @@ def python_limits(settings: BuildSettings) -> RepositoryLimits:
     return RepositoryLimits().overridden(
         **{name: getattr(settings, name) for name in LIMIT_SETTINGS}
     )
+
+
+def plan_adapters(settings: BuildSettings, model: ModelSpec) -> tuple[CheckedAdapter, ...]:
+    """The --lora adapters, each checked against the base model's config (no base weights needed)."""
+    if not settings.lora:
+        return ()
+    from toolkit.model.adapters import BaseModel, base_model_names, check_adapters, parse_adapters
+    from toolkit.plan.source import load_model_for_plan
+
+    planned = load_model_for_plan(model)
+    hub_id = None
+    if model.kind == "catalog":
+        from toolkit.model.catalog import catalog_entry
+
+        hub_id = catalog_entry(model.value).hub_id
+    served = model.source.split(":", 1)[-1].rstrip("/").rsplit("/", 1)[-1]
+    base = BaseModel(planned.facts, base_model_names(model.value, planned.name, hub_id), served)
+    return check_adapters(parse_adapters(settings.lora), base)
+
+
+def adapter_setting(adapters: tuple[CheckedAdapter, ...]) -> tuple[tuple[str, str], ...] | None:
+    """The resolved --lora pairs (local paths absolute, hub ids with their commit) for the manifest."""
+    pairs = []
+    for checked in adapters:
+        source, revision = checked.adapter.source, checked.adapter.revision
+        kind, _, where = source.partition(":")
+        text = where if kind == "local" else f"hf:{where}" + (f"@{revision}" if revision else "")
+        pairs.append((checked.name, text))
+    return tuple(pairs) or None
+
+
+def lora_capability(settings: BuildSettings) -> tuple[str, ...]:
+    """The adapter names a repository built with these settings serves (capabilities.lora)."""
+    return tuple(name for name, _ in settings.lora or ())
+
+
+LORA_HINT = (
+    "rebuild the repository with --lora NAME=PATH (a PEFT adapter folder or hf:ORG/NAME[@REV])"
+)

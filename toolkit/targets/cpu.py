@@ -11,7 +11,7 @@ from toolkit.capabilities import GUIDE_KINDS, MAX_N, MAX_TOP_LOGPROBS, Capabilit
 from toolkit.errors import UnsupportedModelError
 from toolkit.fsutil import copy_file
 from toolkit.repository.engine import checkpoint_files
-from toolkit.targets.base import HOST_OVERHEAD_BYTES, Resources
+from toolkit.targets.base import HOST_OVERHEAD_BYTES, LORA_HINT, Resources, lora_capability
 from toolkit.targets.python import PythonEngine, PythonTarget
 
 FP32_BYTES = 4
@@ -60,7 +60,7 @@ class CpuTarget(PythonTarget):
         """What the CPU engine does for real (model_repo/tensorrt_llm_cpu/1): guided decoding of every kind
         (llguidance masks in the batch step), each token's exact log prob and its top alternatives, n > 1
         (forks of the request, one response per sequence: decoupled only), TensorRT-LLM's penalties and
-        embedding_bias, prefix-cache reuse reported per request."""
+        embedding_bias, prefix-cache reuse reported per request, the --lora adapters per request."""
         not_yet = "the CPU engine does not implement it; " + GPU_HINT
         decoupled = bool(settings.decoupled)
         return Capabilities(
@@ -74,12 +74,13 @@ class CpuTarget(PythonTarget):
             logit_bias=True,
             streaming=decoupled,
             cached_tokens=True,
+            lora=lora_capability(settings),
             enable={
                 "prompt_logprobs": "the CPU engine computes log probs of generated tokens only",
                 "n": "the engine answers each of n sequences on its own: rebuild without --no-decoupled",
                 "beam_width": "the CPU engine has no beam search; " + GPU_HINT,
                 "bad_words": not_yet,
-                "lora": not_yet,
+                "lora": LORA_HINT,
                 "batched_prompts": "the CPU engine takes one prompt per request: send [1, N] input_ids",
                 "generation_logits": not_yet,
                 "context_logits": not_yet,

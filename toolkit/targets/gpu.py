@@ -3,7 +3,7 @@ tensorrtllm backend."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -11,18 +11,32 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from toolkit.build_settings import CPU_PRECISION, SETTINGS, BuildSettings
 from toolkit.capabilities import GUIDE_KINDS, MAX_N, MAX_TOP_LOGPROBS, Capabilities
+from toolkit.engine.commands import lora_convert_argv
 from toolkit.engine.fusions import FUSIONS
-from toolkit.errors import RecipeError, RepositoryError, ServerError
+from toolkit.engine.trtllm_flags import LORA_CONVERT_SCRIPT
+from toolkit.errors import EngineBuildError, RecipeError, RepositoryError, ServerError
 from toolkit.plan.gpus import GpuProfile
+from toolkit.plan.lora import HF_TO_TRTLLM, LORA_TENSOR_TYPE, LoraEngine, trtllm_modules
 from toolkit.plan.precisions import KV_PRECISIONS, WEIGHT_PRECISIONS
 from toolkit.repository import configs
 from toolkit.repository import contract as c
 from toolkit.repository.engine import CANCELLATION_CHECK_PERIOD_MS, EngineSection
 from toolkit.repository.guided import TOKENIZER_INFO, write_tokenizer_info
 from toolkit.repository.limits import RepositoryLimits
-from toolkit.targets.base import GIB, Resources, Target, TargetPlan
+from toolkit.settings import toolkit_home, trtllm_tools
+from toolkit.targets.base import (
+    GIB,
+    LORA_HINT,
+    Resources,
+    Target,
+    TargetPlan,
+    adapter_setting,
+    lora_capability,
+    plan_adapters,
+)
 
 if TYPE_CHECKING:
+    from toolkit.model.adapters import CheckedAdapter
     from toolkit.plan.memory import MemoryPlan
     from toolkit.plan.source import PlannedModel
 
@@ -72,8 +86,16 @@ class TrtllmEngine:
     runtime: dict  # EngineRuntime of the build: KV pool, reuse, chunked context, scheduler policy
     # Every id that may end a request (the end id, the model's other end tokens): guided decoding's stop tokens.
     stop_token_ids: tuple[int, ...] = ()
+    # With LoRA adapters: the LoRA cache's runtime parameters from the plan (lora_runtime); {} without.
+    lora: dict = field(default_factory=dict)
     kind: ClassVar[str] = "tensorrtllm"
     copies_weights: ClassVar[bool] = False
+
+    @property
+    def lora_weights_type(self) -> str | None:
+        """An engine with the LoRA plugin takes runtime adapters in its own dtype (TensorRT-LLM: "Expected
+        lora weights to be the same data type as base model"): BF16, where the stock config says FP16."""
+        return LORA_TENSOR_TYPE if self.lora else None
 
     def section(self) -> EngineSection:
         parameters = {
@@ -89,6 +111,30 @@ class TrtllmEngine:
         version.mkdir(parents=True)  # the engine stays in engine_dir; gpt_model_path names it
         if c.has_input("guided_decoding_guide", self.trtllm_version):
             write_tokenizer_info(version, checkpoint / "tokenizer.json", list(self.stop_token_ids))
+
+    def install_adapters(self, version: Path, adapters: tuple[CheckedAdapter, ...]) -> None:
+        """Each adapter converted by TensorRT-LLM's hf_lora_convert.py into lora/<task id>/ (the backend's
+        prefetch folder), its weights in the engine's dtype."""
+        from toolkit.engine.build import run_logged
+        from toolkit.engine.trtllm_flags import check_argv
+
+        tools = trtllm_tools()
+        logs = toolkit_home() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for checked in adapters:
+            out = version / LORA_DIR / str(checked.adapter.task_id)
+            argv = lora_convert_argv(checked.folder, out, tools)
+            check_argv(argv)
+            log = logs / f"hf_lora_convert-{checked.name}.log"
+            run_logged(argv, log, f"{LORA_CONVERT_SCRIPT} (--lora {checked.name})")
+            missing = [name for name in LORA_FILES if not (out / name).is_file()]
+            if missing:
+                raise EngineBuildError(
+                    f"{LORA_CONVERT_SCRIPT} wrote no {', '.join(missing)} for --lora {checked.name} "
+                    f"(log: {log})",
+                    hint="read the log; check that the adapter is a Hugging Face PEFT LoRA of this model",
+                    value=checked.name,
+                )
 
     def config(self, plan) -> mc.ModelConfig:
         limits = plan.limits
@@ -122,6 +168,7 @@ class TrtllmEngine:
                 "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,
                 **_attention_window(self.runtime),
                 **guided_decoding_parameters(plan.output, self.trtllm_version),
+                **(lora_parameters(plan.output, self.lora) if plan.adapters else {}),
             },
         )
         return config
@@ -189,8 +236,11 @@ class GpuTarget(Target):
                     value=value,
                 )
 
-    def plan_memory(self, settings: BuildSettings, planned: PlannedModel) -> MemoryPlan:
-        """The memory plan of `planned` on this GPU with these settings (toolkit plan shows it)."""
+    def plan_memory(
+        self, settings: BuildSettings, planned: PlannedModel, lora: LoraEngine | None = None
+    ) -> MemoryPlan:
+        """The memory plan of `planned` on this GPU with these settings (toolkit plan shows it), the LoRA
+        cache of `lora` counted."""
         from toolkit.plan.memory import plan_memory
         from toolkit.targets.gpu_models import check_buildable, kv_dtype, weight_dtype
 
@@ -211,6 +261,7 @@ class GpuTarget(Target):
             target_output_len=settings.target_output_len,
             kv_cache_free_gpu_mem_fraction=settings.kv_cache_free_gpu_mem_fraction,
             gather_generation_logits=bool(settings.gather_generation_logits),
+            lora=lora,
         )
 
     def plan(self, settings: BuildSettings, model) -> TargetPlan:
@@ -218,7 +269,9 @@ class GpuTarget(Target):
         from toolkit.plan.source import load_model_for_plan
 
         planned = load_model_for_plan(model)
-        memory = self.plan_memory(settings, planned)
+        adapters = plan_adapters(settings, model)  # checked before anything is downloaded or built
+        lora = lora_engine(adapters, settings)
+        memory = self.plan_memory(settings, planned, lora)
         engine_build = plan_engine_build(
             planned.name,
             model.source,
@@ -228,12 +281,21 @@ class GpuTarget(Target):
             gpu_sm=self.profile.sm,
             output_dir=settings.engine_dir,
             display_dir=_display_checkpoint(model),
+            lora=lora,
         )
         limits = RepositoryLimits.from_memory_plan(
             memory, max_output_len=settings.max_output_len, max_queue_size=settings.max_queue_size
         )
-        resolved = self._resolved(settings, memory, limits, engine_build)
-        return TargetPlan(resolved, limits, self.capabilities(resolved), None, memory, engine_build)
+        resolved = replace(
+            self._resolved(settings, memory, limits, engine_build),
+            lora=adapter_setting(adapters),
+            max_lora_rank=lora.max_rank if lora else None,
+            lora_cache_adapters=lora.cache_adapters if lora else None,
+        )
+        capabilities = self.capabilities(resolved)
+        return TargetPlan(
+            resolved, limits, capabilities, None, memory, engine_build, adapters=adapters
+        )
 
     def _resolved(self, settings: BuildSettings, memory, limits, engine_build) -> BuildSettings:
         """The settings as planned: every value the build will use, so a rebuild makes the same engine."""
@@ -283,6 +345,8 @@ class GpuTarget(Target):
         require_gpu_sm(self.profile.sm, self.name)
         require_gpus(build.gpus, _gpus_why(build))
         check_calibration_source(build.calibration)
+        if plan.adapters:
+            _require_lora_converter()
 
     def build_engine(self, plan: TargetPlan, model, progress) -> tuple[TrtllmEngine, Any]:
         from toolkit.engine.build import execute_engine_build
@@ -294,6 +358,8 @@ class GpuTarget(Target):
         engine_plan = plan.engine_build.with_checkpoint(model.path)
         result = execute_engine_build(engine_plan, progress=progress)
         engine = TrtllmEngine.from_engine(self.name, read_engine_info(Path(result.engine_dir)))
+        if plan.adapters and plan.memory is not None:
+            engine = replace(engine, lora=lora_runtime(plan.memory))
         return engine, (engine_plan, result)
 
     def capabilities(self, settings: BuildSettings) -> Capabilities:
@@ -316,13 +382,14 @@ class GpuTarget(Target):
             generation_logits=logits,
             streaming=decoupled,
             cached_tokens=True,
+            lora=lora_capability(settings),
             enable={
                 "top_logprobs": LOGITS_HINT,
                 "generation_logits": LOGITS_HINT,
                 "prompt_logprobs": "the OpenAI API does not compute them from context logits yet",
                 "n": "the backend answers each of n sequences on its own: rebuild without --no-decoupled",
                 "beam_width": "the toolkit builds GPU engines with max_beam_width 1",
-                "lora": NOT_YET,
+                "lora": LORA_HINT,
                 "batched_prompts": "send one prompt per request",
                 "context_logits": NOT_YET,
                 "streaming": "rebuild without --no-decoupled",
@@ -331,9 +398,22 @@ class GpuTarget(Target):
 
     def dry_run_details(self, plan: TargetPlan, output: Path) -> dict[str, Any]:
         """What the repository will tell the backend besides the runtime settings, and the files it writes."""
-        guided = guided_decoding_parameters(Path(output).resolve(), None)
+        repository = Path(output).resolve()
+        guided = guided_decoding_parameters(repository, None)
         files = [f"{c.ENGINE}/1/{TOKENIZER_INFO}"] if guided else []
-        return {"engine_parameters": guided, "repository_files": files}
+        details: dict[str, Any] = {"engine_parameters": guided, "repository_files": files}
+        if plan.adapters and plan.memory is not None:
+            tools = trtllm_tools()
+            details["engine_parameters"] = {
+                **guided,
+                **lora_parameters(repository, lora_runtime(plan.memory)),
+            }
+            details["lora_conversion"] = [
+                lora_convert_argv(a.folder, repository / _prefetch_folder(a), tools)
+                for a in plan.adapters
+            ]
+            files += [f"{_prefetch_folder(a)}/{name}" for a in plan.adapters for name in LORA_FILES]
+        return details
 
     # --- the built repository ------------------------------------------------------------------
     def engine_from_section(self, section: EngineSection) -> TrtllmEngine:
@@ -432,3 +512,99 @@ def _display_checkpoint(model) -> str:
         repo_id = catalog_entry(model.value).hub_id
     folder = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
     return str(folder / (model.revision or "<commit of main, resolved at build time>"))
+
+
+# The backend's prefetch folder inside the engine's version folder: <task id>/ with these two files each
+# (hf_lora_convert.py's output; tests/data/upstream/triton_backend.json, lora).
+LORA_DIR = "lora"
+LORA_FILES = ("model.lora_weights.npy", "model.lora_config.npy")
+
+
+def _prefetch_folder(checked: CheckedAdapter) -> str:
+    return f"{c.ENGINE}/1/{LORA_DIR}/{checked.adapter.task_id}"
+
+
+def lora_engine(adapters: tuple[CheckedAdapter, ...], settings: BuildSettings) -> LoraEngine | None:
+    """The modules, rank and cache the engine is built for; RecipeError for a rank above --max-lora-rank,
+    more adapters than --lora-cache-adapters, or either without --lora."""
+    if not adapters:
+        given = [
+            name for name in ("max_lora_rank", "lora_cache_adapters") if getattr(settings, name)
+        ]
+        if given:
+            flags = " and ".join(SETTINGS[name].flag for name in given)
+            raise RecipeError(
+                f"{flags} without --lora: the engine would be built without the LoRA plugin",
+                hint=f"add --lora NAME=PATH, or drop {flags}",
+                value=given,
+            )
+        return None
+    ranks = {a.name: a.adapter.rank for a in adapters}
+    top = max(ranks.values())
+    max_rank = settings.max_lora_rank or top
+    over = {name: rank for name, rank in ranks.items() if rank > max_rank}
+    if over:
+        listed = ", ".join(f"{name} (rank {rank})" for name, rank in over.items())
+        raise RecipeError(
+            f"--lora {listed}: above --max-lora-rank {max_rank}, the largest rank the engine takes",
+            hint=f"pass --max-lora-rank {top} (engine.max_lora_rank in a recipe), or drop those adapters",
+            value=over,
+        )
+    holds = settings.lora_cache_adapters or len(adapters)
+    if len(adapters) > holds:
+        raise RecipeError(
+            f"{len(adapters)} --lora adapters, and the LoRA cache holds {holds} "
+            f"(--lora-cache-adapters {holds}): the backend loads every built adapter into it at start",
+            hint=f"pass --lora-cache-adapters {len(adapters)} (engine.lora_cache_adapters in a recipe), or "
+            "serve fewer adapters",
+            value=len(adapters),
+        )
+    hf_modules = {m for a in adapters for m in a.adapter.target_modules}
+    fused = sorted(hf_modules - set(HF_TO_TRTLLM))
+    if fused:
+        raise RecipeError(
+            f"--lora adapters target {', '.join(fused)}: GPU engines are built here for LoRA of "
+            f"{', '.join(HF_TO_TRTLLM)} only (not fused layers)",
+            hint="build these adapters for --target cpu, or adapters of the unfused modules",
+            value=fused,
+        )
+    modules = trtllm_modules(hf_modules)
+    return LoraEngine(target_modules=modules, max_rank=max_rank, cache_adapters=holds)
+
+
+def lora_runtime(memory: MemoryPlan) -> dict[str, Any]:
+    """The LoRA cache's runtime values from the plan, as TrtllmEngine records them."""
+    return {
+        "max_rank": memory.lora_max_rank,
+        "gpu_memory_fraction": memory.lora_cache_gpu_memory_fraction,
+        "host_memory_bytes": memory.lora_host_cache_bytes,
+    }
+
+
+def lora_parameters(repository: Path, runtime: dict[str, Any]) -> dict[str, Any]:
+    """The tensorrt_llm parameters of the LoRA cache (the backend's getPeftCacheConfigFromParams): both
+    adapter sizes the engine's maximum rank (one cache page is one adapter of that rank:
+    toolkit.plan.lora), the planned GPU share and host bytes, and the prefetch folder, absolute (the
+    backend passes it as it is)."""
+    rank = runtime["max_rank"]
+    return {
+        "lora_cache_optimal_adapter_size": rank,
+        "lora_cache_max_adapter_size": rank,
+        "lora_cache_gpu_memory_fraction": runtime["gpu_memory_fraction"],
+        "lora_cache_host_memory_bytes": runtime["host_memory_bytes"],
+        "lora_prefetch_dir": str(Path(repository) / c.ENGINE / "1" / LORA_DIR),
+    }
+
+
+def _require_lora_converter() -> None:
+    """TensorRT-LLM's examples/hf_lora_convert.py, before hours of engine build that would end without it."""
+    from toolkit.engine.tools import container_hint
+
+    script = Path(trtllm_tools().examples_dir) / LORA_CONVERT_SCRIPT
+    if not script.is_file():
+        raise EngineBuildError(
+            f"--lora needs TensorRT-LLM's {LORA_CONVERT_SCRIPT}, which is not at {script}",
+            hint="set TOOLKIT_TRTLLM_EXAMPLES_DIR to the examples/ folder of a TensorRT-LLM checkout of the "
+            "pinned tag, or " + container_hint(),
+            value=str(script),
+        )

@@ -13,15 +13,29 @@ from tritonclient.grpc import model_config_pb2 as mc
 from toolkit.build_settings import CPU_PRECISION, SETTINGS, BuildSettings, Setting
 from toolkit.capabilities import Capabilities
 from toolkit.errors import RecipeError, RepositoryError
+from toolkit.fsutil import copy_file
+from toolkit.model.adapters import ADAPTER_FILES, CheckedAdapter
 from toolkit.model.tokens import TokenFacts
 from toolkit.repository import configs
 from toolkit.repository import contract as c
 from toolkit.repository.engine import CANCELLATION_CHECK_PERIOD_MS, EngineSection
 from toolkit.repository.sources import COMMON_MODULES, model_repo_sources
-from toolkit.targets.base import LIMIT_SETTINGS, Progress, Target, TargetPlan, python_limits
+from toolkit.targets.base import (
+    LIMIT_SETTINGS,
+    Progress,
+    Target,
+    TargetPlan,
+    adapter_setting,
+    plan_adapters,
+    python_limits,
+)
 
 if TYPE_CHECKING:
     from toolkit.repository.writer import RepositoryPlan
+
+# The adapters' folder inside the engine's version folder: not the repository root, where Triton would
+# take each folder for a model.
+LORA_DIR = "lora"
 
 
 def engine_refusals(capabilities: Capabilities) -> dict[str, list[Any]]:
@@ -47,12 +61,24 @@ class PythonEngine:
         """The TensorRT-LLM release whose tensor names the engine reads: the pinned one."""
         return None
 
+    @property
+    def lora_weights_type(self) -> str | None:
+        """The stock type: the Python engines refuse lora_weights, whatever its type."""
+        return None
+
     def section(self) -> EngineSection:
         parameters = {f.name: getattr(self, f.name) for f in fields(self)}
         return EngineSection(kind=self.kind, parameters=_jsonable(parameters))
 
     def prepared(self, checkpoint: Path, tokens: TokenFacts) -> PythonEngine:
         return self
+
+    def install_adapters(self, version: Path, adapters: tuple[CheckedAdapter, ...]) -> None:
+        """The PEFT files as given, in lora/<task id>/ of the version folder (the `lora_dir` parameter)."""
+        for checked in adapters:
+            folder = version / LORA_DIR / str(checked.adapter.task_id)
+            for name in ADAPTER_FILES:
+                copy_file((checked.folder / name).resolve(), folder / name)
 
     def install(self, version: Path, checkpoint: Path) -> None:
         sources = model_repo_sources()
@@ -81,6 +107,7 @@ class PythonEngine:
             "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,
             "decoupled": plan.decoupled,
             "refusals": json.dumps(engine_refusals(plan.capabilities), sort_keys=True),
+            **lora_parameters(plan.adapters),
             **self.engine_parameters(),
         }
         return configs.python_model(
@@ -111,6 +138,17 @@ class PythonEngine:
             ) from exc
 
 
+def lora_parameters(adapters: tuple[CheckedAdapter, ...]) -> dict[str, Any]:
+    """The engine's LoRA parameters: where the adapters are (relative to the version folder), task id ->
+    name, and the largest rank (0: none)."""
+    records = [checked.adapter for checked in adapters]
+    return {
+        "lora_dir": LORA_DIR,
+        "lora_adapters": json.dumps({str(a.task_id): a.name for a in records}, sort_keys=True),
+        "lora_max_rank": max((a.rank for a in records), default=0),
+    }
+
+
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
@@ -137,6 +175,7 @@ class PythonTarget(Target):
                 )
 
     def plan(self, settings: BuildSettings, model) -> TargetPlan:
+        adapters = plan_adapters(settings, model)  # checked before anything is written
         limits = python_limits(settings)
         given = {name: getattr(settings, name) for name in self.engine_settings}
         engine = self.engine_class(**{k: v for k, v in given.items() if v is not None})
@@ -150,8 +189,9 @@ class PythonTarget(Target):
                 for name in self.engine_settings
                 if getattr(engine, name) != ""  # a text setting left unset
             },
+            lora=adapter_setting(adapters),
         )
-        return TargetPlan(resolved, limits, self.capabilities(resolved), engine)
+        return TargetPlan(resolved, limits, self.capabilities(resolved), engine, adapters=adapters)
 
     def build_engine(self, plan: TargetPlan, model, progress: Progress):
         if plan.engine is None:

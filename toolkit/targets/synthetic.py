@@ -9,7 +9,7 @@ from typing import ClassVar
 from toolkit.build_settings import BuildSettings
 from toolkit.capabilities import Capabilities
 from toolkit.model.tokens import TokenFacts
-from toolkit.targets.base import HOST_OVERHEAD_BYTES, Resources
+from toolkit.targets.base import HOST_OVERHEAD_BYTES, LORA_HINT, Resources, lora_capability
 from toolkit.targets.python import PythonEngine, PythonTarget
 
 # Measured decode steps run slower than planned under load: the drain allows twice the step time.
@@ -96,14 +96,15 @@ class SyntheticTarget(PythonTarget):
                     "penalties",
                     "logit_bias",
                     "bad_words",
-                    "lora",
                     "batched_prompts",
                     "generation_logits",
                     "context_logits",
                     "top_p_decay",
                 )
             }
-            | {"streaming": "rebuild without --no-decoupled"},
+            | {"streaming": "rebuild without --no-decoupled", "lora": LORA_HINT},
+            # Adapter ids are taken (the same tokens for each), so the stack can be measured with them.
+            lora=lora_capability(settings),
         )
 
     def slowest_stream_tokens_per_s(self, repository) -> float:

@@ -31,6 +31,10 @@ from params import ModelParams, final_flag, scalar  # noqa: E402
 from textcodec import TextCodec, check_request_lengths, pack_word_lists  # noqa: E402
 from tracing import ENGINE_SWITCH, TRACEPARENT, request_context  # noqa: E402
 
+# Inputs passed on whole (an adapter sent with the request: one row per adapter module), not as [1, 1] scalars;
+# lora_weights is BF16 on a bf16 GPU engine, which numpy cannot hold, so they go through DLPack unchanged.
+WHOLE_TENSORS = ("lora_weights", "lora_config")
+
 TOKEN_OUTPUTS = ("output_ids", "sequence_length")  # turned into text_output
 
 
@@ -157,7 +161,13 @@ class TritonPythonModel:
             inputs.append(pb_utils.Tensor("end_id", np.array([[self.end_id]], dtype=np.int32)))
         for source, target in self.passthrough.items():
             tensor = pb_utils.get_input_tensor_by_name(request, source)
-            if tensor is not None:
+            if tensor is None:
+                continue
+            if (
+                source in WHOLE_TENSORS
+            ):  # as the client sent it, [1, rows, columns]; BF16 has no numpy type
+                inputs.append(pb_utils.Tensor.from_dlpack(target, tensor.to_dlpack()))
+            else:
                 inputs.append(pb_utils.Tensor(target, tensor.as_numpy().reshape(1, 1)))
         return inputs
 

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
@@ -30,6 +31,7 @@ from engine_requests import (  # noqa: E402
     is_stop_request,
 )
 from lifetime import bind_to_server  # noqa: E402
+from lora_tasks import AdapterTable  # noqa: E402
 from params import ModelParams, final_flag, scalar  # noqa: E402
 from streams import Stream, response_tensors, take_tokens  # noqa: E402
 from textcodec import Refused, unpack_word_list  # noqa: E402
@@ -58,6 +60,7 @@ class TritonPythonModel:
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         from cache_stats import PrefixHits, record_prefix_hits
+        from lora import key_prefix_cache_by_adapter, load_adapters, route_adapters
         from request_decoding import DecodingInputs
         from sampling import Decoder, install_decoder
         from scheduling import unblock_after_cancellation
@@ -81,6 +84,12 @@ class TritonPythonModel:
         model = AutoModelForCausalLM.from_pretrained(
             checkpoint, dtype=torch.float32, attn_implementation="sdpa"
         )
+        # The repository's LoRA adapters (task id -> name), served per request in the same batch (lora.py).
+        self.adapters = AdapterTable(params.text("lora_adapters"))
+        if self.adapters:
+            lora_dir = os.path.join(os.path.dirname(__file__), params.text("lora_dir"))
+            model = load_adapters(model, Path(lora_dir), self.adapters)
+        key_prefix_cache_by_adapter()
         self.vocab_size = model.config.vocab_size
         self.embedding_rows = (
             model.get_input_embeddings().num_embeddings
@@ -113,6 +122,8 @@ class TritonPythonModel:
             pb_utils, self.vocab_size, self.grammars, self.grammars_missing
         )
         install_decoder(self.manager, self.decoder)
+        if self.adapters:
+            route_adapters(model, self.manager, self.adapters)
         self.manager.start()
         self._streams: dict[str, Stream] = {}
         self._choices: dict[str, tuple] = {}  # the manager's request id -> (stream, choice)
@@ -325,7 +336,10 @@ class TritonPythonModel:
                 "--no-decoupled: send streaming false, or rebuild without --no-decoupled"
             )
         end_id = int(_scalar(request, "end_id", self.default_end_id))
-        decoding = self.inputs.decoding(request, end_id)
+        decoding = replace(
+            self.inputs.decoding(request, end_id),
+            adapter=self.adapters.task_of(pb_utils, request),
+        )
         guided = self.inputs.guide(request) is not None
         min_tokens = 0 if guided else min(int(_scalar(request, "min_tokens", 0) or 0), max_tokens)
         with self._lock:

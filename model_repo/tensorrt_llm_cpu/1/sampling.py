@@ -56,6 +56,7 @@ class RequestDecoding:
     logprobs: int = -1  # -1: none; 0: each token's own log prob; k: and the k most likely tokens'
     guide: int = 0  # the request's grammar (GrammarMasks.register), 0: none
     end_id: int = -1  # the end token the grammar allows where the output may end
+    adapter: int = 0  # the LoRA adapter's task id (lora.py routes its tokens), 0: the base model
 
     @property
     def sampled(self) -> bool:

@@ -23,6 +23,8 @@ Model parameters (config.pbtxt `parameters`, all strings):
   cancel_check_steps  poll request.is_cancelled() every this many steps
   scripted            true: token_ids are a scripted answer (toolkit build --synthetic-output): every
                       request gets them from the first, and ends after the last (as at an end token)
+  lora_adapters       JSON {"<task id>": "<adapter name>"} of the repository's adapters: lora_task_id
+                      picks one (an unknown id is refused naming the known ones)
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
 from engine_requests import NO_REQUEST_ID, Collector, Refusals, is_stop_request  # noqa: E402
 from lifetime import bind_to_server  # noqa: E402
+from lora_tasks import AdapterTable  # noqa: E402
 from params import ModelParams, scalar  # noqa: E402
 from textcodec import Refused  # noqa: E402
 from tracing import EngineTracer  # noqa: E402
@@ -104,6 +107,8 @@ class TritonPythonModel:
         self.decoupled = params.flag("decoupled")
         # What this repository does not honour (its capabilities), refused per request.
         self.refusals = Refusals(params.text("refusals"))
+        # The repository's LoRA adapters: a known task id is accepted (its tokens are synthetic as the base's).
+        self.adapters = AdapterTable(params.text("lora_adapters"))
         self.step_s = params.number("step_time_ms") / 1000.0
         self.token_ids = np.array(params.ids("token_ids"), dtype=np.int32)
         if not self.token_ids.size:
@@ -173,6 +178,7 @@ class TritonPythonModel:
 
     def _admit(self, request, sender, batch_so_far: int) -> _Stream:
         self.refusals.check(pb_utils, request)
+        self.adapters.task_of(pb_utils, request)
         output_len = int(_scalar(request, "request_output_len", 0))
         if output_len <= 0:
             raise Refused(f"request_output_len must be > 0 (got {output_len})")
