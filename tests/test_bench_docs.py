@@ -79,17 +79,25 @@ def _toolkit(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Complete
     )
 
 
-def _docs_commands() -> list[str]:
-    """Every `toolkit ...` line of docs/bench.md's code blocks, comments cut, optional [...] parts kept."""
-    commands, inside = [], False
+def _docs_blocks() -> list[list[str]]:
+    """The `toolkit ...` lines of each of docs/bench.md's code blocks, comments cut, optional [...] parts
+    kept; blocks without one left out."""
+    blocks: list[list[str]] = []
+    inside = False
     for line in DOCS.read_text().splitlines():
         if line.startswith("```"):
             inside = not inside
+            blocks.append([])
             continue
         if inside and line.strip().startswith("toolkit "):
             command = line.split("  #", 1)[0].strip()
-            commands.append(re.sub(r"\[([^\]]*)\]", r"\1", command))
-    return commands
+            blocks[-1].append(re.sub(r"\[([^\]]*)\]", r"\1", command))
+    return [block for block in blocks if block]
+
+
+def _docs_commands() -> list[str]:
+    """The first example: a background serve and the sweep."""
+    return _docs_blocks()[0]
 
 
 def _running_perf_analyzer(pid: int) -> bool:
@@ -135,6 +143,69 @@ def test_the_docs_bench_commands_run_as_written(tmp_path, toolkit_home):
         assert sweep["plan"]["metrics_url"].endswith(f":{ports['--metrics-port']}/metrics")
     finally:
         _stop_background(toolkit_home)
+
+
+def test_the_docs_breakdown_commands_run_as_written(tmp_path, toolkit_home):
+    """docs/bench.md's --breakdown example as written: a receiver in the background, a traced serve with
+    the API, and bench --breakdown with the API and metrics it recorded; a table per point and the plot."""
+    blocks = _docs_blocks()
+    assert len(blocks) == 2, blocks
+    _synthetic_repo(tmp_path, step_time_ms=2)
+    ports = {
+        "9000": str(free_port()),
+        "4318": str(free_port()),
+        "8001": str(free_port()),
+    }
+    extra = ["--http-port", str(free_port()), "--grpc-port", ports["8001"]]
+    extra += ["--metrics-port", str(free_port())]
+    collector = None
+    try:
+        for command in blocks[1]:
+            for docs_port, port in ports.items():
+                command = command.replace(f":{docs_port}", f":{port}").replace(
+                    f" {docs_port} ", f" {port} "
+                )
+            argv = shlex.split(command)
+            if argv[-1] == "&":  # the receiver runs in the background until the test ends
+                argv = argv[:-1] + ["-p", ports["4318"]]
+                collector = subprocess.Popen(
+                    [sys.executable, "-m", "toolkit.cli.main", *argv[1:]],
+                    cwd=tmp_path,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                _wait_for_port(int(ports["4318"]), collector)
+                continue
+            if argv[1] == "serve":
+                argv += extra
+            elif argv[1] == "bench":  # the docs' default gRPC port (8001), here a free one
+                argv += ["-u", f"127.0.0.1:{ports['8001']}"]
+            done = _toolkit(*argv[1:], cwd=tmp_path)
+            assert done.returncode == 0, (command, done.stdout, done.stderr)
+        sweep = json.loads((tmp_path / "bench-results" / "sweep.json").read_text())
+        assert [p["point"]["value"] for p in sweep["points"]] == [1, 16]
+        assert all(p.get("breakdown") for p in sweep["points"]), sweep["points"]
+        assert (tmp_path / "bench-results" / "breakdown.png").stat().st_size > 0
+    finally:
+        _stop_background(toolkit_home)
+        if collector is not None:
+            collector.terminate()
+            collector.wait(timeout=30)
+
+
+def _wait_for_port(port: int, process: subprocess.Popen) -> None:
+    import socket
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"nothing listens on {port}")
 
 
 def _serve_foreground(repo: Path, tmp_path: Path, ports: dict) -> subprocess.Popen:
