@@ -148,7 +148,11 @@ async def _sse(
         pieces = Coalesced(deltas)
         async for batch in pieces:
             # a reasoning model's piece may be held back: a tag cut in two
-            if chunk := b"".join(_events(sse, reasoning, splits, delta) for delta in batch):
+            if len(batch) == 1:
+                chunk = _events(sse, reasoning, splits, batch[0])
+            else:
+                chunk = b"".join(_events(sse, reasoning, splits, delta) for delta in batch)
+            if chunk:
                 yield chunk
                 if trace is not None:
                     counted = _wrote(trace, generations, counted)
