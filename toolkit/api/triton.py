@@ -544,32 +544,40 @@ class TritonBackend:
 
     def _engine_piece(self, response, total: int, features: Features, timing=None) -> Piece:
         """Read the raw INT32 outputs straight from the ModelInferResponse protobuf (one per streamed token:
-        kept cheap); the outputs of the features asked for, when any, as arrays. `timing`: detokenize_ns
-        summed into it."""
-        flag = response.parameters.get(FINAL_FLAG)
-        final = flag is not None and flag.bool_param
+        kept cheap, by index rather than by iterating its repeated fields); the outputs of the features
+        asked for, when any, as arrays. `timing`: detokenize_ns summed into it."""
+        parameters = response.parameters
+        final = FINAL_FLAG in parameters and parameters[FINAL_FLAG].bool_param
+        outputs, raws = response.outputs, response.raw_output_contents
         ids = length = None
-        extras = {}
-        for output, raw in zip(response.outputs, response.raw_output_contents, strict=False):
-            if output.name == "output_ids":  # [batch 1, beam 1, new tokens], INT32 little-endian
-                ids = raw
-            elif output.name == "sequence_length":
-                length = int.from_bytes(raw[:4], "little", signed=True)
+        extras: dict[str, np.ndarray] = {}
+        for i in range(min(len(outputs), len(raws))):
+            output = outputs[i]
+            name = output.name
+            if name == "output_ids":  # [batch 1, beam 1, new tokens], INT32 little-endian
+                ids = raws[i]
+            elif name == "sequence_length":
+                length = int.from_bytes(raws[i][:4], "little", signed=True)
             else:
-                extras[output.name] = _array(output, raw)
-        index = int(extras["sequence_index"].reshape(-1)[0]) if "sequence_index" in extras else 0
-        reused = extras.get("kv_cache_reused_blocks")
-        reused_blocks = None if reused is None else int(reused.reshape(-1)[0])
+                extras[name] = _array(output, raws[i])
+        index, reused_blocks = 0, None
+        if extras:
+            if "sequence_index" in extras:
+                index = int(extras["sequence_index"].reshape(-1)[0])
+            if "kv_cache_reused_blocks" in extras:
+                reused_blocks = int(extras["kv_cache_reused_blocks"].reshape(-1)[0])
         if ids is None or not length:
-            return Piece(b"", total, final, index=index, reused_blocks=reused_blocks)
+            return Piece(b"", total, final, (), index, (), reused_blocks)
         if length == 1:
-            tokens = (int.from_bytes(ids[:4], "little", signed=True),)
+            tokens: tuple[int, ...] = (int.from_bytes(ids[:4], "little", signed=True),)
         else:
             tokens = tuple(np.frombuffer(ids, "<i4")[:length].tolist())
         logprobs = token_logprobs(extras, list(tokens), features.top_logprobs) if extras else ()
-        started = time.perf_counter_ns() if timing is not None else 0
-        data = self.decoder.decode_bytes(tokens)
-        if timing is not None:
+        if timing is None:
+            data = self.decoder.decode_bytes(tokens)
+        else:
+            started = time.perf_counter_ns()
+            data = self.decoder.decode_bytes(tokens)
             timing.detokenize_ns += time.perf_counter_ns() - started
         return Piece(data, total + len(tokens), final, tokens, index, logprobs, reused_blocks)
 
