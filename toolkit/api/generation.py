@@ -411,15 +411,14 @@ def _joined(items: list):
     return list(by_index.values())
 
 
-async def merged(sources: list[AsyncGenerator]) -> AsyncGenerator:
-    """The items of several iterators as they come (completions with a list of prompts, streamed)."""
-    if len(sources) == 1:
-        try:
-            async for item in sources[0]:
-                yield item
-        finally:
-            await sources[0].aclose()  # closing this closes the source at once (it cancels Triton)
-        return
+def merged(sources: list[AsyncGenerator]) -> AsyncGenerator:
+    """The items of several iterators as they come (completions with a list of prompts, streamed); one
+    source is itself (no layer between it and its reader, once per streamed token): closing it cancels
+    Triton at once, as closing the merge of several does."""
+    return sources[0] if len(sources) == 1 else _interleaved(sources)
+
+
+async def _interleaved(sources: list[AsyncGenerator]) -> AsyncGenerator:
     queue: asyncio.Queue = asyncio.Queue()
     end = object()
 
