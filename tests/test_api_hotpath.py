@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
@@ -199,3 +200,46 @@ def test_a_stream_closed_before_its_final_response_is_cancelled():
     assert [p.tokens for p in pieces] == [(3,)]
     assert call.cancelled and not call.half_closed
     assert metadata == [None]
+
+
+# --- the request, built straight from the arrays --------------------------------------------------------
+@pytest.mark.parametrize("engine", [True, False])
+def test_the_request_protobuf_is_the_one_tritonclient_builds(engine):
+    """The same inputs, raw contents, outputs and parameters as tritonclient's InferInput path (which the
+    backend used before), for the engine contract (with log probs asked) and the text one (BYTES)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc._utils import _get_inference_request
+
+    from toolkit.client.tensors import infer_inputs
+
+    backend = _backend() if engine else TritonBackend(UNREACHABLE, "ensemble")
+    sampling = Sampling(temperature=0.7, seed=5, min_tokens=2, presence_penalty=0.5)
+    features = (
+        Features(cached_tokens=False, logprobs=True, top_logprobs=2)
+        if engine
+        else Features(cached_tokens=False)
+    )
+    captured = {}
+    backend._request = lambda tensors, outputs, real=backend._request: (
+        captured.update(t=tensors, o=outputs) or real(tensors, outputs)
+    )
+    if engine:
+        request = backend._engine_request([1, 2, 3], 8, sampling, features)
+    else:
+        request = backend._text_request("hé llo", 8, sampling, features)
+    expected = _get_inference_request(
+        model_name=backend.model_name, inputs=infer_inputs(captured["t"]), model_version="",
+        request_id=request.id, sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
+        timeout=None, parameters={"triton_enable_empty_final_response": True},
+        outputs=[grpcclient.InferRequestedOutput(name) for name in captured["o"]] if captured["o"] else None,
+    )  # fmt: skip
+    assert request == expected
+    assert len(request.inputs) > 5
+
+
+def test_an_input_of_another_dtype_than_declared_is_refused():
+    from toolkit.api.triton import _raw_tensor
+    from toolkit.errors import ClientError
+
+    with pytest.raises(ClientError, match="`input_ids` input is int64 but declared INT32"):
+        _raw_tensor("input_ids", np.array([[1, 2]], np.int64), "INT32")

@@ -25,14 +25,10 @@ from typing import Any
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.grpc import InferResult, service_pb2_grpc
-
-# The request protobuf, built as tritonclient's own stream_infer builds it (inputs, outputs, parameters).
-from tritonclient.grpc._utils import _get_inference_request
-from tritonclient.utils import InferenceServerException
+from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype, serialize_byte_tensor
 
 from toolkit.api.features import Features, TokenLogprob, token_logprobs
-from toolkit.client.tensors import infer_inputs
 from toolkit.errors import ClientError
 from toolkit.model.tokens import TokenFacts
 from toolkit.repository import contract as c
@@ -524,23 +520,19 @@ class TritonBackend:
         return self._request(tensors, None)
 
     def _request(self, tensors, outputs: list[str] | None):
-        """The ModelInferRequest protobuf of one generation."""
-        return _get_inference_request(
-            model_name=self.model_name,
-            inputs=infer_inputs(tensors),
-            model_version="",
-            request_id=f"api-{next(self._ids)}",
-            outputs=[grpcclient.InferRequestedOutput(name) for name in outputs]
-            if outputs
-            else None,
-            sequence_id=0,
-            sequence_start=False,
-            sequence_end=False,
-            priority=0,
-            timeout=None,
-            # Decoupled models: an empty response carries the final flag when no data response does.
-            parameters={"triton_enable_empty_final_response": True},
+        """The ModelInferRequest protobuf of one generation, built straight from the arrays (as tritonclient's
+        InferInput would, without its objects: a dozen per request)."""
+        request = service_pb2.ModelInferRequest(
+            model_name=self.model_name, id=f"api-{next(self._ids)}"
         )
+        for name, array, datatype in tensors:
+            request.inputs.add(name=name, datatype=datatype, shape=array.shape)
+            request.raw_input_contents.append(_raw_tensor(name, array, datatype))
+        for name in outputs or ():
+            request.outputs.add(name=name)
+        # Decoupled models: an empty response carries the final flag when no data response does.
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        return request
 
     def _engine_piece(self, response, total: int, features: Features, timing=None) -> Piece:
         """Read the raw INT32 outputs straight from the ModelInferResponse protobuf (one per streamed token:
@@ -584,6 +576,21 @@ class TritonBackend:
 
 _GREEDY = Sampling(temperature=0)
 _DTYPES = {"FP32": "<f4", "INT32": "<i4", "INT64": "<i8", "FP16": "<f2", "BOOL": "?"}
+
+
+def _raw_tensor(name: str, array: np.ndarray, datatype: str) -> bytes:
+    """An input's raw contents: little-endian values, or length-prefixed items for BYTES (Triton's wire
+    format, tritonclient's serialize_byte_tensor); its dtype checked as tritonclient's InferInput does."""
+    if datatype == "BYTES":
+        serialized = serialize_byte_tensor(array)
+        return serialized.item() if serialized.size else b""
+    if np_to_triton_dtype(array.dtype) != datatype:
+        raise ClientError(
+            f"the `{name}` input is {array.dtype} but declared {datatype}",
+            hint="this is a toolkit bug: the tensor's dtype must match the repository contract",
+            value=str(array.dtype),
+        )
+    return array.tobytes()
 
 
 def _array(output, raw: bytes) -> np.ndarray:
