@@ -238,8 +238,8 @@ def test_the_request_protobuf_is_the_one_tritonclient_builds(engine):
 
 
 def test_an_input_of_another_dtype_than_declared_is_refused():
-    from toolkit.api.triton import _raw_tensor
+    from toolkit.api.wire import raw_tensor
     from toolkit.errors import ClientError
 
     with pytest.raises(ClientError, match="`input_ids` input is int64 but declared INT32"):
-        _raw_tensor("input_ids", np.array([[1, 2]], np.int64), "INT32")
+        raw_tensor("input_ids", np.array([[1, 2]], np.int64), "INT32")

@@ -25,10 +25,11 @@ from typing import Any
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
-from tritonclient.utils import InferenceServerException, np_to_triton_dtype, serialize_byte_tensor
+from tritonclient.grpc import InferResult, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
 
 from toolkit.api.features import Features, TokenLogprob, token_logprobs
+from toolkit.api.wire import output_array, request_message
 from toolkit.errors import ClientError
 from toolkit.model.tokens import TokenFacts
 from toolkit.repository import contract as c
@@ -520,19 +521,7 @@ class TritonBackend:
         return self._request(tensors, None)
 
     def _request(self, tensors, outputs: list[str] | None):
-        """The ModelInferRequest protobuf of one generation, built straight from the arrays (as tritonclient's
-        InferInput would, without its objects: a dozen per request)."""
-        request = service_pb2.ModelInferRequest(
-            model_name=self.model_name, id=f"api-{next(self._ids)}"
-        )
-        for name, array, datatype in tensors:
-            request.inputs.add(name=name, datatype=datatype, shape=array.shape)
-            request.raw_input_contents.append(_raw_tensor(name, array, datatype))
-        for name in outputs or ():
-            request.outputs.add(name=name)
-        # Decoupled models: an empty response carries the final flag when no data response does.
-        request.parameters["triton_enable_empty_final_response"].bool_param = True
-        return request
+        return request_message(self.model_name, f"api-{next(self._ids)}", tensors, outputs)
 
     def _engine_piece(self, response, total: int, features: Features, timing=None) -> Piece:
         """Read the raw INT32 outputs straight from the ModelInferResponse protobuf (one per streamed token:
@@ -551,7 +540,7 @@ class TritonBackend:
             elif name == "sequence_length":
                 length = int.from_bytes(raws[i][:4], "little", signed=True)
             else:
-                extras[name] = _array(output, raws[i])
+                extras[name] = output_array(output, raws[i])
         index, reused_blocks = 0, None
         if extras:
             if "sequence_index" in extras:
@@ -575,27 +564,6 @@ class TritonBackend:
 
 
 _GREEDY = Sampling(temperature=0)
-_DTYPES = {"FP32": "<f4", "INT32": "<i4", "INT64": "<i8", "FP16": "<f2", "BOOL": "?"}
-
-
-def _raw_tensor(name: str, array: np.ndarray, datatype: str) -> bytes:
-    """An input's raw contents: little-endian values, or length-prefixed items for BYTES (Triton's wire
-    format, tritonclient's serialize_byte_tensor); its dtype checked as tritonclient's InferInput does."""
-    if datatype == "BYTES":
-        serialized = serialize_byte_tensor(array)
-        return serialized.item() if serialized.size else b""
-    if np_to_triton_dtype(array.dtype) != datatype:
-        raise ClientError(
-            f"the `{name}` input is {array.dtype} but declared {datatype}",
-            hint="this is a toolkit bug: the tensor's dtype must match the repository contract",
-            value=str(array.dtype),
-        )
-    return array.tobytes()
-
-
-def _array(output, raw: bytes) -> np.ndarray:
-    """An output's raw little-endian bytes as an array of its shape."""
-    return np.frombuffer(raw, _DTYPES.get(output.datatype, "<i4")).reshape(tuple(output.shape))
 
 
 def _closed(closing: asyncio.Future) -> None:
