@@ -13,12 +13,16 @@ round so that drift on a shared machine hits them alike; the results are medians
   tracing   --streams-tracing streams (16) against an API tracing every request (Triton and the engine
             trace them too) and an API that traces nothing, engine steps of --tracing-step-ms (10):
             tokens/s lost (goal <= 3 %) and TTFT p50 added (goal <= 1 ms)
+  baseline  --streams-workers streams against one API worker run from --baseline-tree (an older copy
+            of the toolkit's tree) and one from this tree: API CPU us per streamed token, old and new
 
 TTFT added over direct Triton gRPC at 16 streams (goal <= 5 ms p50) is perf/api_overhead.py's (it takes
 --api-workers). Examples:
 
     python perf/api_front_end.py --rounds 3 --out perf/results/api_front_end
     python perf/api_front_end.py --rounds 1 --requests-per-stream 1 --output-tokens 32   # a quick look
+    git archive REV | tar -x -C /tmp/old && \
+      python perf/api_front_end.py --measure baseline --baseline-tree /tmp/old --out perf/results/api_hotpath
 """
 
 from __future__ import annotations
@@ -136,16 +140,26 @@ class Stack:
         )  # fmt: skip
         self.apis: list = []
 
-    def api(self, workers: int = 1, traced: bool = False):
+    def api(self, workers: int = 1, traced: bool = False, tree: Path | None = None):
+        """An API of `workers` processes; `tree`: a source tree of the toolkit to run it from (a baseline)."""
         port = free_port()
         settings = ApiSettings(
             self.server.grpc_url, self.repo, max_in_flight=1024,
             trace=self.plan if traced else None,
         )  # fmt: skip
-        process, _ = launch_api(
-            settings, host="127.0.0.1", port=port, workers=workers,
-            log_file=self.work / f"api-{port}.log",
-        )  # fmt: skip
+        saved = os.environ.get("PYTHONPATH")
+        if tree is not None:  # the API process imports the toolkit from there
+            os.environ["PYTHONPATH"] = str(tree)
+        try:
+            process, _ = launch_api(
+                settings, host="127.0.0.1", port=port, workers=workers,
+                log_file=self.work / f"api-{port}.log",
+            )  # fmt: skip
+        finally:
+            if saved is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = saved
         self.apis.append(process)
         return process, f"http://127.0.0.1:{port}"
 
@@ -197,6 +211,8 @@ def run(args) -> dict:
                 }
             finally:
                 stack.close()
+        if "baseline" in args.measure:
+            results["baseline"] = baseline(args, receiver, work)
         if "tracing" in args.measure:
             stack = Stack(build_repository(work, args.tracing_step_ms, args.model), receiver, work)
             try:
@@ -216,6 +232,30 @@ def run(args) -> dict:
             finally:
                 stack.close()
     return results
+
+
+def baseline(args, receiver: SpanReceiver, work: Path) -> dict:
+    """One API worker from --baseline-tree against one from this tree, on one tritonserver."""
+    if args.baseline_tree is None:
+        raise SystemExit(
+            "--measure baseline needs --baseline-tree (a copy of the old toolkit's tree)"
+        )
+    repo = args.repo or build_repository(work, args.workers_step_ms, args.model)
+    stack = Stack(repo, receiver, work)
+    try:
+        sides = {"baseline": stack.api(1, tree=args.baseline_tree), "this tree": stack.api(1)}
+        medians = compare(stack, sides, args.streams_workers, args)
+        old, new = medians["baseline"], medians["this tree"]
+        return {
+            "streams": args.streams_workers,
+            "step_ms": args.workers_step_ms,
+            "baseline_tree": str(args.baseline_tree),
+            **medians,
+            "api_us_per_token_ratio": round(new["api_us_per_token"] / old["api_us_per_token"], 3),
+            "tokens_per_s_ratio": round(new["tokens_per_s"] / old["tokens_per_s"], 3),
+        }
+    finally:
+        stack.close()
 
 
 def write(args, results: dict) -> None:
@@ -253,6 +293,21 @@ def write(args, results: dict) -> None:
             f"API CPU per token goal <= {GOALS['api_us_per_token_max']} us.",
             "",
         ]  # fmt: skip
+    if "baseline" in results:
+        b = results["baseline"]
+        lines += [
+            f"## This tree vs {b['baseline_tree']}, 1 API worker each, {b['streams']} streams, "
+            f"engine step {b['step_ms']:g} ms",
+            "",
+            "| API | tokens/s | API CPU us/token | TTFT p50 |",
+            "|---|---|---|---|",
+            *(f"| {k} | {b[k]['tokens_per_s']} | {b[k]['api_us_per_token']} | {b[k]['ttft_p50_ms']} ms |"
+              for k in ("baseline", "this tree")),
+            "",
+            f"This tree / baseline: **{b['api_us_per_token_ratio']}x** API CPU per token, "
+            f"{b['tokens_per_s_ratio']}x tokens/s; goal <= {GOALS['api_us_per_token_max']} us per token.",
+            "",
+        ]  # fmt: skip
     if "tracing" in results:
         t = results["tracing"]
         lines += [
@@ -281,7 +336,15 @@ def main() -> None:
     parser.add_argument(
         "--repo", type=Path, default=None, help="a synthetic repository for the workers measure"
     )
-    parser.add_argument("--measure", default="workers,tracing")
+    parser.add_argument(
+        "--measure",
+        default="workers,tracing",
+        help="any of workers, tracing, baseline (comma-separated)",
+    )
+    parser.add_argument(
+        "--baseline-tree", type=Path, default=None,
+        help="baseline: a copy of an older toolkit tree (git archive REV | tar -x -C DIR) to run one API from",
+    )  # fmt: skip
     parser.add_argument("--streams-workers", type=int, default=64)
     parser.add_argument("--workers-step-ms", type=float, default=0.0)
     parser.add_argument("--streams-tracing", type=int, default=16)

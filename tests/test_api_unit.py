@@ -666,10 +666,10 @@ class _StalledCall:
 
         self.waiting = asyncio.get_running_loop().create_future()
 
-    def __aiter__(self):
-        return self
+    async def write(self, request) -> None:
+        pass
 
-    async def __anext__(self):
+    async def read(self):
         return await self.waiting
 
     def cancel(self) -> bool:
@@ -692,14 +692,13 @@ def test_a_client_cancel_survives_the_watchdog_failing_the_stream(client_cancels
     """The watchdog fails a stream (its engine died) as the client's task is cancelled: the task must end
     cancelled, not with EngineFault, or the cancellation is lost; without the client's cancel, EngineFault."""
     import asyncio
-    from types import SimpleNamespace
 
     from toolkit.api.triton import EngineFault, TritonBackend
 
     async def run():
         backend = TritonBackend(UNREACHABLE, "ensemble")
         call = _StalledCall()
-        backend._client = SimpleNamespace(stream_infer=lambda requests: call)
+        backend._stream_call = lambda metadata: call
 
         async def consume():
             async for _ in backend.generate("hi", [], 4, Sampling(temperature=0)):

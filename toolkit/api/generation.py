@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field, replace
+from json.encoder import encode_basestring  # json.dumps(text, ensure_ascii=False) of one str, in C
 from typing import Any
 
 from toolkit.api.features import Features, TokenLogprob
@@ -108,6 +109,9 @@ class ChoiceOutput:
         if self.holds:
             self.held.append(text)
             text = ""
+        if not piece.logprobs:  # the common piece: text only (once per streamed token)
+            self.shown.append(text)
+            return Delta(self.index, text)
         return self._kept(Delta(self.index, text, list(piece.logprobs)))
 
     def finish(self, max_tokens: int) -> Delta:
@@ -227,7 +231,7 @@ class Generation:
                     self.received.append(piece.data)
                 delta = choice.feed(piece)
                 yield self._shown(choice, delta)
-                if all(c.scanner.stopped for c in self.choices):
+                if choice.scanner.stopped and all(c.scanner.stopped for c in self.choices):
                     break
             for choice in self.choices:
                 yield self._shown(choice, self._finish(choice))
@@ -380,8 +384,8 @@ class Coalesced:
             await self.waiter
             # one more turn of the loop: pieces already on their way join this chunk
             await asyncio.sleep(0)
-        items = self.buffer[:]
-        self.buffer.clear()
+        items = self.buffer
+        self.buffer = []
         return _joined(items)
 
     async def aclose(self) -> None:
@@ -397,6 +401,8 @@ def _joined(items: list):
     """Text pieces as one string; deltas as one list, one per choice (in the order the choices came)."""
     if isinstance(items[0], str):
         return items[0] if len(items) == 1 else "".join(items)
+    if len(items) == 1:
+        return items
     by_index: dict[int, Delta] = {}
     for delta in items:
         by_index[delta.index] = (
@@ -405,15 +411,14 @@ def _joined(items: list):
     return list(by_index.values())
 
 
-async def merged(sources: list[AsyncGenerator]) -> AsyncGenerator:
-    """The items of several iterators as they come (completions with a list of prompts, streamed)."""
-    if len(sources) == 1:
-        try:
-            async for item in sources[0]:
-                yield item
-        finally:
-            await sources[0].aclose()  # closing this closes the source at once (it cancels Triton)
-        return
+def merged(sources: list[AsyncGenerator]) -> AsyncGenerator:
+    """The items of several iterators as they come (completions with a list of prompts, streamed); one
+    source is itself (no layer between it and its reader, once per streamed token): closing it cancels
+    Triton at once, as closing the merge of several does."""
+    return sources[0] if len(sources) == 1 else _interleaved(sources)
+
+
+async def _interleaved(sources: list[AsyncGenerator]) -> AsyncGenerator:
     queue: asyncio.Queue = asyncio.Queue()
     end = object()
 
@@ -456,16 +461,10 @@ class SseFormatter:
         self.logprobs = logprobs
         self.indexes = range(job.first_index, job.first_index + (choices or job.n))
         head = {"id": job.id, "created": job.created, "model": job.model}
-        if job.kind == "chat":
-            head["object"] = "chat.completion.chunk"
-            self._text_prefix = _json_prefix(head) + ',"choices":[{"index":0,"delta":{"content":'
-            self._text_suffix = '},"logprobs":null,"finish_reason":null}]'
-        else:
-            head["object"] = "text_completion"
-            self._text_prefix = _json_prefix(head) + ',"choices":[{"index":0,"text":'
-            self._text_suffix = ',"logprobs":null,"finish_reason":null}]'
+        head["object"] = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
         self._head = head
-        self._usage_null = ',"usage":null}' if job.include_usage else "}"
+        # A text chunk is these bytes around the JSON string of its text (built once per choice index).
+        self._templates: dict[int, tuple[bytes, bytes]] = {}
 
     def first(self) -> bytes | None:
         """Chat streams open with the assistant role, as OpenAI's do (one chunk per choice)."""
@@ -489,9 +488,27 @@ class SseFormatter:
             for index in self.indexes
         )
 
-    def text(self, text: str) -> bytes:
-        piece = json.dumps(text, ensure_ascii=False)
-        return f"data: {self._text_prefix}{piece}{self._text_suffix}{self._usage_null}\n\n".encode()
+    def text(self, text: str, index: int = 0) -> bytes:
+        """A chunk of choice `index`'s text, nothing else: the common chunk, once per streamed token or
+        batch of them, so only the text itself is encoded."""
+        template = self._templates.get(index)
+        if template is None:
+            template = self._templates[index] = self._text_template(index)
+        head, tail = template
+        return b"".join((head, encode_basestring(text).encode(), tail))
+
+    def _text_template(self, index: int) -> tuple[bytes, bytes]:
+        """The bytes before and after the text's JSON string, split from a whole chunk so that they are
+        exactly the JSON of the general path."""
+        mark = "\x00"  # no text's JSON holds a raw NUL: it is escaped as \u0000
+        if self.job.kind == "chat":
+            choice = {"index": index, "delta": {"content": mark}}
+        else:
+            choice = {"index": index, "text": mark}
+        choice.update({"logprobs": None, "finish_reason": None})
+        whole = self._event({**self._head, "choices": [choice], **self._usage_field()})
+        head, _, tail = whole.rpartition(json.dumps(mark).encode())
+        return head, tail
 
     def reasoning(self, index: int, text: str) -> bytes:
         """A chat chunk of a reasoning model's <think> part (toolkit.api.reasoning), as reasoning_content."""
@@ -504,8 +521,10 @@ class SseFormatter:
         return self._event({**self._head, "choices": [choice], **self._usage_field()})
 
     def delta(self, delta: Delta) -> bytes:
-        if delta.index == 0 and not delta.logprobs and not delta.tool_calls:
-            return self.text(delta.text)  # the common chunk, from the prebuilt prefix
+        if not delta.logprobs and not delta.tool_calls:
+            return self.text(
+                delta.text, delta.index
+            )  # the common chunk, from its prebuilt template
         choice: dict = {"index": delta.index}
         if self.job.kind == "chat":
             body: dict = {"content": delta.text} if delta.text or not delta.tool_calls else {}
@@ -552,8 +571,3 @@ class SseFormatter:
         return (
             f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
         )
-
-
-def _json_prefix(head: dict) -> str:
-    """'{"id":...,"model":...' without the closing brace, so more fields can follow."""
-    return json.dumps(head, ensure_ascii=False, separators=(",", ":"))[:-1]

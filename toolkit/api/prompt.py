@@ -69,6 +69,9 @@ class PromptCodec:
         return len(self.text.encode(data.decode("utf-8", errors="replace"), False))
 
     def decode_bytes(self, ids) -> bytes:
+        if len(ids) == 1:  # a streamed step's one token (once per token): its bytes from the table
+            table, token = self.text.token_bytes, ids[0]
+            return table[token] if 0 <= token < len(table) else b""
         return self.text.decode_bytes(ids)
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:

@@ -100,10 +100,14 @@ def _logprob_renderer(state: ApiState, job: Job):
 
 
 class _EventStream(StreamingResponse):
-    """A StreamingResponse that closes its event generator however the response ends. Starlette stops
-    iterating when the client is gone (a disconnect, or a write past --send-timeout) but may leave the
-    generator at a `yield`, to be closed whenever it is collected: closing it here cancels the engine
-    request at once."""
+    """A StreamingResponse streamed in the request's own task, that closes its event generator however the
+    response ends.
+
+    Streaming stops when the client is gone (a disconnect, or a write past --send-timeout), which can
+    leave the generator at a `yield`, to be closed whenever it is collected: closing it here cancels
+    the engine request at once. Starlette's own __call__ (below ASGI spec 2.4, as uvicorn's is) runs
+    the stream in an anyio task group, two tasks of its own per response; here only the disconnect
+    watcher of until_disconnect is a task."""
 
     def __init__(self, events: AsyncGenerator[bytes, None], **kw):
         super().__init__(events, **kw)
@@ -111,7 +115,9 @@ class _EventStream(StreamingResponse):
 
     async def __call__(self, scope, receive, send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await until_gone(receive, self.stream_response(send))
+        except ClientGone:
+            pass  # the client hung up: nothing more goes out, and the events are closed below
         finally:
             await self.events.aclose()
 
@@ -148,7 +154,11 @@ async def _sse(
         pieces = Coalesced(deltas)
         async for batch in pieces:
             # a reasoning model's piece may be held back: a tag cut in two
-            if chunk := b"".join(_events(sse, reasoning, splits, delta) for delta in batch):
+            if len(batch) == 1:
+                chunk = _events(sse, reasoning, splits, batch[0])
+            else:
+                chunk = b"".join(_events(sse, reasoning, splits, delta) for delta in batch)
+            if chunk:
                 yield chunk
                 if trace is not None:
                     counted = _wrote(trace, generations, counted)
@@ -279,7 +289,12 @@ def engine_error(exc: InferenceFailed) -> ApiError:
 
 
 async def until_disconnect(request: Request, awaitable):
-    """Await `awaitable` in this task unless the client disconnects first; then cancel it and raise ClientGone.
+    """Await `awaitable` in this task unless the client disconnects first; then cancel it and raise ClientGone."""
+    return await until_gone(request.receive, awaitable)
+
+
+async def until_gone(receive, awaitable):
+    """until_disconnect with the request's ASGI `receive`.
 
     The work stays in the request's own task and only the disconnect watcher is a task of its own:
     on a loaded event loop every hop to another task waits a whole turn of the loop (every other
@@ -303,7 +318,7 @@ async def until_disconnect(request: Request, awaitable):
         gone = True
         task.cancel()
 
-    watch = asyncio.ensure_future(_disconnected(request))
+    watch = asyncio.ensure_future(_disconnected(receive))
     watch.add_done_callback(on_watch_done)
     try:
         return await awaitable
@@ -319,6 +334,6 @@ async def until_disconnect(request: Request, awaitable):
         watch.cancel()
 
 
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
         pass

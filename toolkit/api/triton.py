@@ -1,8 +1,13 @@
-"""Generation over Triton's gRPC streaming API, with one long-lived asyncio channel.
+"""Generation over Triton's gRPC streaming API, with one long-lived asyncio channel for the streams.
 
 Each request opens its own bidirectional `ModelStreamInfer` call on the shared channel, so it
 can be cancelled alone: closing the `generate` iterator before the final response cancels the
 gRPC call, Triton marks the request cancelled, and the engine stops generating for it.
+
+The streams are read straight from the generated gRPC stub (one `write` of the request, then a
+`read` per response) rather than through tritonclient's `stream_infer`: that wraps every response
+(one per streamed token) in two more iterator layers and an InferResult, and every request in a
+task of its own that feeds its request iterator. tritonclient's client stays for health checks.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from typing import Any
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
+from tritonclient.grpc import InferResult, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from toolkit.api.features import Features, TokenLogprob, token_logprobs
-from toolkit.client.tensors import infer_inputs
+from toolkit.api.wire import output_array, request_message
 from toolkit.errors import ClientError
 from toolkit.model.tokens import TokenFacts
 from toolkit.repository import contract as c
@@ -45,6 +51,12 @@ PROBE_TIMEOUT_S = (
 )
 PROBE_INTERVAL_S = 5.0  # at most one check this often, however many streams or health calls ask
 WATCH_INTERVAL_S = 1.0
+# tritonclient's channel options: messages of any size it can frame (a long prompt's ids, log prob outputs).
+MAX_MESSAGE_BYTES = 2**31 - 1
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
 # Nothing from the engine, on any request or check, this long while a request waits: the engine does not
 # respond (a hung GPU step, a deadlocked backend stub). Meant to be far above the slowest normal wait for a
 # token: the CPU engine spreads a long prompt's prefill over steps of at most max_num_tokens (256) tokens,
@@ -145,7 +157,9 @@ class Sampling:
         ]
 
 
-@dataclass(frozen=True)
+# Not frozen: one is made per streamed token, and a frozen dataclass sets each field through
+# object.__setattr__ (several times the cost of a plain one). Nothing changes a piece once made.
+@dataclass(slots=True)
 class Piece:
     """One streamed response: the exact UTF-8 bytes of its new tokens, and the engine's running count."""
 
@@ -206,6 +220,8 @@ class TritonBackend:
         self.decoupled = decoupled  # a --no-decoupled repository answers once: no streaming flag
         self.names = c.engine_renames(trtllm_version) if self.engine else {}
         self._client: grpcclient.InferenceServerClient | None = None
+        self._channel: grpc.aio.Channel | None = None  # the streams' channel
+        self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
         self._ids = itertools.count(1)
         self.fault: str | None = None  # why the engine cannot serve, as Triton said it
         self.stall_timeout_s = stall_timeout_s
@@ -213,6 +229,7 @@ class TritonBackend:
         self.stalled: str | None = None
         self._answered_at = float("-inf")  # loop time of the engine's last response, on any call
         self._streams: set[_Stream] = set()
+        self._closing: set[asyncio.Future] = set()  # half-closes of finished calls, under way
         self._watchdog: asyncio.Task | None = None
         self._probe: asyncio.Task | None = None
         self._probed_at = float("-inf")
@@ -224,6 +241,8 @@ class TritonBackend:
     async def start(self) -> None:
         """Open the channel and start the stream watchdog; call inside the event loop that will use it."""
         self._client = grpcclient.InferenceServerClient(self.url)
+        self._channel = grpc.aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
         self._watchdog = asyncio.ensure_future(self._watch_streams())
 
     async def close(self) -> None:
@@ -233,6 +252,17 @@ class TritonBackend:
         if self._client is not None:
             await self._client.close()
             self._client = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = self._stub = None
+
+    def _stream_call(self, metadata: tuple[tuple[str, str], ...] | None):
+        """A new bidirectional ModelStreamInfer call on the streams' channel (requests written by the caller)."""
+        if self._stub is None:
+            raise TritonUnavailable(
+                "the Triton client is not started", hint="use the app inside its lifespan"
+            )
+        return self._stub.ModelStreamInfer(metadata=metadata)
 
     @property
     def client(self) -> grpcclient.InferenceServerClient:
@@ -380,20 +410,17 @@ class TritonBackend:
         `traceparent`: the W3C trace context of the caller's span, sent as gRPC metadata (Triton's
         spans) and as a request parameter (the engines', and an ensemble passes it to its steps).
         `timing`: has `detokenize_ns` summed into it (toolkit.api.tracing.RequestTrace)."""
-        done = asyncio.Event()
         features = features or Features(cached_tokens=False)
         request = (
             self._engine_request(prompt_ids, max_tokens, sampling, features)
             if self.engine
             else self._text_request(prompt, max_tokens, sampling, features)
         )
-        if traceparent is None:
-            call = self.client.stream_infer(_one_request(request, done))
-        else:
-            request["parameters"][TRACEPARENT] = traceparent
-            call = self.client.stream_infer(
-                _one_request(request, done), headers={TRACEPARENT: traceparent}
-            )
+        metadata = None
+        if traceparent is not None:
+            request.parameters[TRACEPARENT].string_param = traceparent
+            metadata = ((TRACEPARENT, traceparent),)
+        call = self._stream_call(metadata)
         loop = asyncio.get_running_loop()
         stream = _Stream(call, loop.time())
         if watched:
@@ -401,17 +428,16 @@ class TritonBackend:
         finished = False
         total = 0
         try:
-            async for result, error in call:
+            await call.write(request)
+            while (response := await call.read()) is not grpc.aio.EOF:
                 stream.last = loop.time()
                 self._answered(stream.last)
-                if error is not None:
-                    raise self._failure(
-                        str(error.message() if hasattr(error, "message") else error)
-                    )
+                if response.error_message:
+                    raise self._failure(response.error_message)
                 piece = (
-                    self._engine_piece(result, total, features, timing)
+                    self._engine_piece(response.infer_response, total, features, timing)
                     if self.engine
-                    else _text_piece(result)
+                    else _text_piece(InferResult(response.infer_response))
                 )
                 total = piece.output_tokens if piece.output_tokens is not None else total
                 finished = piece.final
@@ -419,8 +445,9 @@ class TritonBackend:
                     self.fault = None  # the engine answered a whole request: it serves again
                 yield piece
                 if finished:
-                    return
-            finished = True  # the stream ended without a final flag: nothing more will come
+                    break
+            else:
+                finished = True  # the stream ended without a final flag: nothing more will come
         except asyncio.CancelledError:
             if stream.failure is None or _cancel_requested():
                 raise  # the client went away (or the app shuts down), even as the watchdog failed the call
@@ -434,9 +461,18 @@ class TritonBackend:
             ) from exc
         finally:
             self._streams.discard(stream)
-            done.set()
-            if not finished:
+            if finished:
+                self._close_sending(call)
+            else:
                 call.cancel()
+
+    def _close_sending(self, call) -> None:
+        """Half-close a finished call, in the background: Triton ends a stream only once the client's side
+        is closed (it waits for more requests on it), and the response need not wait for that."""
+        closing = asyncio.ensure_future(call.done_writing())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+        closing.add_done_callback(_closed)
 
     def _failure(self, message: str) -> InferenceFailed:
         if any(marker in message for marker in FATAL_ERRORS):
@@ -446,7 +482,7 @@ class TritonBackend:
 
     def _engine_request(
         self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, features: Features
-    ) -> dict:
+    ):
         tensors = [
             ("input_ids", np.array([prompt_ids], np.int32), "INT32"),
             ("input_lengths", np.array([[len(prompt_ids)]], np.int32), "INT32"),
@@ -473,9 +509,7 @@ class TritonBackend:
             bias[0, token] = value
         return bias
 
-    def _text_request(
-        self, prompt: str, max_tokens: int, sampling: Sampling, features: Features
-    ) -> dict:
+    def _text_request(self, prompt: str, max_tokens: int, sampling: Sampling, features: Features):
         tensors = [
             ("text_input", np.array([[prompt.encode("utf-8")]], dtype=object), "BYTES"),
             ("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
@@ -489,57 +523,56 @@ class TritonBackend:
         ]
         return self._request(tensors, None)
 
-    def _request(self, tensors, outputs: list[str] | None) -> dict:
-        request = {
-            "model_name": self.model_name,
-            "inputs": infer_inputs(tensors),
-            "request_id": f"api-{next(self._ids)}",
-            # Decoupled models: an empty response carries the final flag when no data response does.
-            "parameters": {"triton_enable_empty_final_response": True},
-        }
-        if outputs:
-            request["outputs"] = [grpcclient.InferRequestedOutput(name) for name in outputs]
-        return request
+    def _request(self, tensors, outputs: list[str] | None):
+        return request_message(self.model_name, f"api-{next(self._ids)}", tensors, outputs)
 
-    def _engine_piece(self, result, total: int, features: Features, timing=None) -> Piece:
-        """Read the raw INT32 outputs straight from the protobuf (one per streamed token: kept cheap); the
-        outputs of the features asked for, when any, as arrays. `timing`: detokenize_ns summed into it."""
-        response = result.get_response()
+    def _engine_piece(self, response, total: int, features: Features, timing=None) -> Piece:
+        """Read the raw INT32 outputs straight from the ModelInferResponse protobuf (one per streamed token:
+        kept cheap, by index rather than by iterating its repeated fields); the outputs of the features
+        asked for, when any, as arrays. `timing`: detokenize_ns summed into it."""
         parameters = response.parameters
         final = FINAL_FLAG in parameters and parameters[FINAL_FLAG].bool_param
+        outputs, raws = response.outputs, response.raw_output_contents
         ids = length = None
-        extras = {}
-        for output, raw in zip(response.outputs, response.raw_output_contents, strict=False):
-            if output.name == "output_ids":  # [batch 1, beam 1, new tokens], INT32 little-endian
-                ids = raw
-            elif output.name == "sequence_length":
-                length = int.from_bytes(raw[:4], "little", signed=True)
+        extras: dict[str, np.ndarray] = {}
+        for i in range(min(len(outputs), len(raws))):
+            output = outputs[i]
+            name = output.name
+            if name == "output_ids":  # [batch 1, beam 1, new tokens], INT32 little-endian
+                ids = raws[i]
+            elif name == "sequence_length":
+                length = int.from_bytes(raws[i][:4], "little", signed=True)
             else:
-                extras[output.name] = _array(output, raw)
-        index = int(extras["sequence_index"].reshape(-1)[0]) if "sequence_index" in extras else 0
-        reused = extras.get("kv_cache_reused_blocks")
-        reused_blocks = None if reused is None else int(reused.reshape(-1)[0])
+                extras[name] = output_array(output, raws[i])
+        index, reused_blocks = 0, None
+        if extras:
+            if "sequence_index" in extras:
+                index = int(extras["sequence_index"].reshape(-1)[0])
+            if "kv_cache_reused_blocks" in extras:
+                reused_blocks = int(extras["kv_cache_reused_blocks"].reshape(-1)[0])
         if ids is None or not length:
-            return Piece(b"", total, final, index=index, reused_blocks=reused_blocks)
+            return Piece(b"", total, final, (), index, (), reused_blocks)
         if length == 1:
-            tokens = (int.from_bytes(ids[:4], "little", signed=True),)
+            tokens: tuple[int, ...] = (int.from_bytes(ids[:4], "little", signed=True),)
         else:
             tokens = tuple(np.frombuffer(ids, "<i4")[:length].tolist())
         logprobs = token_logprobs(extras, list(tokens), features.top_logprobs) if extras else ()
-        started = time.perf_counter_ns() if timing is not None else 0
-        data = self.decoder.decode_bytes(tokens)
-        if timing is not None:
+        if timing is None:
+            data = self.decoder.decode_bytes(tokens)
+        else:
+            started = time.perf_counter_ns()
+            data = self.decoder.decode_bytes(tokens)
             timing.detokenize_ns += time.perf_counter_ns() - started
         return Piece(data, total + len(tokens), final, tokens, index, logprobs, reused_blocks)
 
 
 _GREEDY = Sampling(temperature=0)
-_DTYPES = {"FP32": "<f4", "INT32": "<i4", "INT64": "<i8", "FP16": "<f2", "BOOL": "?"}
 
 
-def _array(output, raw: bytes) -> np.ndarray:
-    """An output's raw little-endian bytes as an array of its shape."""
-    return np.frombuffer(raw, _DTYPES.get(output.datatype, "<i4")).reshape(tuple(output.shape))
+def _closed(closing: asyncio.Future) -> None:
+    """A half-close has ended: an error there (the call ended meanwhile) says nothing about the request."""
+    if not closing.cancelled():
+        closing.exception()
 
 
 def _cancel_requested() -> bool:
@@ -554,12 +587,6 @@ def _cancel_requested() -> bool:
 def _first_line(exc: BaseException) -> str:
     text = exc.details() if isinstance(exc, grpc.RpcError) and hasattr(exc, "details") else str(exc)
     return (str(text or type(exc).__name__).splitlines() or [""])[0]
-
-
-async def _one_request(request: dict, done: asyncio.Event):
-    """Send one request, then keep the stream's sending side open until the generation is done."""
-    yield request
-    await done.wait()
 
 
 def _text_piece(result) -> Piece:

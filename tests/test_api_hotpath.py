@@ -1,0 +1,245 @@
+"""The API's per-token path: SSE text chunks from byte templates, engine responses read from the protobuf,
+the gRPC stream closed as Triton needs it (half-closed when finished, cancelled when not)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+
+from toolkit.api.features import Features
+from toolkit.api.generation import Delta, Job, SseFormatter
+from toolkit.api.triton import Sampling, TritonBackend
+
+UNREACHABLE = "127.0.0.1:1"
+TEXTS = [
+    "",
+    " hello",
+    'quote " back \\ slash',
+    "new\nline\ttab \x00\x1f",
+    "日本語 é \u2028",
+    "\ud7ff",
+]
+
+
+def _job(kind: str, include_usage: bool, first_index: int = 0) -> Job:
+    return Job(
+        id="cmpl-7",
+        kind=kind,
+        model='odd "model" \x00 name',  # the template split must not be fooled by the model's name
+        prompt="p",
+        prompt_ids=[1],
+        prompt_tokens=1,
+        max_tokens=4,
+        sampling=Sampling(),
+        stops=(),
+        include_usage=include_usage,
+        first_index=first_index,
+    )
+
+
+def _expected(job: Job, index: int, text: str) -> dict:
+    choice: dict = {"index": index}
+    if job.kind == "chat":
+        choice["delta"] = {"content": text}
+    else:
+        choice["text"] = text
+    choice.update({"logprobs": None, "finish_reason": None})
+    body = {
+        "id": job.id,
+        "created": job.created,
+        "model": job.model,
+        "object": "chat.completion.chunk" if job.kind == "chat" else "text_completion",
+        "choices": [choice],
+    }
+    if job.include_usage:
+        body["usage"] = None
+    return body
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("include_usage", [True, False])
+@pytest.mark.parametrize("index", [0, 3])
+def test_a_text_chunk_from_its_template_is_the_json_of_the_whole_chunk(kind, include_usage, index):
+    """Byte for byte what json.dumps(ensure_ascii=False, compact) makes of the whole chunk, for every
+    choice index (each gets its own template) and texts that need escaping."""
+    job = _job(kind, include_usage)
+    sse = SseFormatter(job, choices=4)
+    for text in TEXTS:
+        chunk = sse.delta(Delta(index, text))
+        body = _expected(job, index, text)
+        whole = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+        assert chunk == f"data: {whole}\n\n".encode(), text
+        assert json.loads(chunk[len(b"data: ") :]) == body
+
+
+# --- the engine contract's responses, read from the protobuf ---------------------------------------------
+class _Decoder:
+    def decode_bytes(self, ids) -> bytes:
+        return b"".join(b"<%d>" % i for i in ids)
+
+
+def _response(tokens: list[int], final: bool, **extra_int32: int):
+    response = service_pb2.ModelInferResponse(model_name="tensorrt_llm", id="api-1")
+    response.parameters["triton_final_response"].bool_param = final
+    outputs = {
+        "output_ids": tokens,
+        "sequence_length": [len(tokens)],
+        **{k: [v] for k, v in extra_int32.items()},
+    }
+    for name, values in outputs.items():
+        output = response.outputs.add(name=name, datatype="INT32")
+        output.shape.extend([1, 1, len(values)] if name == "output_ids" else [1, 1])
+        response.raw_output_contents.append(
+            b"".join(v.to_bytes(4, "little", signed=True) for v in values)
+        )
+    return response
+
+
+def _backend() -> TritonBackend:
+    from toolkit.model.tokens import TokenFacts
+
+    tokens = TokenFacts(end_id=2, pad_id=2, bos_id=1, stop_ids=(), add_special_tokens=True)
+    return TritonBackend(UNREACHABLE, decoder=_Decoder(), tokens=tokens)
+
+
+def test_engine_responses_give_their_tokens_bytes_choice_and_final_flag():
+    backend = _backend()
+    features = Features(cached_tokens=False)
+    one = backend._engine_piece(_response([17], False), 4, features)
+    assert (one.data, one.tokens, one.output_tokens, one.final, one.index) == (
+        b"<17>",
+        (17,),
+        5,
+        False,
+        0,
+    )
+    several = backend._engine_piece(_response([5, 6, 7], True, sequence_index=2), 0, features)
+    assert (several.data, several.tokens, several.output_tokens, several.final, several.index) == (
+        b"<5><6><7>",
+        (5, 6, 7),
+        3,
+        True,
+        2,
+    )
+    reused = backend._engine_piece(_response([], True, kv_cache_reused_blocks=3), 9, features)
+    assert (reused.data, reused.output_tokens, reused.final, reused.reused_blocks) == (
+        b"",
+        9,
+        True,
+        3,
+    )
+
+
+# --- the gRPC stream's end -------------------------------------------------------------------------------
+class _Call:
+    """A ModelStreamInfer call (reader/writer style) answering the given responses, recording its end."""
+
+    def __init__(self, responses):
+        import grpc
+
+        self.responses = [service_pb2.ModelStreamInferResponse(infer_response=r) for r in responses]
+        self.eof = grpc.aio.EOF
+        self.written: list = []
+        self.cancelled = self.half_closed = False
+
+    async def write(self, request) -> None:
+        self.written.append(request)
+
+    async def read(self):
+        await asyncio.sleep(0)
+        return self.responses.pop(0) if self.responses else self.eof
+
+    async def done_writing(self) -> None:
+        self.half_closed = True
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+def _stream(call: _Call, read_all: bool, traceparent: str | None = None) -> list:
+    async def run():
+        backend = _backend()
+        metadata = []
+        backend._stream_call = lambda m: metadata.append(m) or call
+        pieces = backend.generate("p", [1, 2], 4, Sampling(temperature=0), traceparent=traceparent)
+        got = []
+        async for piece in pieces:
+            got.append(piece)
+            if not read_all:
+                break
+        await pieces.aclose()
+        await asyncio.sleep(0)  # the half-close runs in the background
+        await asyncio.sleep(0)
+        return got, metadata
+
+    return asyncio.run(run())
+
+
+def test_a_finished_stream_is_half_closed_not_cancelled():
+    """Triton keeps a stream open until the client closes its side: a finished generation closes it (its
+    request counted done, not cancelled); the request was written once, with the trace context."""
+    call = _Call([_response([3], False), _response([4], True)])
+    (pieces, metadata) = _stream(
+        call, read_all=True, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+    )
+    assert [p.tokens for p in pieces] == [(3,), (4,)]
+    assert call.half_closed and not call.cancelled
+    assert len(call.written) == 1 and call.written[0].model_name == "tensorrt_llm"
+    assert call.written[0].parameters["traceparent"].string_param.startswith("00-111")
+    assert metadata == [(("traceparent", "00-" + "1" * 32 + "-" + "2" * 16 + "-01"),)]
+
+
+def test_a_stream_closed_before_its_final_response_is_cancelled():
+    call = _Call([_response([3], False), _response([4], True)])
+    pieces, metadata = _stream(call, read_all=False)
+    assert [p.tokens for p in pieces] == [(3,)]
+    assert call.cancelled and not call.half_closed
+    assert metadata == [None]
+
+
+# --- the request, built straight from the arrays --------------------------------------------------------
+@pytest.mark.parametrize("engine", [True, False])
+def test_the_request_protobuf_is_the_one_tritonclient_builds(engine):
+    """The same inputs, raw contents, outputs and parameters as tritonclient's InferInput path (which the
+    backend used before), for the engine contract (with log probs asked) and the text one (BYTES)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc._utils import _get_inference_request
+
+    from toolkit.client.tensors import infer_inputs
+
+    backend = _backend() if engine else TritonBackend(UNREACHABLE, "ensemble")
+    sampling = Sampling(temperature=0.7, seed=5, min_tokens=2, presence_penalty=0.5)
+    features = (
+        Features(cached_tokens=False, logprobs=True, top_logprobs=2)
+        if engine
+        else Features(cached_tokens=False)
+    )
+    captured = {}
+    backend._request = lambda tensors, outputs, real=backend._request: (
+        captured.update(t=tensors, o=outputs) or real(tensors, outputs)
+    )
+    if engine:
+        request = backend._engine_request([1, 2, 3], 8, sampling, features)
+    else:
+        request = backend._text_request("hé llo", 8, sampling, features)
+    expected = _get_inference_request(
+        model_name=backend.model_name, inputs=infer_inputs(captured["t"]), model_version="",
+        request_id=request.id, sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
+        timeout=None, parameters={"triton_enable_empty_final_response": True},
+        outputs=[grpcclient.InferRequestedOutput(name) for name in captured["o"]] if captured["o"] else None,
+    )  # fmt: skip
+    assert request == expected
+    assert len(request.inputs) > 5
+
+
+def test_an_input_of_another_dtype_than_declared_is_refused():
+    from toolkit.api.wire import raw_tensor
+    from toolkit.errors import ClientError
+
+    with pytest.raises(ClientError, match="`input_ids` input is int64 but declared INT32"):
+        raw_tensor("input_ids", np.array([[1, 2]], np.int64), "INT32")
