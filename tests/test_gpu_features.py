@@ -226,16 +226,16 @@ def test_the_api_sends_the_backend_s_own_tensors_each_declared_upstream(gpu_repo
         assert response.status_code == 200, response.text
         prompt_ids, max_tokens, sampling, features = recorder.calls[0]
         request = state.backend._engine_request(prompt_ids, max_tokens, sampling, features)
-    sent = {i.name(): i for i in request["inputs"]}
+    sent = {i.name: i for i in request.inputs}  # the ModelInferRequest the API sends
     stock_inputs = {t["name"]: t for t in PINNED["models"]["tensorrt_llm"]["inputs"]}
     for name, tensor in sent.items():
         assert name in stock_inputs, f"{name} is no input of the stock tensorrt_llm"
         stock_type = stock_inputs[name]["data_type"]
-        assert tensor.datatype() == ("BYTES" if stock_type == "STRING" else stock_type), name
+        assert tensor.datatype == ("BYTES" if stock_type == "STRING" else stock_type), name
     assert {"guided_decoding_guide_type", "guided_decoding_guide", "return_log_probs"} <= set(sent)
     assert {"num_return_sequences", "return_perf_metrics"} <= set(sent)
     stock_outputs = {t["name"] for t in PINNED["models"]["tensorrt_llm"]["outputs"]}
-    asked = {o.name() for o in request["outputs"]}
+    asked = {o.name for o in request.outputs}
     assert asked <= stock_outputs and {"output_log_probs", "sequence_index"} <= asked
     # a type the backend maps (an unknown one it would silently ignore: the request would run unconstrained)
     assert features.guide.type in PINNED["guided_decoding"]["guide_types"]
