@@ -30,9 +30,8 @@ from engine_requests import (  # noqa: E402
     Refusals,
     is_stop_request,
 )
-from lifetime import bind_to_server  # noqa: E402
 from lora_tasks import AdapterTable  # noqa: E402
-from params import ModelParams, final_flag, scalar  # noqa: E402
+from params import ModelParams, error_response, final_flag, scalar, start_model  # noqa: E402
 from streams import Stream, response_tensors, take_tokens  # noqa: E402
 from textcodec import Refused, unpack_word_list  # noqa: E402
 from tracing import EngineTracer  # noqa: E402
@@ -49,12 +48,13 @@ def _scalar(request, name: str, default=None):
 
 
 def _error(message: str):
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+    return error_response(pb_utils, message)
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
+        # first: private shared memory, and never outlive tritonserver, before the slow imports
+        params = start_model(args)
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -65,7 +65,6 @@ class TritonPythonModel:
         from sampling import Decoder, install_decoder
         from scheduling import unblock_after_cancellation
 
-        params = ModelParams(args)
         threads = params.integer("num_threads") or _default_threads()
         torch.set_num_threads(threads)
         print(f"tensorrt_llm (CPU): {threads} torch threads", file=sys.stderr, flush=True)
@@ -135,14 +134,7 @@ class TritonPythonModel:
         self._unreported_tokens = 0  # metric updates are round trips to the server: sent in batches
         self._running = True
         self._own_metrics()
-        self.metrics = EngineMetrics(
-            pb_utils,
-            model=params.model,
-            version="1",
-            max_batch_size=self.max_batch_size,
-            kv_blocks=params.integer("kv_cache_blocks"),
-            tokens_per_block=self.block_size,
-        )
+        self.metrics = EngineMetrics.for_model(pb_utils, params)
         self.tracer = EngineTracer(params.model)
         self._router = threading.Thread(target=self._route, name="cpu-engine-router", daemon=True)
         self._router.start()

@@ -41,9 +41,8 @@ import triton_python_backend_utils as pb_utils
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
 from engine_requests import NO_REQUEST_ID, Collector, Refusals, is_stop_request  # noqa: E402
-from lifetime import bind_to_server  # noqa: E402
 from lora_tasks import AdapterTable  # noqa: E402
-from params import ModelParams, scalar  # noqa: E402
+from params import error_response, scalar, start_model  # noqa: E402
 from textcodec import Refused  # noqa: E402
 from tracing import EngineTracer  # noqa: E402
 
@@ -92,18 +91,9 @@ class _Stream:
         self.spans = spans  # tracing.RequestSpans of a traced request, else None
 
 
-def _scalar(request, name: str, default):
-    return scalar(pb_utils, request, name, default)
-
-
-def _error(message: str):
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
-
-
 class TritonPythonModel:
     def initialize(self, args):
-        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
-        params = ModelParams(args)
+        params = start_model(args)
         self.decoupled = params.flag("decoupled")
         # What this repository does not honour (its capabilities), refused per request.
         self.refusals = Refusals(params.text("refusals"))
@@ -120,14 +110,7 @@ class TritonPythonModel:
         self.max_batch_size = params.max_batch_size
         self.max_queue_size = params.integer("max_queue_size")
         self.block_size = params.integer("kv_block_size")
-        self.metrics = EngineMetrics(
-            pb_utils,
-            model=params.model,
-            version="1",
-            max_batch_size=self.max_batch_size,
-            kv_blocks=params.integer("kv_cache_blocks"),
-            tokens_per_block=self.block_size,
-        )
+        self.metrics = EngineMetrics.for_model(pb_utils, params)
         # Prebuilt per-token response tensors, shapes with the batch dim: output_ids [1, beam 1, 1 token].
         self.id_tensors = [
             pb_utils.Tensor("output_ids", np.full((1, 1, 1), t, np.int32)) for t in self.token_ids
@@ -158,7 +141,7 @@ class TritonPythonModel:
                 else:
                     streams.append(self._admit(request, sender, len(streams)))
             except ValueError as exc:
-                sender.send(_error(f"synthetic engine: {exc}"), flags=FINAL)
+                sender.send(error_response(pb_utils, f"synthetic engine: {exc}"), flags=FINAL)
         if streams:
             with self.wake:
                 self.pending.extend(streams)
@@ -179,15 +162,15 @@ class TritonPythonModel:
     def _admit(self, request, sender, batch_so_far: int) -> _Stream:
         self.refusals.check(pb_utils, request)
         self.adapters.task_of(pb_utils, request)
-        output_len = int(_scalar(request, "request_output_len", 0))
+        output_len = int(scalar(pb_utils, request, "request_output_len", 0))
         if output_len <= 0:
             raise Refused(f"request_output_len must be > 0 (got {output_len})")
-        if _scalar(request, "return_perf_metrics", False):
+        if scalar(pb_utils, request, "return_perf_metrics", False):
             raise Refused(
                 "return_perf_metrics: the synthetic engine has no model, so no perf metrics",
                 "unsupported_parameter",
             )
-        streaming = bool(_scalar(request, "streaming", False))
+        streaming = bool(scalar(pb_utils, request, "streaming", False))
         if streaming and not self.decoupled:
             raise Refused(
                 "streaming is only supported by a decoupled model; this repository was built with --no-decoupled"
@@ -198,9 +181,9 @@ class TritonPythonModel:
                 f"Exceeds maximum queue size: {waiting - self.max_batch_size} requests already wait for a "
                 f"batch slot (max_queue_size {self.max_queue_size}); retry later"
             )
-        input_len = int(_scalar(request, "input_lengths", 0))
+        input_len = int(scalar(pb_utils, request, "input_lengths", 0))
         prefix = None
-        if not streaming and not bool(_scalar(request, "exclude_input_in_output", False)):
+        if not streaming and not bool(scalar(pb_utils, request, "exclude_input_in_output", False)):
             ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
             prefix = (
                 ids.as_numpy().reshape(-1)[:input_len].astype(np.int32)
