@@ -24,12 +24,7 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
-from engine_requests import (  # noqa: E402
-    NO_REQUEST_ID,
-    Collector,
-    Refusals,
-    is_stop_request,
-)
+from engine_requests import Refusals, responses, take_requests  # noqa: E402
 from lora_tasks import AdapterTable  # noqa: E402
 from params import ModelParams, error_response, final_flag, scalar, start_model  # noqa: E402
 from streams import Stream, response_tensors, take_tokens  # noqa: E402
@@ -45,6 +40,13 @@ def _final() -> int:
 
 def _scalar(request, name: str, default=None):
     return scalar(pb_utils, request, name, default)
+
+
+def _refusal(exc: Exception) -> str:
+    """Every exception taking a request is that request's final error, never the server's."""
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return f"the CPU engine could not take this request: {type(exc).__name__}: {exc}"
 
 
 def _error(message: str):
@@ -216,38 +218,24 @@ class TritonPythonModel:
 
     # --- request intake ----------------------------------------------------------------------
     def execute(self, requests):
-        senders = []
-        for request in requests:
-            sender = request.get_response_sender() if self.decoupled else Collector(pb_utils)
-            senders.append(sender)
-            try:
-                if is_stop_request(pb_utils, request):
-                    self._stop_by_id(request, sender)
-                else:
-                    self._admit(request, sender)
-            except Exception as exc:  # noqa: BLE001 - every refusal is this request's final error, never the server's
-                message = (
-                    str(exc)
-                    if isinstance(exc, ValueError)
-                    else f"the CPU engine could not take this request: {type(exc).__name__}: {exc}"
-                )
-                sender.send(_error(message), flags=_final())
-        if self.decoupled:
-            return None
-        return [sender.wait() for sender in senders]  # non-decoupled: one response each, in order
+        senders = take_requests(
+            pb_utils,
+            requests,
+            self.decoupled,
+            stop=self._stop_by_id,
+            admit=self._admit,
+            refusal=_refusal,
+        )
+        return responses(senders, self.decoupled)
 
-    def _stop_by_id(self, request, sender) -> None:
-        """Stop every running request with this request's Triton id; answer the stop request itself with nothing."""
-        target = request.request_id()
-        if not target:
-            raise ValueError(NO_REQUEST_ID)
+    def _stop_by_id(self, target: str) -> None:
+        """Stop every running request with this Triton id (a `stop` request's)."""
         with self._lock:
             streams = [s for s in self._streams.values() if s.triton_id == target]
         for stream in streams:
             if self._drop(stream, "stopped"):
                 self._cancel(stream)
                 self._finish(stream)  # what it generated so far, as normal final responses
-        sender.send(flags=_final())
 
     def _admit(self, request, sender) -> None:
         self.refusals.check(pb_utils, request)

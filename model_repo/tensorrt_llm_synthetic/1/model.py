@@ -40,9 +40,9 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
-from engine_requests import NO_REQUEST_ID, Collector, Refusals, is_stop_request  # noqa: E402
+from engine_requests import Refusals, responses, take_requests  # noqa: E402
 from lora_tasks import AdapterTable  # noqa: E402
-from params import error_response, scalar, start_model  # noqa: E402
+from params import scalar, start_model  # noqa: E402
 from textcodec import Refused  # noqa: E402
 from tracing import EngineTracer  # noqa: E402
 
@@ -91,6 +91,16 @@ class _Stream:
         self.spans = spans  # tracing.RequestSpans of a traced request, else None
 
 
+def _ended_if_cancelled(s: _Stream) -> bool:
+    """Whether the client cancelled `s` (an IPC call); if so it ends here: a final flag, nothing more."""
+    if not s.request.is_cancelled():
+        return False
+    s.sender.send(flags=FINAL)
+    if s.spans is not None:
+        s.spans.finish("cancelled")
+    return True
+
+
 class TritonPythonModel:
     def initialize(self, args):
         params = start_model(args)
@@ -131,33 +141,27 @@ class TritonPythonModel:
 
     # -- requests in ----------------------------------------------------------------------------
     def execute(self, requests):
-        streams, senders = [], []
-        for request in requests:
-            sender = request.get_response_sender() if self.decoupled else Collector(pb_utils)
-            senders.append(sender)
-            try:
-                if is_stop_request(pb_utils, request):
-                    self._stop_by_id(request, sender)
-                else:
-                    streams.append(self._admit(request, sender, len(streams)))
-            except ValueError as exc:
-                sender.send(error_response(pb_utils, f"synthetic engine: {exc}"), flags=FINAL)
+        streams = []
+        senders = take_requests(
+            pb_utils,
+            requests,
+            self.decoupled,
+            stop=self._stop_by_id,
+            admit=lambda request, sender: streams.append(
+                self._admit(request, sender, len(streams))
+            ),
+            refusal=lambda exc: f"synthetic engine: {exc}" if isinstance(exc, ValueError) else None,
+        )
         if streams:
             with self.wake:
                 self.pending.extend(streams)
                 self.wake.notify()
-        if self.decoupled:
-            return None
-        return [sender.wait() for sender in senders]
+        return responses(senders, self.decoupled)
 
-    def _stop_by_id(self, request, sender) -> None:
-        target = request.request_id()
-        if not target:
-            raise ValueError(NO_REQUEST_ID)
+    def _stop_by_id(self, target: str) -> None:
         with self.wake:
             self.stops.append(target)
             self.wake.notify()
-        sender.send(flags=FINAL)  # the stop request itself: one empty final response
 
     def _admit(self, request, sender, batch_so_far: int) -> _Stream:
         self.refusals.check(pb_utils, request)
@@ -259,10 +263,7 @@ class TritonPythonModel:
     def _still_queued(self, s: _Stream, check_cancel: bool, stops: set) -> bool:
         """Whether `s`, waiting for a batch slot, still waits: a cancelled or stopped one ends now,
         with what it has (nothing)."""
-        if check_cancel and s.request.is_cancelled():
-            s.sender.send(flags=FINAL)
-            if s.spans is not None:
-                s.spans.finish("cancelled")
+        if check_cancel and _ended_if_cancelled(s):
             return False
         if s.triton_id in stops:
             if s.spans is not None:
@@ -279,10 +280,7 @@ class TritonPythonModel:
 
     def _step(self, s: _Stream, check_cancel: bool, stops: set) -> bool:
         """Emit one token for `s`; returns whether it stays active."""
-        if check_cancel and s.request.is_cancelled():
-            s.sender.send(flags=FINAL)
-            if s.spans is not None:
-                s.spans.finish("cancelled")
+        if check_cancel and _ended_if_cancelled(s):
             return False
         # stopped by a `stop` request: a normal final response with what it has
         if s.triton_id in stops:
