@@ -18,7 +18,13 @@ from toolkit.bench.sweep import (
     run_sweep,
 )
 from toolkit.cli.breakdown import print_breakdowns
-from toolkit.cli.options import json_option, model_option, repo_option, triton_url_option
+from toolkit.cli.options import (
+    json_option,
+    model_option,
+    repo_option,
+    timeout_option,
+    triton_url_option,
+)
 from toolkit.cli.render import emit_json, note, stderr_console, stdout_console
 from toolkit.errors import BenchError
 from toolkit.repository import contract as c
@@ -95,7 +101,7 @@ from toolkit.serve.launcher import read_server_record
     default=None,
     help="--breakdown: the spans file `toolkit trace collect -o` writes while the stack exports to it.",
 )
-@click.option("--timeout", type=float, default=600.0, help="Seconds one point may take.")
+@timeout_option("Seconds one point may take.", default=600.0)
 @click.option("--seed", type=int, default=0, help="Prompt sampling seed.")
 @click.option(
     "--lora-mix",

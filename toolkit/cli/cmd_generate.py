@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
-from toolkit.cli.options import json_option, model_option, repo_option, triton_url_option
+from toolkit.cli.options import (
+    json_option,
+    model_option,
+    repo_option,
+    timeout_option,
+    triton_url_option,
+)
 from toolkit.cli.render import emit_json, note
 from toolkit.client.adapters import adapters_of_repository, adapters_of_server, lora_task_id
 from toolkit.client.chat import render_chat_prompt
@@ -72,12 +78,7 @@ UINT64_MAX = 2**64 - 1  # seed: a UINT64 tensor
 @repo_option(
     "Repository whose chat template to apply [default: ask the server's model].", exists=True
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0.1),
-    default=600.0,
-    help="Seconds to wait for the answer.",
-)
+@timeout_option("Seconds to wait for the answer.", default=600.0, minimum=0.1)
 @json_option
 def command(prompt, url, protocol, model, raw, lora, repo, timeout, as_json, **sampling):
     """Generate text for PROMPT from a served repository."""

@@ -13,6 +13,7 @@ from toolkit.cli.options import (
     openai_api_options,
     port_option,
     repo_option,
+    timeout_option,
     trace_options,
 )
 from toolkit.cli.render import emit_json, note, stderr_console
@@ -51,11 +52,11 @@ from toolkit.serve.net import is_loopback, triton_address
     is_flag=True,
     help="Serve a repository whose files differ from its manifest.",
 )
-@click.option(
-    "--ready-timeout",
-    type=click.FloatRange(min=1),
+@timeout_option(
+    "Seconds to wait for every model to be ready.",
     default=600.0,
-    help="Seconds to wait for every model to be ready.",
+    minimum=1,
+    name="--ready-timeout",
 )
 @trace_options
 @click.option(

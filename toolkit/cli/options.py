@@ -82,6 +82,14 @@ def port_option(*decls: str, default: int | None, help: str):
     return click.option(*decls, type=PORT, default=default, help=help)
 
 
+def timeout_option(
+    help: str, *, default: float, minimum: float | None = None, name: str = "--timeout"
+):
+    """--timeout (or the command's own name for it): seconds the command waits, at least `minimum`."""
+    kind = float if minimum is None else click.FloatRange(min=minimum)
+    return click.option(name, type=kind, default=default, help=help)
+
+
 def json_option(function):
     return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(
         function
