@@ -15,16 +15,18 @@ mixed / base-only (target >= 0.7), and each arm's median time to first token.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import os
-import platform
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from bench_support import (
+    BENCH_MODEL,
+    Comparison,
+    chat_body,
+    run_arm,
+    serve_with_api,
+)
 
 ADAPTER = "tuned"
 PROMPTS = [
@@ -33,54 +35,26 @@ PROMPTS = [
     "Explain why the sky changes colour at dusk.",
     "Write a short story about a lighthouse keeper.",
 ]
+LORA_MIX = Comparison(
+    script="lora_mix.py",
+    title="# LoRA: half the streams on an adapter vs the base model alone (CPU engine, same run, OpenAI API)",
+    arms={"base_only": ("base-only", "base only"), "mixed": ("mixed", "half on the adapter")},
+    ratio="mixed / base-only",
+    target=0.7,
+    goal="mixed (half on a LoRA adapter) >= 70% of base-only tokens/s at 16 streams",
+)
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-async def one(client, url: str, model: str, prompt: str, tokens: int) -> dict:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": tokens,
-        "min_tokens": tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    start = time.perf_counter()
-    first = None
-    usage = {}
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            elif first is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                first = time.perf_counter() - start
-    return {"tokens": usage.get("completion_tokens", 0), "ttft": first or 0.0}
-
-
 async def arm(url: str, models: list[str], tokens: int) -> dict:
-    """One request per entry of `models` (its model id), all at once."""
-    import httpx
-
-    async with httpx.AsyncClient(timeout=600) as client:
-        start = time.perf_counter()
-        results = await asyncio.gather(
-            *(
-                one(client, url, model, PROMPTS[i % len(PROMPTS)], tokens)
-                for i, model in enumerate(models)
-            )
-        )
-        wall = time.perf_counter() - start
-    produced = sum(r["tokens"] for r in results)
-    return {
-        "tokens_per_s": produced / wall,
-        "tokens": produced,
-        "ttft_median_s": statistics.median(r["ttft"] for r in results),
-    }
+    """One request per entry of `models` (its model id), all at once, each exactly `tokens` long."""
+    return await run_arm(
+        url,
+        [
+            chat_body(model, PROMPTS[i % len(PROMPTS)], tokens, min_tokens=tokens)
+            for i, model in enumerate(models)
+        ],
+    )
 
 
 def make_adapter(checkpoint: Path, folder: Path, rank: int) -> Path:
@@ -104,43 +78,18 @@ def make_adapter(checkpoint: Path, folder: Path, rank: int) -> Path:
 
 
 def serve(workdir: Path, rank: int):
-    from toolkit.api import ApiSettings, run_api_in_background
-    from toolkit.build import plan_local_repository
-    from toolkit.build_settings import BuildSettings
     from toolkit.model.sources import resolve_model
-    from toolkit.repository.writer import write_repository
-    from toolkit.serve.launcher import ServerConfig, launch_server
-    from toolkit.serve.net import free_port
 
-    model = resolve_model("smollm2-135m-instruct", progress=False)
-    adapter = make_adapter(model.path, workdir / "adapter", rank)
-    settings = BuildSettings(kv_cache_tokens=32768, lora=((ADAPTER, str(adapter)),))
-    write_repository(plan_local_repository(model, workdir / "repo", "cpu", settings))
-    server = launch_server(
-        ServerConfig(
-            repo=workdir / "repo",
-            http_port=free_port(),
-            grpc_port=free_port(),
-            metrics_port=free_port(),
-            log_file=workdir / "tritonserver.log",
-        )
-    )
-    api = run_api_in_background(ApiSettings(server.grpc_url, workdir / "repo"), port=free_port())
-    return server, api
+    checkpoint = resolve_model(BENCH_MODEL, progress=False).path
+    adapter = make_adapter(checkpoint, workdir / "adapter", rank)
+    return serve_with_api(workdir, lora=((ADAPTER, str(adapter)),))
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--streams", type=int, default=16)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = LORA_MIX.parser(__doc__)
     parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=Path("perf/results/lora_mix"))
     args = parser.parse_args()
     server, api = serve(Path(tempfile.mkdtemp(prefix="lora-mix-bench-")), args.rank)
-    rounds = []
     try:
         import httpx
 
@@ -150,72 +99,15 @@ def main() -> int:
             "base_only": [base] * args.streams,
             "mixed": [ADAPTER if i % 2 else base for i in range(args.streams)],
         }
-        for index in range(args.repeats):
-            order = ("base_only", "mixed") if index % 2 == 0 else ("mixed", "base_only")
-            measured = {name: asyncio.run(arm(api.url, arms[name], args.tokens)) for name in order}
-            row = {
-                **measured,
-                "ratio": measured["mixed"]["tokens_per_s"] / measured["base_only"]["tokens_per_s"],
-            }
-            rounds.append(row)
-            print(
-                f"round {index + 1}: base-only {measured['base_only']['tokens_per_s']:.1f} tok/s, mixed "
-                f"{measured['mixed']['tokens_per_s']:.1f} tok/s, ratio {row['ratio']:.2f}",
-                flush=True,
-            )
+        rounds = LORA_MIX.rounds(
+            args.repeats, lambda _index, key: asyncio.run(arm(api.url, arms[key], args.tokens))
+        )
     finally:
         api.stop()
         server.stop()
-    result = {
-        "command": "python perf/lora_mix.py " + " ".join(sys.argv[1:]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "streams": args.streams,
-        "tokens_per_request": args.tokens,
-        "adapter_rank": args.rank,
-        "rounds": rounds,
-        "median_tokens_per_s": {
-            key: statistics.median(r[key]["tokens_per_s"] for r in rounds)
-            for key in ("base_only", "mixed")
-        },
-        "median_ratio": statistics.median(r["ratio"] for r in rounds),
-        "target": "mixed (half on a LoRA adapter) >= 70% of base-only tokens/s at 16 streams",
-    }
-    result["target_met"] = result["median_ratio"] >= 0.7
-    write_results(args.out, result)
+    result = LORA_MIX.result(args, rounds, workload={"adapter_rank": args.rank})
+    LORA_MIX.write(args.out, result, setup=f"adapter rank {args.rank} on every linear layer, ")
     return 0
-
-
-def write_results(out: Path, result: dict) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    tps = result["median_tokens_per_s"]
-    ttft = {
-        key: statistics.median(r[key]["ttft_median_s"] for r in result["rounds"])
-        for key in ("base_only", "mixed")
-    }
-    lines = [
-        "# LoRA: half the streams on an adapter vs the base model alone (CPU engine, same run, OpenAI API)",
-        "",
-        f"Command: `{result['command']}`",
-        "",
-        f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['platform']}; "
-        f"{result['streams']} streams of {result['tokens_per_request']} tokens, adapter rank "
-        f"{result['adapter_rank']} on every linear layer, median of {len(result['rounds'])} rounds.",
-        "",
-        "| arm | output tokens/s (median) | TTFT (median of rounds' medians) |",
-        "|---|---|---|",
-        f"| base only | {tps['base_only']:.1f} | {ttft['base_only'] * 1000:.0f} ms |",
-        f"| half on the adapter | {tps['mixed']:.1f} | {ttft['mixed'] * 1000:.0f} ms |",
-        "",
-        f"Median per-round ratio mixed / base-only: {result['median_ratio']:.2f} "
-        f"(target >= 0.70: {'met' if result['target_met'] else 'NOT met'}).",
-    ]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":

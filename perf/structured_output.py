@@ -16,19 +16,31 @@ the API's time to first token.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import re
-import statistics
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
-from bench_support import machine, serve_cpu_repository
+from bench_support import (
+    Comparison,
+    chat_body,
+    run_arm,
+    serve_with_api,
+)
 
+STRUCTURED = Comparison(
+    script="structured_output.py",
+    title="# Structured output vs unconstrained on the CPU engine (same run, through the OpenAI API)",
+    arms={
+        "unconstrained": ("unconstrained", "unconstrained"),
+        "guided": ("guided", "guided (JSON schema)"),
+    },
+    ratio="guided / unconstrained",
+    target=0.8,
+    goal="guided >= 80% of unconstrained tokens/s at 16 streams",
+)
 PROMPTS = [
     "List some fruits with a score for each.",
     "Give me names of cities and a number for each.",
@@ -61,63 +73,26 @@ def schema(variant: int) -> dict:
     }
 
 
-async def one(client, url: str, model: str, prompt: str, tokens: int, guide: dict | None) -> dict:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+def guided(guide: dict | None, tokens: int) -> dict:
+    """An unconstrained request runs to max_tokens by min_tokens; a guided one by its schema's length."""
     if guide is None:
-        body["min_tokens"] = tokens
-    else:
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "r", "schema": guide},
-        }
-    start = time.perf_counter()
-    first = None
-    usage = {}
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            elif first is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                first = time.perf_counter() - start
-    return {"tokens": usage.get("completion_tokens", 0), "ttft": first or 0.0}
+        return {"min_tokens": tokens}
+    return {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": guide}}
+    }
 
 
 async def arm(url: str, model: str, streams: int, tokens: int, guides: list | None) -> dict:
-    import httpx
-
-    async with httpx.AsyncClient(timeout=600) as client:
-        start = time.perf_counter()
-        results = await asyncio.gather(
-            *(
-                one(
-                    client,
-                    url,
-                    model,
-                    PROMPTS[i % len(PROMPTS)],
-                    tokens,
-                    None if guides is None else guides[i % len(guides)],
-                )
-                for i in range(streams)
-            )
+    bodies = [
+        chat_body(
+            model,
+            PROMPTS[i % len(PROMPTS)],
+            tokens,
+            **guided(None if guides is None else guides[i % len(guides)], tokens),
         )
-        wall = time.perf_counter() - start
-    produced = sum(r["tokens"] for r in results)
-    return {
-        "tokens_per_s": produced / wall,
-        "tokens": produced,
-        "ttft_median_s": statistics.median(r["ttft"] for r in results),
-    }
+        for i in range(streams)
+    ]
+    return await run_arm(url, bodies)
 
 
 def engine_counters(metrics_url: str) -> dict[str, float]:
@@ -130,112 +105,50 @@ def engine_counters(metrics_url: str) -> dict[str, float]:
     return found
 
 
-def serve(workdir: Path):
-    from toolkit.api import ApiSettings, run_api_in_background
-    from toolkit.serve.net import free_port
-
-    _model, server = serve_cpu_repository(workdir, workdir / "tritonserver.log")
-    api = run_api_in_background(ApiSettings(server.grpc_url, workdir / "repo"), port=free_port())
-    return server, api
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--streams", type=int, default=16)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = STRUCTURED.parser(__doc__)
     parser.add_argument("--schemas", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=Path("perf/results/structured_output"))
     args = parser.parse_args()
-    server, api = serve(Path(tempfile.mkdtemp(prefix="structured-bench-")))
-    rounds = []
+    server, api = serve_with_api(Path(tempfile.mkdtemp(prefix="structured-bench-")))
     try:
         import httpx
 
         model = httpx.get(f"{api.url}/v1/models").json()["data"][0]["id"]
         asyncio.run(arm(api.url, model, 2, 8, None))  # warm-up
         before = engine_counters(server.metrics_url)
-        for index in range(args.repeats):
+
+        def run(index: int, key: str) -> dict:
             # New schemas each round (compiled once, then reused within it).
             guides = [schema(index * args.schemas + v) for v in range(args.schemas)]
-            arms = {"plain": None, "guided": guides}
-            order = ("plain", "guided") if index % 2 == 0 else ("guided", "plain")  # no order bias
-            measured = {
-                name: asyncio.run(arm(api.url, model, args.streams, args.tokens, arms[name]))
-                for name in order
-            }
-            plain, guided = measured["plain"], measured["guided"]
-            row = {"unconstrained": plain, "guided": guided}
-            row["ratio"] = guided["tokens_per_s"] / plain["tokens_per_s"]
-            rounds.append(row)
-            print(
-                f"round {index + 1}: unconstrained {plain['tokens_per_s']:.1f} tok/s, guided "
-                f"{guided['tokens_per_s']:.1f} tok/s, ratio {row['ratio']:.2f}",
-                flush=True,
-            )
+            chosen = guides if key == "guided" else None
+            return asyncio.run(arm(api.url, model, args.streams, args.tokens, chosen))
+
+        rounds = STRUCTURED.rounds(args.repeats, run)
         after = engine_counters(server.metrics_url)
     finally:
         api.stop()
         server.stop()
     compiled = after["compiled"] - before["compiled"]
     reused = after["reused"] - before["reused"]
-    result = {
-        "command": "python perf/structured_output.py " + " ".join(sys.argv[1:]),
-        "machine": machine(),
-        "streams": args.streams,
-        "tokens_per_request": args.tokens,
-        "schemas_per_round": args.schemas,
-        "rounds": rounds,
-        "median_tokens_per_s": {
-            key: statistics.median(r[key]["tokens_per_s"] for r in rounds)
-            for key in ("unconstrained", "guided")
+    result = STRUCTURED.result(
+        args,
+        rounds,
+        workload={"schemas_per_round": args.schemas},
+        measured={
+            "compile_ms_per_schema": 1000
+            * (after["compile_seconds"] - before["compile_seconds"])
+            / max(compiled, 1),
+            "schemas_compiled": compiled,
+            "cache_hit_rate": reused / max(compiled + reused, 1),
         },
-        "median_ratio": statistics.median(r["ratio"] for r in rounds),
-        "compile_ms_per_schema": 1000
-        * (after["compile_seconds"] - before["compile_seconds"])
-        / max(compiled, 1),
-        "schemas_compiled": compiled,
-        "cache_hit_rate": reused / max(compiled + reused, 1),
-        "target": "guided >= 80% of unconstrained tokens/s at 16 streams",
-    }
-    result["target_met"] = result["median_ratio"] >= 0.8
-    write_results(args.out, result)
-    return 0
-
-
-def write_results(out: Path, result: dict) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    tps = result["median_tokens_per_s"]
-    ttft = {
-        key: statistics.median(r[key]["ttft_median_s"] for r in result["rounds"])
-        for key in ("unconstrained", "guided")
-    }
-    lines = [
-        "# Structured output vs unconstrained on the CPU engine (same run, through the OpenAI API)",
-        "",
-        f"Command: `{result['command']}`",
-        "",
-        f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['platform']}; "
-        f"{result['streams']} streams of {result['tokens_per_request']} tokens, median of "
-        f"{len(result['rounds'])} rounds.",
-        "",
-        "| arm | output tokens/s (median) | TTFT (median of rounds' medians) |",
-        "|---|---|---|",
-        f"| unconstrained | {tps['unconstrained']:.1f} | {ttft['unconstrained'] * 1000:.0f} ms |",
-        f"| guided (JSON schema) | {tps['guided']:.1f} | {ttft['guided'] * 1000:.0f} ms |",
-        "",
-        f"Median per-round ratio guided / unconstrained: {result['median_ratio']:.2f} "
-        f"(target >= 0.80: {'met' if result['target_met'] else 'NOT met'}).",
-        "",
+    )
+    guide_line = (
         f"Guide compile time: {result['compile_ms_per_schema']:.2f} ms per schema "
         f"({result['schemas_compiled']:.0f} compiled); cache hit rate on repeated schemas "
-        f"{100 * result['cache_hit_rate']:.0f} %.",
-    ]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        f"{100 * result['cache_hit_rate']:.0f} %."
+    )
+    STRUCTURED.write(args.out, result, notes=("", guide_line))
+    return 0
 
 
 if __name__ == "__main__":

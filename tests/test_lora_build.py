@@ -22,7 +22,7 @@ from toolkit.repository.reader import open_repository
 
 from lora_adapters import make_lora_adapter, make_two_adapters
 from repos import write_test_repository
-from tiny import make_tiny_checkpoint
+from tiny import make_tiny_checkpoint, tiny_llama_config
 
 
 @pytest.fixture(scope="module")
@@ -38,16 +38,9 @@ def made(tmp_path_factory):
 def _wider_checkpoint(folder: Path) -> Path:
     """The tiny checkpoint with hidden size 48: an adapter of it has other shapes."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=48,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    config = tiny_llama_config(64, hidden_size=48)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(folder)
     return folder

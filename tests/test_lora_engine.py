@@ -20,7 +20,7 @@ sys.path[:0] = [str(ENGINE), str(COMMON)]
 from lora_tasks import AdapterTable  # noqa: E402
 from sampling import RequestDecoding  # noqa: E402
 from textcodec import Refused  # noqa: E402
-from tiny import make_tiny_checkpoint  # noqa: E402
+from tiny import engine_batching, make_tiny_checkpoint  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ADAPTERS = {1: ("alpha", 1, 8, TARGETS), 2: ("beta", 2, 4, ["q_proj", "v_proj", "down_proj"])}
@@ -66,7 +66,6 @@ def _model(checkpoint):
 def engine(lora_setup):
     """The manager as the CPU engine builds it with adapters: peft-loaded, token-routed, prefix cache keyed."""
     from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     from lora import key_prefix_cache_by_adapter, load_adapters, route_adapters
     from sampling import Decoder, install_decoder
@@ -74,16 +73,13 @@ def engine(lora_setup):
     checkpoint, folder, table = lora_setup
     model = load_adapters(_model(checkpoint), folder, table)
     key_prefix_cache_by_adapter()
-    manager = model.init_continuous_batching(
-        generation_config=GenerationConfig(do_sample=False, max_new_tokens=32, eos_token_id=-1),
-        continuous_batching_config=ContinuousBatchingConfig(
-            per_request_processors=True,
-            max_batch_tokens=256,
-            max_requests_per_batch=16,
-            num_blocks=128,
-            page_size=16,
-            max_queue_size=0,
-        ),
+    manager = engine_batching(
+        model,
+        GenerationConfig(do_sample=False, max_new_tokens=32, eos_token_id=-1),
+        max_batch_tokens=256,
+        max_requests_per_batch=16,
+        num_blocks=128,
+        page_size=16,
     )
     install_decoder(manager, Decoder(model.config.vocab_size))
     routed = route_adapters(model, manager, table)

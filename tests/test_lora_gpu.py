@@ -55,9 +55,14 @@ def _lora_args(adapters: dict[str, Path]) -> list[str]:
     return [word for name, folder in adapters.items() for word in ("--lora", f"{name}={folder}")]
 
 
+def _build_dry_run(adapters, *extra: str):
+    """`toolkit build --dry-run` of the Llama checkpoint for h100-sxm with these adapters."""
+    args = ["build", "-t", "h100-sxm", "-m", str(LLAMA_DIR), "--dry-run", *extra]
+    return invoke(*args, *_lora_args(adapters))
+
+
 def _dry_run(adapters, *extra: str, output: Path | None = None) -> dict:
-    args = ["build", "-t", "h100-sxm", "-m", str(LLAMA_DIR), "--dry-run", "--json", *extra]
-    result = invoke(*args, *_lora_args(adapters), *(["-o", str(output)] if output else []))
+    result = _build_dry_run(adapters, "--json", *extra, *(["-o", str(output)] if output else []))
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
 
@@ -159,33 +164,13 @@ def test_the_plan_counts_the_lora_cache_and_the_caches_hold_every_adapter(adapte
 
 
 def test_more_adapters_than_the_cache_holds_is_refused_with_the_fix(adapters):
-    result = invoke(
-        "build",
-        "-t",
-        "h100-sxm",
-        "-m",
-        str(LLAMA_DIR),
-        "--dry-run",
-        "--lora-cache-adapters",
-        "1",
-        *_lora_args(adapters),
-    )
+    result = _build_dry_run(adapters, "--lora-cache-adapters", "1")
     assert result.exit_code == 1
     assert "the LoRA cache holds 1" in result.output and "--lora-cache-adapters 2" in result.output
 
 
 def test_a_rank_above_max_lora_rank_is_refused_and_room_can_be_given(adapters):
-    result = invoke(
-        "build",
-        "-t",
-        "h100-sxm",
-        "-m",
-        str(LLAMA_DIR),
-        "--dry-run",
-        "--max-lora-rank",
-        "8",
-        *_lora_args(adapters),
-    )
+    result = _build_dry_run(adapters, "--max-lora-rank", "8")
     assert result.exit_code == 1 and "chat (rank 16)" in result.output
     assert "--max-lora-rank 16" in result.output
     roomy = _dry_run(adapters, "--max-lora-rank", "64")
@@ -194,9 +179,7 @@ def test_a_rank_above_max_lora_rank_is_refused_and_room_can_be_given(adapters):
 
 
 def test_lora_limits_without_adapters_are_refused():
-    result = invoke(
-        "build", "-t", "h100-sxm", "-m", str(LLAMA_DIR), "--dry-run", "--max-lora-rank", "8"
-    )
+    result = _build_dry_run({}, "--max-lora-rank", "8")
     assert result.exit_code == 1 and "without --lora" in result.output
 
 

@@ -65,6 +65,19 @@ DESCRIPTIONS = {
 class EngineMetrics:
     """The families above, with this engine's model and version labels."""
 
+    @classmethod
+    def for_model(cls, pb_utils, params) -> EngineMetrics:
+        """An engine model's metrics, sized from its config (params: common/params.py ModelParams): its
+        max_batch_size and its KV cache's kv_cache_blocks of kv_block_size tokens."""
+        return cls(
+            pb_utils,
+            model=params.model,
+            version="1",
+            max_batch_size=params.max_batch_size,
+            kv_blocks=params.integer("kv_cache_blocks"),
+            tokens_per_block=params.integer("kv_block_size"),
+        )
+
     def __init__(
         self,
         pb_utils,

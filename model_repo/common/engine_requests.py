@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from params import error_response
 from textcodec import Refused, unpack_word_list
 
 EMPTY = "empty"  # toolkit.repository.contract.EMPTY: no words, no non-zero values
@@ -55,6 +56,43 @@ class Refusals:
 def is_stop_request(pb_utils, request) -> bool:
     tensor = pb_utils.get_input_tensor_by_name(request, "stop")
     return tensor is not None and bool(tensor.as_numpy().reshape(-1)[0])
+
+
+def take_requests(pb_utils, requests, decoupled: bool, *, stop, admit, refusal) -> list:
+    """execute's intake, for both engines: each request gets its sender (its own response sender when
+    decoupled, else a Collector). A `stop` request: `stop(triton_id)` stops the requests with its Triton id
+    (without one it is refused), then its one empty final response; any other: `admit(request, sender)`.
+    An exception either raises is that request's final error with `refusal(exc)` as its
+    message (refusal returns None: it is the server's, raised). Returns the senders, in order."""
+    senders = []
+    for request in requests:
+        sender = request.get_response_sender() if decoupled else Collector(pb_utils)
+        senders.append(sender)
+        try:
+            if is_stop_request(pb_utils, request):
+                target = request.request_id()
+                if not target:
+                    raise ValueError(NO_REQUEST_ID)
+                stop(target)
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                admit(request, sender)
+        except Exception as exc:  # noqa: BLE001 - refusal decides: this request's error, or raised
+            message = refusal(exc)
+            if message is None:
+                raise
+            sender.send(
+                error_response(pb_utils, message),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+    return senders
+
+
+def responses(senders: list, decoupled: bool):
+    """What execute returns: nothing when decoupled, else each request's one response, in order."""
+    if decoupled:
+        return None
+    return [sender.wait() for sender in senders]
 
 
 class Collector:

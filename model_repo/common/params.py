@@ -1,4 +1,5 @@
-"""What the repository's Python models share: their config parameters, request scalars, the final flag.
+"""What the repository's Python models share: their start, config parameters, request scalars, the final
+flag, error responses.
 
 Every parameter a model reads is written into its config.pbtxt by `toolkit build`; a missing one is
 an error naming it, never a silent default that could disagree with the rest of the repository.
@@ -7,6 +8,15 @@ an error naming it, never a silent default that could disagree with the rest of 
 from __future__ import annotations
 
 import json
+
+from lifetime import bind_to_server
+
+
+def start_model(args: dict) -> ModelParams:
+    """What every model's initialize does first: bind the stub to its server (common/lifetime.py), then
+    read the model's config parameters."""
+    bind_to_server()
+    return ModelParams(args)
 
 
 class ModelParams:
@@ -54,3 +64,8 @@ def scalar(pb_utils, request, name: str, default=None):
     if tensor is None:
         return default
     return tensor.as_numpy().reshape(-1)[0].item()
+
+
+def error_response(pb_utils, message: str):
+    """A response that fails this request alone (the server keeps serving the others)."""
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))

@@ -48,6 +48,12 @@ def _byte_level_alphabet() -> dict[str, int]:
     return {chr(c): b for b, c in chars.items()}
 
 
+def codec_beside(model_file: str, params, skip_special_tokens: bool = True) -> TextCodec:
+    """The TextCodec of the tokenizer folder a model's `tokenizer_dir` parameter names, relative to the
+    model's version folder (where model_file, the model's __file__, lies)."""
+    return TextCodec(Path(model_file).parent / params.text("tokenizer_dir"), skip_special_tokens)
+
+
 class TextCodec:
     """Encode text to ids and map ids to bytes, as the checkpoint's tokenizer.json defines them."""
 

@@ -308,14 +308,22 @@ class ChatChoice(BaseModel):
     finish_reason: Literal["stop", "length", "tool_calls"]
 
 
-class ChatCompletion(BaseModel):
+class _CompletionResponse(BaseModel):
+    """What a chat and a text completion response share, in OpenAI's order; each names its object and
+    choices (a subclass's field keeps its place here)."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
+    object: str
     created: int
     model: str
-    choices: list[ChatChoice]
+    choices: list[Any]
     usage: Usage
     system_fingerprint: str | None = None
+
+
+class ChatCompletion(_CompletionResponse):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
 
 
 class CompletionChoice(BaseModel):
@@ -325,14 +333,9 @@ class CompletionChoice(BaseModel):
     finish_reason: Literal["stop", "length"]
 
 
-class Completion(BaseModel):
-    id: str
+class Completion(_CompletionResponse):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage
-    system_fingerprint: str | None = None
 
 
 class Model(BaseModel):

@@ -364,14 +364,7 @@ def run_sweep(
     pa = pa or find_perf_analyzer()
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
-    prompts = make_prompts(
-        plan.tokenizer,
-        plan.prompts,
-        plan.input_tokens,
-        add_special_tokens=plan.add_special_tokens,
-        bos_id=plan.bos_id,
-        seed=plan.seed,
-    )
+    prompts = _plan_prompts(plan)
     input_file = write_input_data(
         plan.out_dir / "inputs.json",
         prompts,
@@ -396,6 +389,18 @@ def run_sweep(
     return SweepResult(plan, tuple(results), started, str(pa.executable), time.monotonic() - t0)
 
 
+def _plan_prompts(plan: SweepPlan):
+    """The sweep's prompts: plan.prompts of exactly plan.input_tokens, encoded as its preprocessing does."""
+    return make_prompts(
+        plan.tokenizer,
+        plan.prompts,
+        plan.input_tokens,
+        add_special_tokens=plan.add_special_tokens,
+        bos_id=plan.bos_id,
+        seed=plan.seed,
+    )
+
+
 def _run_traced_sweep(plan: SweepPlan, on_point: OnPoint, spans) -> SweepResult:
     from toolkit.bench.traced_load import file_spans, served_model
 
@@ -404,14 +409,7 @@ def _run_traced_sweep(plan: SweepPlan, on_point: OnPoint, spans) -> SweepResult:
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
     model = served_model(plan.api_url)
-    prompts = make_prompts(
-        plan.tokenizer,
-        plan.prompts,
-        plan.input_tokens,
-        add_special_tokens=plan.add_special_tokens,
-        bos_id=plan.bos_id,
-        seed=plan.seed,
-    ).prompts
+    prompts = _plan_prompts(plan).prompts
     source = spans or file_spans(plan.traces)
     results = []
     for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):

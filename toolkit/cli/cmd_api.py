@@ -9,22 +9,18 @@ import click
 
 from toolkit.api.reasoning import CHOICES as REASONING_CHOICES
 from toolkit.cli.options import (
-    api_key_options,
-    api_limit_options,
-    api_workers_option,
     drain_timeout_option,
-    max_in_flight_option,
-    reject_api_key_value,
+    dry_run_option,
+    host_option,
+    openai_api_options,
+    port_option,
     repo_option,
-    special_tokens_option,
-    tool_parser_option,
     trace_options,
     triton_url_option,
 )
 from toolkit.cli.render import emit_json, note
 from toolkit.repository.reader import open_repository
 from toolkit.serve.net import is_loopback
-from toolkit.settings import api_keys as read_api_keys
 
 
 @dataclass(frozen=True)
@@ -75,14 +71,9 @@ def refuse_missing_accelerators(chosen: dict[str, str]) -> None:
     required=True,
     exists=True,
 )
-@click.option(
-    "--host", default="127.0.0.1", help="Address to bind; 0.0.0.0 exposes the API to the network."
-)
-@click.option(
-    "-p", "--port", default=9000, type=click.IntRange(1, 65535), help="Port to listen on."
-)
-@api_workers_option("-w", "--workers")
-@api_key_options
+@host_option("Address to bind; 0.0.0.0 exposes the API to the network.")
+@port_option("-p", "--port", default=9000, help="Port to listen on.")
+@openai_api_options("-w", "--workers")
 @click.option(
     "--model-name",
     default="tensorrt_llm",
@@ -102,9 +93,6 @@ def refuse_missing_accelerators(chosen: dict[str, str]) -> None:
     "parser of that name): auto takes the repository's model's (DeepSeek-R1 distills: deepseek_r1), none "
     "leaves it in content.",
 )
-@tool_parser_option
-@max_in_flight_option
-@api_limit_options
 @accelerator_options
 @click.option(
     "--log-level",
@@ -116,45 +104,39 @@ def refuse_missing_accelerators(chosen: dict[str, str]) -> None:
     "On SIGTERM/Ctrl-C, seconds to let in-flight requests and streams finish (new connections are "
     "refused at once)."
 )
-@special_tokens_option
-@click.option(
-    "--dry-run", is_flag=True, help="Print the settings (keys counted, never shown) and exit."
-)
+@dry_run_option("Print the settings (keys counted, never shown) and exit.")
 def command(
     triton_url,
     repo,
     host,
     port,
     workers,
-    api_key_files,
-    api_key,
+    api_keys,
+    max_in_flight,
+    limits,
+    tool_parser,
+    special_tokens_in_messages,
     model_name,
     served_model_name,
     reasoning_parser,
-    tool_parser,
-    max_in_flight,
-    limits,
     event_loop,
     http_impl,
     log_level,
     trace,
     drain_timeout,
-    special_tokens_in_messages,
     dry_run,
 ):
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics) over Triton gRPC."""
     from toolkit.api import ApiSettings, run_api
 
-    reject_api_key_value(api_key)
     refuse_missing_accelerators({"event_loop": event_loop, "http_impl": http_impl})
-    keys = read_api_keys(api_key_files)
     open_repository(repo)  # a missing or foreign repository is refused before anything is announced
     settings = ApiSettings(
         triton_url,
         repo,
         model_name,
         served_model_name,
-        keys,
+        api_keys,
         max_in_flight,
         limits=limits,
         trace=trace,
@@ -173,7 +155,7 @@ def command(
                 "served_model_name": served_model_name,
                 "reasoning_parser": reasoning_parser,
                 "tool_parser": tool_parser,
-                "api_keys": len(keys),
+                "api_keys": len(api_keys),
                 "max_in_flight": max_in_flight,
                 "header_timeout_s": limits.header_timeout_s,
                 "body_timeout_s": limits.body_timeout_s,
@@ -190,13 +172,13 @@ def command(
             }
         )
         return
-    if not is_loopback(host) and not keys:
+    if not is_loopback(host) and not api_keys:
         note(
             f"[yellow]warning:[/] binding {host} without API keys: anyone who reaches the port can generate"
         )
     note(
         f"OpenAI API on http://{host}:{port}/v1 -> Triton {triton_url} "
-        f"({'API keys required' if keys else 'no auth'}"
+        f"({'API keys required' if api_keys else 'no auth'}"
         f"{f', {workers} worker processes' if workers > 1 else ''})"
     )
     if workers > 1:

@@ -18,7 +18,13 @@ from toolkit.bench.sweep import (
     run_sweep,
 )
 from toolkit.cli.breakdown import print_breakdowns
-from toolkit.cli.options import json_option, repo_option, triton_url_option
+from toolkit.cli.options import (
+    json_option,
+    model_option,
+    repo_option,
+    timeout_option,
+    triton_url_option,
+)
 from toolkit.cli.render import emit_json, note, stderr_console, stdout_console
 from toolkit.errors import BenchError
 from toolkit.repository import contract as c
@@ -27,12 +33,8 @@ from toolkit.serve.launcher import read_server_record
 
 @click.command("bench")
 @triton_url_option("-u", "--url", help="gRPC endpoint of the served repository (host:port).")
-@click.option(
-    "-m",
-    "--model",
-    type=click.Choice([c.ENSEMBLE, c.BLS, c.ENGINE]),
-    default=c.ENSEMBLE,
-    help="Model to load.",
+@model_option(
+    "Model to load.", type=click.Choice([c.ENSEMBLE, c.BLS, c.ENGINE]), default=c.ENSEMBLE
 )
 @click.option(
     "-c", "--concurrency", default=None, help="Concurrency points, comma-separated (e.g. 1,2,4,8)."
@@ -99,7 +101,7 @@ from toolkit.serve.launcher import read_server_record
     default=None,
     help="--breakdown: the spans file `toolkit trace collect -o` writes while the stack exports to it.",
 )
-@click.option("--timeout", type=float, default=600.0, help="Seconds one point may take.")
+@timeout_option("Seconds one point may take.", default=600.0)
 @click.option("--seed", type=int, default=0, help="Prompt sampling seed.")
 @click.option(
     "--lora-mix",
@@ -110,24 +112,18 @@ from toolkit.serve.launcher import read_server_record
 @json_option
 def command(
     url,
-    model,
     concurrency,
     request_rate,
-    input_tokens,
-    output_tokens,
-    prompts,
-    requests,
     repo,
-    tokenizer,
     metrics_url,
     out_dir,
     breakdown,
     api_url,
     traces,
     timeout,
-    seed,
     lora_mix,
     as_json,
+    **workload,
 ) -> None:
     """Sweep load points with perf_analyzer (gRPC streaming) and report LLM latency and throughput."""
     points = parse_points(concurrency, request_rate)
@@ -139,23 +135,18 @@ def command(
         raise BenchError(
             "--api-url and --traces only serve --breakdown", hint="add --breakdown, or drop them"
         )
+    # The workload options (model, token counts, prompts, requests, tokenizer, seed) are plan_sweep's.
     plan = plan_sweep(
         url,
         points,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
         out_dir=out_dir.resolve(),
-        model=model,
-        prompts=prompts,
-        requests=requests,
         repo=repo,
-        tokenizer=tokenizer,
         metrics_url=metrics_url or record.get("metrics") or default_metrics_url(url),
         timeout_s=timeout,
-        seed=seed,
         api_url=api_url if breakdown else None,
         traces=traces.resolve() if breakdown and traces else None,
         lora_mix=tuple(name.strip() for name in (lora_mix or "").split(",") if name.strip()),
+        **workload,
     )
     try:
         result = write_report(_run_with_progress(plan))

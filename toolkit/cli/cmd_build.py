@@ -8,7 +8,14 @@ from pathlib import Path
 import click
 
 from toolkit.build import BuildRequest, build_repository, plan_build
-from toolkit.cli.options import json_option, pop_settings, setting_options
+from toolkit.cli.options import (
+    dry_run_option,
+    json_option,
+    model_option,
+    output_option,
+    pop_settings,
+    setting_options,
+)
 from toolkit.cli.render import emit_json, emit_table, note, plan_rows
 from toolkit.model.spec import EMBEDDED_DEFAULT
 from toolkit.plan.memory import MemoryPlan
@@ -16,12 +23,10 @@ from toolkit.targets import DEFAULT_TARGET, TARGET_NAMES
 
 
 @click.command("build")
-@click.option(
-    "-m",
-    "--model",
-    default=None,
-    help=f"{EMBEDDED_DEFAULT}, a catalog name, hf:ORG/NAME[@REV], ORG/NAME, or a local folder [default: the "
+@model_option(
+    f"{EMBEDDED_DEFAULT}, a catalog name, hf:ORG/NAME[@REV], ORG/NAME, or a local folder [default: the "
     f"recipe's, else {EMBEDDED_DEFAULT}].",
+    default=None,
 )
 @click.option(
     "-t",
@@ -35,12 +40,9 @@ from toolkit.targets import DEFAULT_TARGET, TARGET_NAMES
     default=None,
     help="A recipe name from build/ or a YAML path; it names the model and target.",
 )
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(path_type=Path),
-    default=Path("model_repository"),
-    help="Repository folder to write (only an empty folder or a toolkit repository is replaced).",
+@output_option(
+    Path("model_repository"),
+    "Repository folder to write (only an empty folder or a toolkit repository is replaced).",
 )
 @setting_options()
 @click.option(
@@ -54,11 +56,7 @@ from toolkit.targets import DEFAULT_TARGET, TARGET_NAMES
     is_flag=True,
     help="Accept .bin/.pt weights (pickles can run code when loaded).",
 )
-@click.option(
-    "--dry-run",
-    is_flag=True,
-    help="Print the plan (and, for GPUs, the exact commands); write nothing.",
-)
+@dry_run_option("Print the plan (and, for GPUs, the exact commands); write nothing.")
 @json_option
 def command(model, target, recipe, output, discard_changes, allow_pickle, dry_run, as_json, **rest):
     """Build a Triton model repository from a checkpoint: a CPU engine, the synthetic engine,

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
-from toolkit.cli.options import json_option, repo_option, triton_url_option
+from toolkit.cli.options import (
+    json_option,
+    model_option,
+    repo_option,
+    timeout_option,
+    triton_url_option,
+)
 from toolkit.cli.render import emit_json, note
 from toolkit.client.adapters import adapters_of_repository, adapters_of_server, lora_task_id
 from toolkit.client.chat import render_chat_prompt
@@ -27,7 +33,7 @@ UINT64_MAX = 2**64 - 1  # seed: a UINT64 tensor
     default="grpc",
     help="grpc streams; http uses Triton's generate endpoint.",
 )
-@click.option("-m", "--model", default="ensemble", help="ensemble or tensorrt_llm_bls.")
+@model_option("ensemble or tensorrt_llm_bls.", default="ensemble")
 @click.option(
     "-n",
     "--max-tokens",
@@ -72,30 +78,9 @@ UINT64_MAX = 2**64 - 1  # seed: a UINT64 tensor
 @repo_option(
     "Repository whose chat template to apply [default: ask the server's model].", exists=True
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0.1),
-    default=600.0,
-    help="Seconds to wait for the answer.",
-)
+@timeout_option("Seconds to wait for the answer.", default=600.0, minimum=0.1)
 @json_option
-def command(
-    prompt,
-    url,
-    protocol,
-    model,
-    max_tokens,
-    temperature,
-    top_k,
-    top_p,
-    seed,
-    stop_words,
-    raw,
-    lora,
-    repo,
-    timeout,
-    as_json,
-):
+def command(prompt, url, protocol, model, raw, lora, repo, timeout, as_json, **sampling):
     """Generate text for PROMPT from a served repository."""
     url = url or DEFAULT_URLS[protocol]
     text = prompt
@@ -103,15 +88,11 @@ def command(
         text, templated = render_chat_prompt(prompt, repo=repo, url=url, protocol=protocol)
         if not templated:
             note("the repository has no chat template; sending the prompt as is")
+    # The sampling options (max tokens, temperature, top-k/p, seed, stop words) are the request's fields.
     request = GenerateRequest(
         prompt=text,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        seed=seed,
-        stop_words=tuple(stop_words),
         lora_task_id=None if lora is None else _lora_task(lora, repo, url, protocol),
+        **sampling,
     )
     if protocol == "http":
         result = generate_http(url, request, model=model, timeout_s=timeout)

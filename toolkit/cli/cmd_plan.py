@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from toolkit.cli.options import json_option, pop_settings, setting_options
+from toolkit.cli.options import json_option, model_option, pop_settings, setting_options
 from toolkit.cli.render import emit_json, emit_table, estimate_rows, note, plan_rows
 from toolkit.model.catalog import catalog_names
 from toolkit.plan.estimate import estimate_for_plan
@@ -28,12 +28,10 @@ PLAN_SETTINGS = (
 
 
 @click.command("plan")
-@click.option(
-    "-m",
-    "--model",
-    required=True,
-    help=f"A catalog name ({', '.join(catalog_names())}: no network needed), config.json, a checkpoint "
+@model_option(
+    f"A catalog name ({', '.join(catalog_names())}: no network needed), config.json, a checkpoint "
     "folder, hf:ORG/NAME, or smollm2-135m-instruct. No weights are read.",
+    required=True,
 )
 @click.option(
     "-g", "--gpu", type=click.Choice(list(GPU_PROFILES)), default="h100-sxm", help="GPU profile."

@@ -7,16 +7,13 @@ from pathlib import Path
 import click
 
 from toolkit.cli.options import (
-    api_key_options,
-    api_limit_options,
-    api_workers_option,
     drain_timeout_option,
+    host_option,
     json_option,
-    max_in_flight_option,
-    reject_api_key_value,
+    openai_api_options,
+    port_option,
     repo_option,
-    special_tokens_option,
-    tool_parser_option,
+    timeout_option,
     trace_options,
 )
 from toolkit.cli.render import emit_json, note, stderr_console
@@ -24,43 +21,27 @@ from toolkit.errors import ServerError
 from toolkit.serve.launcher import ServerConfig, remove_server_record, write_server_record
 from toolkit.serve.lifecycle import ServeOptions, start_serving
 from toolkit.serve.net import is_loopback, triton_address
-from toolkit.settings import api_keys as read_api_keys
 
 
 @click.command("serve")
 @repo_option("Repository written by toolkit build.", default=Path("model_repository"))
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    help="Address for the OpenAI API and the metrics endpoint; Triton's HTTP/gRPC stay on 127.0.0.1 unless "
-    "--expose-triton.",
+@host_option(
+    "Address for the OpenAI API and the metrics endpoint; Triton's HTTP/gRPC stay on 127.0.0.1 unless "
+    "--expose-triton."
 )
-@click.option("--http-port", type=click.IntRange(1, 65535), default=8000, help="Triton HTTP port.")
-@click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, help="Triton gRPC port.")
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65535),
-    default=8002,
-    help="Triton Prometheus metrics port.",
-)
+@port_option("--http-port", default=8000, help="Triton HTTP port.")
+@port_option("--grpc-port", default=8001, help="Triton gRPC port.")
+@port_option("--metrics-port", default=8002, help="Triton Prometheus metrics port.")
 @click.option(
     "--metrics-host",
     default=None,
     help="Address for the metrics endpoint alone [default: --host]; e.g. 0.0.0.0 with --host 127.0.0.1 "
     "keeps Triton's HTTP/gRPC and the API on loopback and lets scrapers in (toolkit deploy's pods).",
 )
-@click.option(
-    "--openai-port",
-    type=click.IntRange(1, 65535),
-    default=None,
-    help="Also serve the OpenAI-compatible API on this port.",
+@port_option(
+    "--openai-port", default=None, help="Also serve the OpenAI-compatible API on this port."
 )
-@api_workers_option("--api-workers")
-@api_key_options
-@max_in_flight_option
-@api_limit_options
-@tool_parser_option
-@special_tokens_option
+@openai_api_options("--api-workers")
 @click.option(
     "--expose-triton",
     is_flag=True,
@@ -71,11 +52,11 @@ from toolkit.settings import api_keys as read_api_keys
     is_flag=True,
     help="Serve a repository whose files differ from its manifest.",
 )
-@click.option(
-    "--ready-timeout",
-    type=click.FloatRange(min=1),
+@timeout_option(
+    "Seconds to wait for every model to be ready.",
     default=600.0,
-    help="Seconds to wait for every model to be ready.",
+    minimum=1,
+    name="--ready-timeout",
 )
 @trace_options
 @click.option(
@@ -106,8 +87,7 @@ def command(
     metrics_host,
     openai_port,
     api_workers,
-    api_key_files,
-    api_key,
+    api_keys,
     max_in_flight,
     limits,
     tool_parser,
@@ -123,8 +103,6 @@ def command(
     as_json,
 ):
     """Serve a model repository with tritonserver (and the OpenAI API with --openai-port)."""
-    reject_api_key_value(api_key)
-    keys = read_api_keys(api_key_files)
     triton_host = triton_address(_triton_host(host, expose_triton, openai_port), "--host")
     config = ServerConfig(
         repo=repo.resolve(),
@@ -149,7 +127,7 @@ def command(
         config,
         openai_port=openai_port,
         api_host=host,
-        api_keys=keys,
+        api_keys=api_keys,
         max_in_flight=max_in_flight,
         api_limits=limits,
         trace=trace,

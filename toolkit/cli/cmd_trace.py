@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from toolkit.cli.options import host_option, port_option
 from toolkit.cli.render import note
 from toolkit.errors import TraceError
 from toolkit.subprocs import stop_process
@@ -20,8 +21,8 @@ def command() -> None:
 
 
 @command.command("collect")
-@click.option("--host", default="127.0.0.1", help="Address to listen on.")
-@click.option("-p", "--port", default=4318, type=click.IntRange(1, 65535), help="OTLP/HTTP port.")
+@host_option("Address to listen on.")
+@port_option("-p", "--port", default=4318, help="OTLP/HTTP port.")
 @click.option(
     "-o",
     "--out",
@@ -40,9 +41,7 @@ def command() -> None:
     default=None,
     help="Start Arize Phoenix (this executable, from its own venv) as the viewer and forward to it.",
 )
-@click.option(
-    "--phoenix-port", default=6006, type=click.IntRange(1, 65535), help="Phoenix's UI port."
-)
+@port_option("--phoenix-port", default=6006, help="Phoenix's UI port.")
 def collect(host, port, out, forward, phoenix, phoenix_port):
     """Receive OTLP/HTTP traces (JSON or protobuf) until Ctrl-C; point the stack at it with
     OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:PORT."""

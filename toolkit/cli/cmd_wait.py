@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from toolkit.cli.options import repo_option
+from toolkit.cli.options import repo_option, timeout_option
 from toolkit.deploy.fingerprint import describe
 from toolkit.deploy.wait import wait_for_repository
 
@@ -12,12 +12,7 @@ from toolkit.deploy.wait import wait_for_repository
 @click.command("wait-for-repository", hidden=True)
 @repo_option("The repository folder on the volume.", required=True)
 @click.option("--fingerprint", required=True, help="The fingerprint toolkit deploy rendered.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0),
-    default=0.0,
-    help="Seconds to wait for it (0: check once).",
-)
+@timeout_option("Seconds to wait for it (0: check once).", default=0.0, minimum=0)
 def command(repo, fingerprint, timeout):
     """Wait until REPO holds the repository with FINGERPRINT that toolkit deploy rendered, built by
     this toolkit and unmodified; refuse any other (exit 1, naming what is there)."""

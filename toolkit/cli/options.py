@@ -20,6 +20,7 @@ from toolkit.settings import (
     OTEL_ENDPOINT,
     OTEL_SAMPLER,
     ApiLimits,
+    api_keys,
 )
 
 REPO_ENV = "TOOLKIT_REPO"  # the repository a command works on
@@ -49,6 +50,44 @@ def repo_option(
 def triton_url_option(*decls: str, default: str | None = DEFAULT_TRITON_GRPC, help: str):
     """Triton's address (also $TOOLKIT_TRITON_URL), under the command's own option names."""
     return click.option(*decls, default=default, envvar=TRITON_URL_ENV, show_envvar=True, help=help)
+
+
+PORT = click.IntRange(1, 65535)  # a TCP port
+
+
+def model_option(help: str, **declaration: Any):
+    """-m/--model: what the command works with (a checkpoint to build or plan, a served model to call)."""
+    return click.option("-m", "--model", help=help, **declaration)
+
+
+def output_option(default: Path, help: str):
+    """-o/--output: the folder the command writes."""
+    return click.option(
+        "-o", "--output", type=click.Path(path_type=Path), default=default, help=help
+    )
+
+
+def dry_run_option(help: str):
+    """--dry-run: say what the command would do, and do nothing."""
+    return click.option("--dry-run", is_flag=True, help=help)
+
+
+def host_option(help: str):
+    """--host: the address the command's server listens on."""
+    return click.option("--host", default="127.0.0.1", help=help)
+
+
+def port_option(*decls: str, default: int | None, help: str):
+    """A TCP port the command listens on (or serves a server on), under the command's option names."""
+    return click.option(*decls, type=PORT, default=default, help=help)
+
+
+def timeout_option(
+    help: str, *, default: float, minimum: float | None = None, name: str = "--timeout"
+):
+    """--timeout (or the command's own name for it): seconds the command waits, at least `minimum`."""
+    kind = float if minimum is None else click.FloatRange(min=minimum)
+    return click.option(name, type=kind, default=default, help=help)
 
 
 def json_option(function):
@@ -87,10 +126,37 @@ def api_workers_option(*decls: str):
     )
 
 
+def openai_api_options(*worker_decls: str):
+    """The OpenAI API's own options, for `api` and `serve` alike: its worker processes (under the command's
+    option names), bearer keys, --max-in-flight, limits, tool-call parsing and special tokens."""
+
+    def decorate(function):
+        for option in (
+            special_tokens_option,
+            tool_parser_option,
+            api_limit_options,
+            max_in_flight_option,
+            api_key_options,
+            api_workers_option(*worker_decls),
+        ):
+            function = option(function)
+        return function
+
+    return decorate
+
+
 def api_key_options(function):
-    """-k/--api-key-file (repeatable) and a hidden --api-key that refuses a key on the command line."""
+    """-k/--api-key-file (repeatable) and a hidden --api-key that refuses a key on the command line; the
+    command gets `api_keys`, the keys read (also from $TOOLKIT_API_KEYS) when it is invoked."""
+    command = function
+
+    @functools.wraps(command)
+    def with_keys(*args, api_key_files, api_key, **kwargs):
+        reject_api_key_value(api_key)
+        return command(*args, api_keys=api_keys(api_key_files), **kwargs)
+
     function = click.option("--api-key", "api_key", default=None, hidden=True, expose_value=True)(
-        function
+        with_keys
     )
     return click.option(
         "-k",
@@ -205,21 +271,31 @@ def trace_options(function):
         kwargs["trace"] = plan_tracing(kwargs.pop("trace_rate"), kwargs.pop("otlp_endpoint"))
         return command(*args, **kwargs)
 
-    function = click.option(
-        "--otlp-endpoint",
-        default=None,
-        metavar="URL",
-        help=f"Traces: the OTLP/HTTP endpoint (base URL) every layer exports to [default: {OTEL_ENDPOINT}].",
+    function = otlp_endpoint_option(
+        f"Traces: the OTLP/HTTP endpoint (base URL) every layer exports to [default: {OTEL_ENDPOINT}]."
     )(with_trace)
+    return trace_rate_option(
+        "Traces: the fraction of requests traced across the API, Triton and the engine (0: off, "
+        f"the default unless {OTEL_SAMPLER} is set); a client's sampled traceparent is always followed.",
+        envvar=TRACE_RATE_ENV,
+    )(function)
+
+
+def otlp_endpoint_option(help: str):
+    """--otlp-endpoint: where traces go (None: the command's default)."""
+    return click.option("--otlp-endpoint", default=None, metavar="URL", help=help)
+
+
+def trace_rate_option(help: str, envvar: str | None = None):
+    """--trace-rate: the fraction of requests traced (None: the command's default)."""
     return click.option(
         "--trace-rate",
         type=click.FloatRange(0, 1),
         default=None,
-        envvar=TRACE_RATE_ENV,
-        show_envvar=True,
-        help="Traces: the fraction of requests traced across the API, Triton and the engine (0: off, "
-        f"the default unless {OTEL_SAMPLER} is set); a client's sampled traceparent is always followed.",
-    )(function)
+        envvar=envvar,
+        show_envvar=envvar is not None,
+        help=help,
+    )
 
 
 # --- build settings: options derived from toolkit.build_settings, one declaration each ------------

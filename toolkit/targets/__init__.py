@@ -52,11 +52,7 @@ def get_target(name: str) -> Target:
     """The target called `name`; RecipeError naming the known ones."""
     target = _TARGETS.get(str(name).strip().lower())
     if target is None:
-        raise RecipeError(
-            f"unknown --target {name!r}",
-            hint=f"use one of: {', '.join(TARGET_NAMES)}",
-            value=name,
-        )
+        raise _not_one_of(f"unknown --target {name!r}", name, TARGET_NAMES)
     return target
 
 
@@ -64,12 +60,13 @@ def gpu_target(name: str) -> GpuTarget:
     """A GPU target by profile name (toolkit plan's --gpu); PlanError-like RecipeError otherwise."""
     target = get_target(name)
     if not isinstance(target, GpuTarget):
-        raise RecipeError(
-            f"{name!r} is not a GPU profile",
-            hint=f"use one of: {', '.join(GPU_PROFILES)}",
-            value=name,
-        )
+        raise _not_one_of(f"{name!r} is not a GPU profile", name, GPU_PROFILES)
     return target
+
+
+def _not_one_of(message: str, name: str, known) -> RecipeError:
+    """The refusal of a name that is none of `known` (they are the fix)."""
+    return RecipeError(message, hint=f"use one of: {', '.join(known)}", value=name)
 
 
 def target_for(repository: Repository) -> Target:

@@ -20,7 +20,7 @@ from toolkit.build_settings import (
     check_applies,
     check_values,
 )
-from toolkit.capabilities import Capabilities
+from toolkit.capabilities import GUIDE_KINDS, MAX_N, Capabilities
 from toolkit.errors import RecipeError
 from toolkit.repository.engine import EngineSection, EngineSpec
 from toolkit.repository.limits import RepositoryLimits
@@ -255,6 +255,26 @@ def adapter_setting(adapters: tuple[CheckedAdapter, ...]) -> tuple[tuple[str, st
 def lora_capability(settings: BuildSettings) -> tuple[str, ...]:
     """The adapter names a repository built with these settings serves (capabilities.lora)."""
     return tuple(name for name, _ in settings.lora or ())
+
+
+def model_engine_capabilities(name: str, settings: BuildSettings, **own: Any) -> Capabilities:
+    """What every engine that runs the model (the CPU engine, TensorRT-LLM) honours alike: guided decoding of
+    every kind, the sampled tokens' log probs, n > 1 and streaming when decoupled (one response per
+    sequence), penalties and logit_bias, cached tokens, the --lora adapters; `own`: the target's other fields
+    and its enable hints."""
+    decoupled = bool(settings.decoupled)
+    return Capabilities(
+        target=name,
+        guided_decoding=GUIDE_KINDS,
+        logprobs=True,
+        max_n=MAX_N if decoupled else 1,
+        penalties=True,
+        logit_bias=True,
+        streaming=decoupled,
+        cached_tokens=True,
+        lora=lora_capability(settings),
+        **own,
+    )
 
 
 LORA_HINT = (

@@ -7,11 +7,16 @@ from pathlib import Path
 from typing import ClassVar
 
 from toolkit.build_settings import BuildSettings
-from toolkit.capabilities import GUIDE_KINDS, MAX_N, MAX_TOP_LOGPROBS, Capabilities
+from toolkit.capabilities import MAX_TOP_LOGPROBS, Capabilities
 from toolkit.errors import UnsupportedModelError
 from toolkit.fsutil import copy_file
 from toolkit.repository.engine import checkpoint_files
-from toolkit.targets.base import HOST_OVERHEAD_BYTES, LORA_HINT, Resources, lora_capability
+from toolkit.targets.base import (
+    HOST_OVERHEAD_BYTES,
+    LORA_HINT,
+    Resources,
+    model_engine_capabilities,
+)
 from toolkit.targets.python import PythonEngine, PythonTarget
 
 FP32_BYTES = 4
@@ -62,19 +67,11 @@ class CpuTarget(PythonTarget):
         (forks of the request, one response per sequence: decoupled only), TensorRT-LLM's penalties and
         embedding_bias, prefix-cache reuse reported per request, the --lora adapters per request."""
         not_yet = "the CPU engine does not implement it; " + GPU_HINT
-        decoupled = bool(settings.decoupled)
-        return Capabilities(
-            target=self.name,
-            guided_decoding=GUIDE_KINDS,
-            logprobs=True,
+        return model_engine_capabilities(
+            self.name,
+            settings,
             top_logprobs=MAX_TOP_LOGPROBS,
             top_logprobs_source="engine",
-            max_n=MAX_N if decoupled else 1,
-            penalties=True,
-            logit_bias=True,
-            streaming=decoupled,
-            cached_tokens=True,
-            lora=lora_capability(settings),
             enable={
                 "prompt_logprobs": "the CPU engine computes log probs of generated tokens only",
                 "n": "the engine answers each of n sequences on its own: rebuild without --no-decoupled",

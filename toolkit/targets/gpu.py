@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from tritonclient.grpc import model_config_pb2 as mc
 
 from toolkit.build_settings import CPU_PRECISION, SETTINGS, BuildSettings
-from toolkit.capabilities import GUIDE_KINDS, MAX_N, MAX_TOP_LOGPROBS, Capabilities
+from toolkit.capabilities import MAX_TOP_LOGPROBS, Capabilities
 from toolkit.engine.commands import lora_convert_argv
 from toolkit.engine.fusions import FUSIONS
 from toolkit.engine.trtllm_flags import LORA_CONVERT_SCRIPT
@@ -31,7 +31,7 @@ from toolkit.targets.base import (
     Target,
     TargetPlan,
     adapter_setting,
-    lora_capability,
+    model_engine_capabilities,
     plan_adapters,
 )
 
@@ -367,22 +367,14 @@ class GpuTarget(Target):
         (xgrammar), the sampled tokens' log probs (output_log_probs), top log probs only from gathered
         generation logits, n > 1 (num_return_sequences: one response per sequence, so decoupled only)."""
         logits = bool(settings.gather_generation_logits)
-        decoupled = bool(settings.decoupled)
-        return Capabilities(
-            target=self.name,
-            guided_decoding=GUIDE_KINDS,
-            logprobs=True,
+        return model_engine_capabilities(
+            self.name,
+            settings,
             top_logprobs=MAX_TOP_LOGPROBS if logits else 0,
             top_logprobs_source="generation_logits" if logits else "",
-            max_n=MAX_N if decoupled else 1,
-            penalties=True,
-            logit_bias=True,
             bad_words=True,
             top_p_decay=True,
             generation_logits=logits,
-            streaming=decoupled,
-            cached_tokens=True,
-            lora=lora_capability(settings),
             enable={
                 "top_logprobs": LOGITS_HINT,
                 "generation_logits": LOGITS_HINT,

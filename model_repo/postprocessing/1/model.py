@@ -16,19 +16,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lifetime import bind_to_server  # noqa: E402
-from params import ModelParams  # noqa: E402
-from textcodec import TextCodec  # noqa: E402
+from params import start_model  # noqa: E402
+from textcodec import codec_beside  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
-        params = ModelParams(args)
-        self.codec = TextCodec(
-            os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir")),
-            params.flag("skip_special_tokens"),
-        )
+        params = start_model(args)
+        self.codec = codec_beside(__file__, params, params.flag("skip_special_tokens"))
 
     def execute(self, requests):
         table = self.codec.token_bytes

@@ -14,18 +14,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
-from lifetime import bind_to_server  # noqa: E402
-from params import ModelParams  # noqa: E402
-from textcodec import TextCodec, check_request_lengths, pack_word_lists  # noqa: E402
+from params import error_response, start_model  # noqa: E402
+from textcodec import check_request_lengths, codec_beside, pack_word_lists  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
-        params = ModelParams(args)
-        self.codec = TextCodec(
-            os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir"))
-        )
+        params = start_model(args)
+        self.codec = codec_beside(__file__, params)
         self.add_special_tokens = params.flag("add_special_tokens")
         bos = params.integer("bos_id")
         self.bos_id = None if bos < 0 else bos
@@ -43,7 +39,7 @@ class TritonPythonModel:
             try:
                 responses.append(pb_utils.InferenceResponse(output_tensors=self._process(request)))
             except ValueError as exc:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
+                responses.append(error_response(pb_utils, str(exc)))
         return responses
 
     def _process(self, request) -> list:

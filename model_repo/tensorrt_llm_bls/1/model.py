@@ -26,9 +26,8 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_requests import Collector  # noqa: E402
-from lifetime import bind_to_server  # noqa: E402
-from params import ModelParams, final_flag, scalar  # noqa: E402
-from textcodec import TextCodec, check_request_lengths, pack_word_lists  # noqa: E402
+from params import error_response, final_flag, scalar, start_model  # noqa: E402
+from textcodec import check_request_lengths, codec_beside, pack_word_lists  # noqa: E402
 from tracing import ENGINE_SWITCH, TRACEPARENT, request_context  # noqa: E402
 
 # Inputs passed on whole (an adapter sent with the request: one row per adapter module), not as [1, 1] scalars;
@@ -43,16 +42,13 @@ def _final() -> int:
 
 
 def _error(message: str):
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+    return error_response(pb_utils, message)
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
-        params = ModelParams(args)
-        self.codec = TextCodec(
-            os.path.join(os.path.dirname(__file__), params.text("tokenizer_dir"))
-        )
+        params = start_model(args)
+        self.codec = codec_beside(__file__, params)
         self.engine = params.text("tensorrt_llm_model_name")
         self.decoupled = params.flag("decoupled")
         self.passthrough = json.loads(params.text("engine_tensor_names"))

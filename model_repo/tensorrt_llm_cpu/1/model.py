@@ -24,15 +24,9 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
-from engine_requests import (  # noqa: E402
-    NO_REQUEST_ID,
-    Collector,
-    Refusals,
-    is_stop_request,
-)
-from lifetime import bind_to_server  # noqa: E402
+from engine_requests import Refusals, responses, take_requests  # noqa: E402
 from lora_tasks import AdapterTable  # noqa: E402
-from params import ModelParams, final_flag, scalar  # noqa: E402
+from params import ModelParams, error_response, final_flag, scalar, start_model  # noqa: E402
 from streams import Stream, response_tensors, take_tokens  # noqa: E402
 from textcodec import Refused, unpack_word_list  # noqa: E402
 from tracing import EngineTracer  # noqa: E402
@@ -48,13 +42,21 @@ def _scalar(request, name: str, default=None):
     return scalar(pb_utils, request, name, default)
 
 
+def _refusal(exc: Exception) -> str:
+    """Every exception taking a request is that request's final error, never the server's."""
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return f"the CPU engine could not take this request: {type(exc).__name__}: {exc}"
+
+
 def _error(message: str):
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+    return error_response(pb_utils, message)
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
+        # first: private shared memory, and never outlive tritonserver, before the slow imports
+        params = start_model(args)
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -65,7 +67,6 @@ class TritonPythonModel:
         from sampling import Decoder, install_decoder
         from scheduling import unblock_after_cancellation
 
-        params = ModelParams(args)
         threads = params.integer("num_threads") or _default_threads()
         torch.set_num_threads(threads)
         print(f"tensorrt_llm (CPU): {threads} torch threads", file=sys.stderr, flush=True)
@@ -135,14 +136,7 @@ class TritonPythonModel:
         self._unreported_tokens = 0  # metric updates are round trips to the server: sent in batches
         self._running = True
         self._own_metrics()
-        self.metrics = EngineMetrics(
-            pb_utils,
-            model=params.model,
-            version="1",
-            max_batch_size=self.max_batch_size,
-            kv_blocks=params.integer("kv_cache_blocks"),
-            tokens_per_block=self.block_size,
-        )
+        self.metrics = EngineMetrics.for_model(pb_utils, params)
         self.tracer = EngineTracer(params.model)
         self._router = threading.Thread(target=self._route, name="cpu-engine-router", daemon=True)
         self._router.start()
@@ -224,38 +218,24 @@ class TritonPythonModel:
 
     # --- request intake ----------------------------------------------------------------------
     def execute(self, requests):
-        senders = []
-        for request in requests:
-            sender = request.get_response_sender() if self.decoupled else Collector(pb_utils)
-            senders.append(sender)
-            try:
-                if is_stop_request(pb_utils, request):
-                    self._stop_by_id(request, sender)
-                else:
-                    self._admit(request, sender)
-            except Exception as exc:  # noqa: BLE001 - every refusal is this request's final error, never the server's
-                message = (
-                    str(exc)
-                    if isinstance(exc, ValueError)
-                    else f"the CPU engine could not take this request: {type(exc).__name__}: {exc}"
-                )
-                sender.send(_error(message), flags=_final())
-        if self.decoupled:
-            return None
-        return [sender.wait() for sender in senders]  # non-decoupled: one response each, in order
+        senders = take_requests(
+            pb_utils,
+            requests,
+            self.decoupled,
+            stop=self._stop_by_id,
+            admit=self._admit,
+            refusal=_refusal,
+        )
+        return responses(senders, self.decoupled)
 
-    def _stop_by_id(self, request, sender) -> None:
-        """Stop every running request with this request's Triton id; answer the stop request itself with nothing."""
-        target = request.request_id()
-        if not target:
-            raise ValueError(NO_REQUEST_ID)
+    def _stop_by_id(self, target: str) -> None:
+        """Stop every running request with this Triton id (a `stop` request's)."""
         with self._lock:
             streams = [s for s in self._streams.values() if s.triton_id == target]
         for stream in streams:
             if self._drop(stream, "stopped"):
                 self._cancel(stream)
                 self._finish(stream)  # what it generated so far, as normal final responses
-        sender.send(flags=_final())
 
     def _admit(self, request, sender) -> None:
         self.refusals.check(pb_utils, request)

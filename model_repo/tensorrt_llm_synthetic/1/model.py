@@ -40,10 +40,9 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
-from engine_requests import NO_REQUEST_ID, Collector, Refusals, is_stop_request  # noqa: E402
-from lifetime import bind_to_server  # noqa: E402
+from engine_requests import Refusals, responses, take_requests  # noqa: E402
 from lora_tasks import AdapterTable  # noqa: E402
-from params import ModelParams, scalar  # noqa: E402
+from params import scalar, start_model  # noqa: E402
 from textcodec import Refused  # noqa: E402
 from tracing import EngineTracer  # noqa: E402
 
@@ -92,18 +91,19 @@ class _Stream:
         self.spans = spans  # tracing.RequestSpans of a traced request, else None
 
 
-def _scalar(request, name: str, default):
-    return scalar(pb_utils, request, name, default)
-
-
-def _error(message: str):
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+def _ended_if_cancelled(s: _Stream) -> bool:
+    """Whether the client cancelled `s` (an IPC call); if so it ends here: a final flag, nothing more."""
+    if not s.request.is_cancelled():
+        return False
+    s.sender.send(flags=FINAL)
+    if s.spans is not None:
+        s.spans.finish("cancelled")
+    return True
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        bind_to_server()  # private shared memory; never outlive tritonserver (common/lifetime.py)
-        params = ModelParams(args)
+        params = start_model(args)
         self.decoupled = params.flag("decoupled")
         # What this repository does not honour (its capabilities), refused per request.
         self.refusals = Refusals(params.text("refusals"))
@@ -120,14 +120,7 @@ class TritonPythonModel:
         self.max_batch_size = params.max_batch_size
         self.max_queue_size = params.integer("max_queue_size")
         self.block_size = params.integer("kv_block_size")
-        self.metrics = EngineMetrics(
-            pb_utils,
-            model=params.model,
-            version="1",
-            max_batch_size=self.max_batch_size,
-            kv_blocks=params.integer("kv_cache_blocks"),
-            tokens_per_block=self.block_size,
-        )
+        self.metrics = EngineMetrics.for_model(pb_utils, params)
         # Prebuilt per-token response tensors, shapes with the batch dim: output_ids [1, beam 1, 1 token].
         self.id_tensors = [
             pb_utils.Tensor("output_ids", np.full((1, 1, 1), t, np.int32)) for t in self.token_ids
@@ -148,46 +141,40 @@ class TritonPythonModel:
 
     # -- requests in ----------------------------------------------------------------------------
     def execute(self, requests):
-        streams, senders = [], []
-        for request in requests:
-            sender = request.get_response_sender() if self.decoupled else Collector(pb_utils)
-            senders.append(sender)
-            try:
-                if is_stop_request(pb_utils, request):
-                    self._stop_by_id(request, sender)
-                else:
-                    streams.append(self._admit(request, sender, len(streams)))
-            except ValueError as exc:
-                sender.send(_error(f"synthetic engine: {exc}"), flags=FINAL)
+        streams = []
+        senders = take_requests(
+            pb_utils,
+            requests,
+            self.decoupled,
+            stop=self._stop_by_id,
+            admit=lambda request, sender: streams.append(
+                self._admit(request, sender, len(streams))
+            ),
+            refusal=lambda exc: f"synthetic engine: {exc}" if isinstance(exc, ValueError) else None,
+        )
         if streams:
             with self.wake:
                 self.pending.extend(streams)
                 self.wake.notify()
-        if self.decoupled:
-            return None
-        return [sender.wait() for sender in senders]
+        return responses(senders, self.decoupled)
 
-    def _stop_by_id(self, request, sender) -> None:
-        target = request.request_id()
-        if not target:
-            raise ValueError(NO_REQUEST_ID)
+    def _stop_by_id(self, target: str) -> None:
         with self.wake:
             self.stops.append(target)
             self.wake.notify()
-        sender.send(flags=FINAL)  # the stop request itself: one empty final response
 
     def _admit(self, request, sender, batch_so_far: int) -> _Stream:
         self.refusals.check(pb_utils, request)
         self.adapters.task_of(pb_utils, request)
-        output_len = int(_scalar(request, "request_output_len", 0))
+        output_len = int(scalar(pb_utils, request, "request_output_len", 0))
         if output_len <= 0:
             raise Refused(f"request_output_len must be > 0 (got {output_len})")
-        if _scalar(request, "return_perf_metrics", False):
+        if scalar(pb_utils, request, "return_perf_metrics", False):
             raise Refused(
                 "return_perf_metrics: the synthetic engine has no model, so no perf metrics",
                 "unsupported_parameter",
             )
-        streaming = bool(_scalar(request, "streaming", False))
+        streaming = bool(scalar(pb_utils, request, "streaming", False))
         if streaming and not self.decoupled:
             raise Refused(
                 "streaming is only supported by a decoupled model; this repository was built with --no-decoupled"
@@ -198,9 +185,9 @@ class TritonPythonModel:
                 f"Exceeds maximum queue size: {waiting - self.max_batch_size} requests already wait for a "
                 f"batch slot (max_queue_size {self.max_queue_size}); retry later"
             )
-        input_len = int(_scalar(request, "input_lengths", 0))
+        input_len = int(scalar(pb_utils, request, "input_lengths", 0))
         prefix = None
-        if not streaming and not bool(_scalar(request, "exclude_input_in_output", False)):
+        if not streaming and not bool(scalar(pb_utils, request, "exclude_input_in_output", False)):
             ids = pb_utils.get_input_tensor_by_name(request, "input_ids")
             prefix = (
                 ids.as_numpy().reshape(-1)[:input_len].astype(np.int32)
@@ -276,10 +263,7 @@ class TritonPythonModel:
     def _still_queued(self, s: _Stream, check_cancel: bool, stops: set) -> bool:
         """Whether `s`, waiting for a batch slot, still waits: a cancelled or stopped one ends now,
         with what it has (nothing)."""
-        if check_cancel and s.request.is_cancelled():
-            s.sender.send(flags=FINAL)
-            if s.spans is not None:
-                s.spans.finish("cancelled")
+        if check_cancel and _ended_if_cancelled(s):
             return False
         if s.triton_id in stops:
             if s.spans is not None:
@@ -296,10 +280,7 @@ class TritonPythonModel:
 
     def _step(self, s: _Stream, check_cancel: bool, stops: set) -> bool:
         """Emit one token for `s`; returns whether it stays active."""
-        if check_cancel and s.request.is_cancelled():
-            s.sender.send(flags=FINAL)
-            if s.spans is not None:
-                s.spans.finish("cancelled")
+        if check_cancel and _ended_if_cancelled(s):
             return False
         # stopped by a `stop` request: a normal final response with what it has
         if s.triton_id in stops:
