@@ -212,6 +212,12 @@ def plan_sweep(
             hint="serve with --openai-port and --trace-rate 1, collect with `toolkit trace collect -o "
             "spans.jsonl`, then pass --breakdown --api-url http://HOST:PORT --traces spans.jsonl",
         )
+    if api_url is not None and lora_mix:
+        raise BenchError(
+            "--breakdown sends every request to the served model: it cannot spread them over --lora-mix",
+            hint="run --lora-mix without --breakdown (perf_analyzer reports each adapter), or "
+            "--breakdown without --lora-mix",
+        )
     if api_url is not None and any(p.mode != "concurrency" for p in points):
         raise BenchError(
             "--breakdown runs concurrency points only (its client keeps N requests in flight)",
@@ -411,13 +417,21 @@ def _run_traced_sweep(plan: SweepPlan, on_point: OnPoint, spans) -> SweepResult:
     model = served_model(plan.api_url)
     prompts = _plan_prompts(plan).prompts
     source = spans or file_spans(plan.traces)
-    results = []
-    for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
-        on_point(index, point, None)
-        expected = plan.expected[index] if index < len(plan.expected) else None
-        results.append(run_traced_point(plan, point, requests, model, prompts, source, expected))
-        on_point(index, point, results[-1])
+    results: list[PointResult] = []
     client = f"toolkit traced client over the OpenAI API at {plan.api_url}"
+    try:
+        for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
+            on_point(index, point, None)
+            expected = plan.expected[index] if index < len(plan.expected) else None
+            results.append(
+                run_traced_point(plan, point, requests, model, prompts, source, expected)
+            )
+            on_point(index, point, results[-1])
+    except BaseException as exc:  # a failed point, Ctrl-C, SIGTERM: what finished is still a result
+        if not results:
+            raise
+        partial = SweepResult(plan, tuple(results), started, client, time.monotonic() - t0)
+        raise SweepStopped(partial, exc) from exc
     return SweepResult(plan, tuple(results), started, client, time.monotonic() - t0)
 
 
@@ -442,7 +456,13 @@ def run_traced_point(
         raise BenchError("a traced point needs --api-url", hint="pass --api-url")
     with MetricsScraper(plan.metrics_url) as scraper:
         done = run_traced_load(
-            plan.api_url, model, prompts, plan.output_tokens, int(point.value), requests
+            plan.api_url,
+            model,
+            prompts,
+            plan.output_tokens,
+            int(point.value),
+            requests,
+            timeout_s=plan.timeout_s,
         )
     export = write_client_records(plan.out_dir / "points" / f"{point.label}.client.json", done)
     metrics = point_metrics(experiment(point.value, done))

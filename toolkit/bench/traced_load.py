@@ -63,9 +63,20 @@ def run_traced_load(
     output_tokens: int,
     concurrency: int,
     requests: int,
+    timeout_s: float = 600.0,
 ) -> list[TracedRequest]:
-    """`requests` streamed completions, `concurrency` at a time, each exactly `output_tokens` long."""
-    return asyncio.run(_load(api_url, model, prompts, output_tokens, concurrency, requests))
+    """`requests` streamed completions, `concurrency` at a time, each exactly `output_tokens` long; the
+    point fails after `timeout_s` (bench's --timeout), an API that stops answering included."""
+    load = _load(api_url, model, prompts, output_tokens, concurrency, requests)
+    try:
+        return asyncio.run(asyncio.wait_for(load, timeout_s))
+    except asyncio.TimeoutError as exc:  # TimeoutError itself from 3.11 on
+        raise BenchError(
+            f"the point did not finish within {timeout_s:g} s: the OpenAI API at {api_url} stopped "
+            "answering, or the load is more than it carries in that time",
+            hint="check the API's log and /health; lower the load, or raise --timeout",
+            value=timeout_s,
+        ) from exc
 
 
 async def _load(api_url, model, prompts, output_tokens, concurrency, requests):

@@ -174,8 +174,14 @@ def read_jsonl(path: Path) -> list[SpanRecord]:
 def _parsed(lines: list[str]) -> Iterator[SpanRecord]:
     for line in lines:
         try:
-            yield SpanRecord.from_dict(json.loads(line))
-        except (ValueError, TypeError):
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(data, dict):  # not a span (another tool's JSON, a list)
+            continue
+        try:
+            yield SpanRecord.from_dict(data)
+        except (ValueError, TypeError, KeyError, AttributeError):
             continue
 
 
