@@ -298,3 +298,24 @@ def test_a_prompt_already_in_the_cache_is_counted_as_reused(engine, tiny):
     )  # whole 16-token blocks the first request completed, never the last token
     assert 0 < cached < len(prompt) and cached % 16 == 0
     assert hits.reused_blocks >= cached // 16
+
+
+def test_a_request_released_while_still_in_a_step_leaves_no_state_behind():
+    """The router ends a request (stop word, cancel) before the manager takes it out of the batch: its
+    penalty counts were forgotten first and then made again by that step, and never freed (4 bytes x the
+    vocabulary per request). Failed before: the entry stayed after the request had left the batch."""
+    from types import SimpleNamespace
+
+    from sampling import Decoder
+
+    decoder = Decoder(16)
+    state = _state([8, 9])
+    state.logit_processor_kwargs = {"decoding": GREEDY}
+    decoder.prepare_tensor_args([SimpleNamespace(state=state)])
+    decoder.penalties.seen(state)  # a penalised row's counts, as the step's __call__ makes them
+    decoder.release(state.request_id)
+    decoder.prepare_tensor_args([SimpleNamespace(state=state)])  # still in this step's batch
+    decoder.penalties.seen(state)
+    assert state.request_id in decoder.penalties.entries  # its row still needs them this step
+    decoder.prepare_tensor_args([])  # the first step without it
+    assert decoder.penalties.entries == {}

@@ -313,6 +313,16 @@ def _engine_error(served_repo, tensors) -> str | None:
             },
             "batch of 2 prompts",
         ),
+        # An end id past the vocabulary failed the whole generation step of a guided request (its mask
+        # indexed it), and every other request in the step with it.
+        (
+            {"end_id": [[49152]], "guided_decoding_guide_type": [[b"json"]]},
+            "end_id 49152 is outside this model's vocabulary [0, 49152)",
+        ),
+        (
+            {"end_id": [[-1]], "guided_decoding_guide_type": [[b"json"]]},
+            "a guided request needs an end id",
+        ),
     ],
 )
 def test_malformed_engine_requests_are_refused_without_hurting_the_engine(
@@ -333,9 +343,12 @@ def test_malformed_engine_requests_are_refused_without_hurting_the_engine(
         "input_lengths": "INT32",
         "request_output_len": "INT32",
         "streaming": "BOOL",
+        "end_id": "INT32",
+        "guided_decoding_guide_type": "BYTES",
     }
+    numpy_types = {"INT32": np.int32, "BOOL": bool, "BYTES": np.object_}
     sent = [
-        (name, np.array(value, dtype=bool if dtypes[name] == "BOOL" else np.int32), dtypes[name])
+        (name, np.array(value, dtype=numpy_types[dtypes[name]]), dtypes[name])
         for name, value in tensors.items()
     ]
     error = _engine_error(served_repo, sent)

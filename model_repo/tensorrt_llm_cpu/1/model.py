@@ -316,11 +316,21 @@ class TritonPythonModel:
                 "--no-decoupled: send streaming false, or rebuild without --no-decoupled"
             )
         end_id = int(_scalar(request, "end_id", self.default_end_id))
+        if not -1 <= end_id < self.vocab_size:  # -1: no end token, as in TensorRT-LLM
+            raise Refused(
+                f"end_id {end_id} is outside this model's vocabulary [0, {self.vocab_size}); "
+                "send one of its token ids, or -1 for none"
+            )
         decoding = replace(
             self.inputs.decoding(request, end_id),
             adapter=self.adapters.task_of(pb_utils, request),
         )
         guided = self.inputs.guide(request) is not None
+        if guided and end_id < 0:  # the grammar ends the output with the end token
+            raise Refused(
+                "a guided request needs an end id: end_id -1 would run past the grammar's end to "
+                "request_output_len; send the model's end id (or none, for the default)"
+            )
         min_tokens = 0 if guided else min(int(_scalar(request, "min_tokens", 0) or 0), max_tokens)
         with self._lock:
             self._counter += 1

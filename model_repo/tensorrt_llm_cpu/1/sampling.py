@@ -165,6 +165,9 @@ class Decoder(ContinuousBatchingLogitsProcessor):
         self.rows: list[_Row] = []
         self.masks: dict[int, torch.Tensor] = {}  # row -> allowed tokens (bool [V]) this step
         self._released: queue.SimpleQueue = queue.SimpleQueue()
+        # Released while still in a step's batch (the router ends a request before the manager has
+        # taken it out): forgotten at the first step without it, never re-created after.
+        self._ending: set[str] = set()
 
     def release(self, request_id: str) -> None:
         """Forget a request's state (thread-safe: the engine's router calls it when a request ends)."""
@@ -175,12 +178,12 @@ class Decoder(ContinuousBatchingLogitsProcessor):
 
     def prepare_tensor_args(self, requests_with_new_token) -> torch.Tensor:
         """Runs in the generation thread before the step's forward: every row's settings and state."""
-        self._forget_finished()
         self.rows = []
         for future in requests_with_new_token:
             state = future.state
             decoding = state.logit_processor_kwargs.get("decoding", GREEDY)
             self.rows.append(_Row(state, decoding, row_seed(state, decoding)))
+        self._forget_finished({row.state.request_id for row in self.rows})
         self.masks = {}
         if self.grammars is not None:
             for index, row in enumerate(self.rows):
@@ -188,12 +191,14 @@ class Decoder(ContinuousBatchingLogitsProcessor):
                     self.masks[index] = self.grammars.allowed(row.state, row.decoding)
         return torch.zeros(len(self.rows), dtype=torch.int32)
 
-    def _forget_finished(self) -> None:
+    def _forget_finished(self, in_batch: set[str]) -> None:
         while not self._released.empty():
-            request_id = self._released.get()
+            self._ending.add(self._released.get())
+        for request_id in self._ending - in_batch:
             self.penalties.forget(request_id)
             if self.grammars is not None:
                 self.grammars.forget(request_id)
+        self._ending &= in_batch
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         # One row per request in the batch; only the first len(self.rows) get a token this step (the rest
