@@ -138,3 +138,18 @@ def test_the_repository_model_decides_and_the_api_option_overrides(tmp_path):
     assert ApiState(ApiSettings("127.0.0.1:1", plain), open_repository(plain)).reasoning is None
     with pytest.raises(ToolkitError, match="unknown reasoning parser 'qwen9'"):
         reasoning_parser("qwen9", None)
+
+
+def test_a_tool_call_answer_keeps_its_reasoning_out_of_the_content():
+    """With tool calls the content was set from the whole text again, <think> part included (failed before:
+    content 'Let me think.</think>')."""
+    from toolkit.api.tool_parsers import ParsedCall
+
+    job = _job()
+    generation = Generation(job, _Pieces(["Let me think.</think>"]), ApiMetrics())
+    asyncio.run(_drain(generation.deltas()))
+    generation.choices[0].tool_calls = [ParsedCall("get_weather", '{"city": "Paris"}', "call_1")]
+    message = _whole_body([job], [generation], None, R1)["choices"][0]["message"]
+    assert message["reasoning_content"] == "Let me think."
+    assert message["content"] is None
+    assert message["tool_calls"][0]["function"]["name"] == "get_weather"

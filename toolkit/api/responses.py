@@ -250,8 +250,8 @@ def _choice(job: Job, choice, render, reasoning: ReasoningParser | None = None) 
     message: dict = {"role": "assistant", "content": text, "refusal": None}
     if reasoning is not None:  # vLLM's field for the <think> part (toolkit.api.reasoning)
         message["reasoning_content"], message["content"] = reasoning.split(text)
-    if choice.tool_calls:
-        message["content"] = text or None
+    if choice.tool_calls:  # the content besides the calls (its reasoning already split off)
+        message["content"] = message["content"] or None
         message["tool_calls"] = [call.to_dict() for call in choice.tool_calls]
     return {
         "index": index,
