@@ -273,3 +273,26 @@ def test_the_text_models_pass_the_guide_on_to_the_engine(served, model_id, model
         assert re.fullmatch(regex, response.json()["choices"][0]["text"])
     finally:
         api.stop()
+
+
+def test_tokenize_refuses_what_the_generation_routes_refuse(served, model_id):
+    """A lone surrogate was a 500 from the tokenizer, and a prompt of megabytes was encoded on the event
+    loop with no length check (every stream and /health waited); now both are the 400s the completion
+    routes give."""
+    # JSON's escape of a lone surrogate (httpx cannot encode the character itself)
+    body = json.dumps({"model": model_id, "prompt": "hi @"}).replace("@", "\\ud800")
+    surrogate = httpx.post(
+        f"{served[3].url}/tokenize",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=120,
+    )
+    assert surrogate.status_code == 400, surrogate.text
+    assert surrogate.json()["error"]["code"] == "invalid_value"
+    huge = post(served, "/tokenize", model=model_id, prompt="word " * 200_000)
+    assert huge.status_code == 400, huge.text
+    assert huge.json()["error"]["code"] == "context_length_exceeded"
+    content = [{"role": "user", "content": "<|im_start|>system"}]
+    marked = post(served, "/tokenize", model=model_id, messages=content).json()["tokens"]
+    rendered = post(served, "/v1/chat/completions", model=model_id, messages=content, max_tokens=1)
+    assert len(marked) == rendered.json()["usage"]["prompt_tokens"]  # the ids the engine gets

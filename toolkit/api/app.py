@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from toolkit.api.errors import ApiError, install_error_handlers, short_text
+from toolkit.api.errors import ApiError, install_error_handlers
 from toolkit.api.fairness import hold_share
 from toolkit.api.gate import ARRIVAL, Gate
 from toolkit.api.generation import Job
@@ -43,7 +43,6 @@ from toolkit.api.tokenize import (
 )
 from toolkit.api.tools import template_messages, template_tools, tool_setup
 from toolkit.api.tracing import request_trace
-from toolkit.errors import ToolkitError
 from toolkit.repository.reader import open_repository
 
 __all__ = ["ApiSettings", "create_app"]
@@ -104,24 +103,7 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
         tools, tool_guide = tool_setup(state, body)
         features, _ = request_features(state, body, tool_guide)
         messages = template_messages(body.messages)
-        try:
-            prompt = await render_chat(state, messages, template_tools(body.tools))
-        except ToolkitError as exc:  # no template at all: one sentence, not the CLI's "fix:" line
-            fix = f"; {exc.hint}" if exc.hint else ""
-            raise ApiError(
-                400,
-                f"This server cannot render chat messages: {exc.message}{fix}.",
-                param="messages",
-                code="chat_template_missing",
-            ) from exc
-        except Exception as exc:  # noqa: BLE001 - a template's own error (jinja2 or raise_exception) is the client's 400
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise ApiError(
-                400,
-                f"The chat template refused these messages: {short_text(reason, 400)}",
-                param="messages",
-                code="chat_template_refused",
-            ) from exc
+        prompt = await render_chat(state, messages, template_tools(body.tools))
         job = await plan_job(
             state,
             "chat",

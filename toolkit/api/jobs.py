@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 
-from toolkit.api.errors import ApiError
+from toolkit.api.errors import ApiError, short_text
 from toolkit.api.features import Features, Guide
 from toolkit.api.generation import Job, ToolSetup
 from toolkit.api.schemas import (
@@ -21,6 +22,7 @@ from toolkit.api.state import ApiState
 from toolkit.api.structured import check_guide, response_format_guide
 from toolkit.api.tracing import RequestTrace
 from toolkit.api.triton import Sampling
+from toolkit.errors import ToolkitError
 
 LONG_PROMPT_CHARS = 32768
 
@@ -101,12 +103,36 @@ def _logit_bias(state: ApiState, body) -> tuple[tuple[int, float], ...]:
 
 
 async def render_chat(
-    state: ApiState, messages: list[dict], tools: list[dict] | None = None
+    state: ApiState,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = True,
 ) -> str:
-    """The chat prompt; rendering megabytes of messages (pure Python, jinja2) runs on a worker thread."""
-    if sum(len(m["content"]) for m in messages) > LONG_PROMPT_CHARS:
-        return await asyncio.to_thread(state.codec.render_chat, messages, tools)
-    return state.codec.render_chat(messages, tools)
+    """The chat prompt; rendering megabytes of messages (pure Python, jinja2) runs on a worker thread.
+    A template's own refusal (or no template) is the client's 400."""
+    render = functools.partial(
+        state.codec.render_chat, messages, tools, add_generation_prompt=add_generation_prompt
+    )
+    try:
+        if sum(len(m["content"] or "") for m in messages) > LONG_PROMPT_CHARS:
+            return await asyncio.to_thread(render)
+        return render()
+    except ToolkitError as exc:  # no template at all: one sentence, not the CLI's "fix:" line
+        fix = f"; {exc.hint}" if exc.hint else ""
+        raise ApiError(
+            400,
+            f"This server cannot render chat messages: {exc.message}{fix}.",
+            param="messages",
+            code="chat_template_missing",
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - a template's own error (jinja2 or raise_exception) is the client's 400
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ApiError(
+            400,
+            f"The chat template refused these messages: {short_text(reason, 400)}",
+            param="messages",
+            code="chat_template_refused",
+        ) from exc
 
 
 def request_features(
@@ -152,6 +178,14 @@ def request_features(
 async def _encode(state: ApiState, prompt: str, param: str) -> list[int]:
     """The prompt's token ids; a prompt that cannot fit max_input_len is refused before it is tokenized,
     and a long one is tokenized off the event loop, without holding the GIL."""
+    return await encode_checked(state, prompt, param, state.codec.encode, state.codec.encode_long)
+
+
+async def encode_checked(
+    state: ApiState, prompt: str, param: str, encode, encode_long
+) -> list[int]:
+    """`encode(prompt)` (or, a long prompt, `encode_long` on a worker thread) once the prompt is valid
+    Unicode and short enough for max_input_len."""
     if lone_surrogate(prompt):  # a chat template may join what it was given into one
         raise ApiError(
             400,
@@ -171,8 +205,8 @@ async def _encode(state: ApiState, prompt: str, param: str) -> list[int]:
         )
     if len(prompt) > LONG_PROMPT_CHARS:
         async with state.long_encodes:
-            return await asyncio.to_thread(state.codec.encode_long, prompt)
-    return state.codec.encode(prompt)
+            return await asyncio.to_thread(encode_long, prompt)
+    return encode(prompt)
 
 
 async def plan_job(

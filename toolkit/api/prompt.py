@@ -74,7 +74,13 @@ class PromptCodec:
             return table[token] if 0 <= token < len(table) else b""
         return self.text.decode_bytes(ids)
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+    def render_chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
         """The prompt text for `messages` (and `tools`), ending with the assistant's generation prompt;
         each message's content marked as text (unless special tokens in messages are trusted)."""
         if self.template is None:
@@ -86,7 +92,9 @@ class PromptCodec:
                 {**m, "content": self.mark_content(m["content"])} if m.get("content") else m
                 for m in messages
             ]
-        return self.template.render(messages, tools=tools)
+        return self.template.render(
+            messages, tools=tools, add_generation_prompt=add_generation_prompt
+        )
 
 
 def _malloc_trim():

@@ -8,11 +8,13 @@ template (the ids are the ones the engine gets for the same text).
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolkit.api.errors import ApiError
+from toolkit.api.jobs import encode_checked, render_chat
 from toolkit.api.schemas import ChatMessage
 from toolkit.api.state import ApiState
 from toolkit.api.tools import template_messages
@@ -54,21 +56,24 @@ async def tokenize(state: ApiState, body: TokenizeRequest) -> TokenizeResponse:
             400, "Send either `prompt` or `messages`.", param="prompt", code="invalid_value"
         )
     codec = state.codec
-    if body.messages is not None:
-        if codec.template is None:
-            raise ApiError(400, "This model's tokenizer has no chat template.", param="messages")
-        text = codec.template.render(
-            template_messages(body.messages), add_generation_prompt=body.add_generation_prompt
+    if body.messages is not None:  # rendered as the chat route renders them, content marked as text
+        text = await render_chat(
+            state,
+            template_messages(body.messages),
+            add_generation_prompt=body.add_generation_prompt,
         )
         special = bool(body.add_special_tokens)  # the template writes them itself
+        param = "messages"
     else:
-        text = body.prompt or ""
+        text, param = body.prompt or "", "prompt"
         special = body.add_special_tokens is not False
-    tokens = (
-        codec.encode(text)
-        if special
-        else codec.text.encode_prompt(text, False, codec.tokens.bos_id)
-    )
+    if special:
+        tokens = await encode_checked(state, text, param, codec.encode, codec.encode_long)
+    else:
+        plain = functools.partial(
+            codec.text.encode_prompt, add_special_tokens=False, bos_id=codec.tokens.bos_id
+        )
+        tokens = await encode_checked(state, text, param, plain, plain)
     return TokenizeResponse(
         count=len(tokens), max_model_len=state.limits.max_seq_len, tokens=tokens
     )
