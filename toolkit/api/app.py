@@ -116,7 +116,8 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
             features=features,
             tools=tools,
         )
-        await hold_share(state.share, request, job.prompt_tokens + job.max_tokens)
+        held = (job.prompt_tokens + job.max_tokens) * job.n  # each of n choices its own sequence
+        await hold_share(state.share, request, held, job.n)
         return await respond(state, job, bool(body.stream), request)
 
     @app.post("/v1/completions", response_model=Completion, responses=ERRORS)
@@ -142,7 +143,7 @@ def _add_routes(app: FastAPI, state: ApiState) -> None:
             )
             jobs.append(dataclasses.replace(job, id=jobs[0].id) if jobs else job)
         held = sum((job.prompt_tokens + job.max_tokens) * features.n for job in jobs)
-        await hold_share(state.share, request, held)
+        await hold_share(state.share, request, held, len(jobs) * features.n)
         return await respond(state, jobs, bool(body.stream), request)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)

@@ -31,32 +31,33 @@ class EngineShare:
         self.on_waiting = on_waiting  # told how many requests wait for their share (a gauge)
         self._freed: asyncio.Condition | None = None
 
-    async def take(self, client: str, tokens: int) -> Callable[[], None]:
-        """Wait for `client`'s share to hold one more request of `tokens`; returns its release (call once)."""
+    async def take(self, client: str, tokens: int, sequences: int = 1) -> Callable[[], None]:
+        """Wait for `client`'s share to hold one more request of `sequences` engine sequences (n choices
+        of each prompt) and `tokens` in all; returns its release (call once)."""
         if not self.enabled:
             return lambda: None
         freed = self._condition()
         async with freed:
-            if not self._fits(client, tokens):
+            if not self._fits(client, tokens, sequences):
                 self._count_waiting(+1)
                 try:
-                    await freed.wait_for(lambda: self._fits(client, tokens))
+                    await freed.wait_for(lambda: self._fits(client, tokens, sequences))
                 finally:
                     self._count_waiting(-1)
-            self.requests[client] += 1
+            self.requests[client] += sequences
             self.tokens[client] += tokens
-        return lambda: self._give_back(client, tokens)
+        return lambda: self._give_back(client, tokens, sequences)
 
-    def _fits(self, client: str, tokens: int) -> bool:
+    def _fits(self, client: str, tokens: int, sequences: int) -> bool:
         if not self.requests[client]:
             return True  # a key's first request always runs: its share holds at least one
         return (
-            self.requests[client] < self.max_requests
+            self.requests[client] + sequences <= self.max_requests
             and self.tokens[client] + tokens <= self.max_tokens
         )
 
-    def _give_back(self, client: str, tokens: int) -> None:
-        self.requests[client] -= 1
+    def _give_back(self, client: str, tokens: int, sequences: int) -> None:
+        self.requests[client] -= sequences
         self.tokens[client] -= tokens
         asyncio.get_running_loop().create_task(self._notify())
 
@@ -75,8 +76,8 @@ class EngineShare:
         return self._freed
 
 
-async def hold_share(share: EngineShare, request, tokens: int) -> None:
+async def hold_share(share: EngineShare, request, tokens: int, sequences: int = 1) -> None:
     """Take the request's share (waiting for it when its key holds all of its own); the gate gives it
     back when the response has ended."""
     state = request.scope.setdefault("state", {})
-    state[SHARE_RELEASE] = await share.take(state.get(CLIENT, "key0"), tokens)
+    state[SHARE_RELEASE] = await share.take(state.get(CLIENT, "key0"), tokens, sequences)
