@@ -166,6 +166,13 @@ def test_completion_logprobs_and_echo(served, model_id):
     assert logprobs["text_offset"][0] == 0
     echoed = post(served, "/v1/completions", echo=True, **body).json()["choices"][0]["text"]
     assert echoed == "Hello world" + text
+    # Streamed with n = 2, each choice starts with the prompt (only choice 0 got it before)
+    streamed = post(served, "/v1/completions", echo=True, n=2, stream=True, **body)
+    texts = {0: "", 1: ""}
+    for event in events(streamed):
+        for choice in event["choices"]:
+            texts[choice["index"]] += choice["text"]
+    assert all(t.startswith("Hello world") and len(t) > len("Hello world") for t in texts.values())
     refused = post(served, "/v1/completions", echo=True, logprobs=0, **body)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
     assert "prompt log prob" in refused.json()["error"]["message"]

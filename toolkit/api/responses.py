@@ -144,8 +144,10 @@ async def _sse(
         if opening:
             yield opening
         for generation in generations:
-            if generation.job.echo:  # completions' echo: the prompt first
-                yield sse.delta(Delta(generation.job.first_index, generation.job.echo))
+            job_ = generation.job
+            if job_.echo:  # completions' echo: the prompt first, in each of its n choices
+                for index in range(job_.first_index, job_.first_index + job_.n):
+                    yield sse.delta(Delta(index, job_.echo))
         if first and (chunk := _events(sse, reasoning, splits, first)):
             yield chunk
             if trace is not None:  # the chunk has been written: the stream pulls the next one
