@@ -243,3 +243,20 @@ def test_an_input_of_another_dtype_than_declared_is_refused():
 
     with pytest.raises(ClientError, match="`input_ids` input is int64 but declared INT32"):
         raw_tensor("input_ids", np.array([[1, 2]], np.int64), "INT32")
+
+
+def test_top_logprobs_from_generation_logits_equal_a_log_softmax():
+    """The GPU's top log probs come from its generation logits: the top ids in order and their log
+    softmax, as a full sort of the vocabulary gives them (now without sorting it)."""
+    import numpy as np
+
+    from toolkit.api.features import _alternatives
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(1, 1, 1, 5000)).astype(np.float32) * 4
+    found = _alternatives({"generation_logits": logits}, 1, 5)[0]
+    row = logits.reshape(-1).astype(np.float64)
+    reference = row - np.log(np.exp(row - row.max()).sum()) - row.max()
+    expected = np.argsort(-reference)[:5]
+    assert [i for i, _ in found] == [int(i) for i in expected]
+    assert np.allclose([v for _, v in found], reference[expected], atol=1e-4)
