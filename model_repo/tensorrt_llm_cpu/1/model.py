@@ -240,12 +240,19 @@ class TritonPythonModel:
     def _admit(self, request, sender) -> None:
         self.refusals.check(pb_utils, request)
         stream, decoding = self._parse(request, sender)
-        stream.spans = self.tracer.start(request, len(stream.prompt), self.block_size)
-        with self._lock:
-            self._check_queue()
-            self._register(stream)
+        # The guide is compiled and registered before the router can see the stream: a stream dropped
+        # while its guide compiled would otherwise leave the guide registered for good.
+        stream.guide = self.inputs.register_guide(request)
         try:
-            stream.guide = self.inputs.register_guide(request)
+            with self._lock:
+                self._check_queue()
+                self._register(stream)
+        except BaseException:
+            if self.grammars is not None and stream.guide:
+                self.grammars.unregister(stream.guide)
+            raise
+        stream.spans = self.tracer.start(request, len(stream.prompt), self.block_size)
+        try:
             added = self._add(stream, replace(decoding, guide=stream.guide))
         except BaseException:
             self._drop(stream)
