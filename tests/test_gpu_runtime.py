@@ -33,6 +33,7 @@ def _engine_parameters(planned) -> dict[str, str]:
         limits=RepositoryLimits.from_memory_plan(planned.memory),
         decoupled=True,
         output=Path("/repository"),  # where the guided-decoding tokenizer info is written
+        adapters=(),  # no LoRA
     )
     parsed = parse_pbtxt(to_pbtxt(engine.config(plan)))
     return {key: value.string_value for key, value in parsed.parameters.items()}

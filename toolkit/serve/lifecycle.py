@@ -135,7 +135,17 @@ class ServeSession:
         """What has died on its own, or None while everything runs."""
         code = self.server.process.poll()
         if code is not None:
-            return f"tritonserver exited with code {code}\n{log_tail(self.server.log_file)}"
+            # Which stubs were gone by then: tritonserver 2.51 may abort as a stub is killed (or the stubs
+            # end within their watch interval after it), so the log alone does not say which came first.
+            dead = ", ".join(
+                f"{model} (pid {pid})"
+                for pid, model in self.stubs.items()
+                if not process_alive(pid)
+            )
+            gone = (
+                f", and these models' processes (Python-backend stubs) died: {dead}" if dead else ""
+            )
+            return f"tritonserver exited with code {code}{gone}\n{log_tail(self.server.log_file)}"
         if self.api is not None and self.api.poll() is not None:
             tail = "\n".join(tail_lines(self.api_log, 15)) if self.api_log else ""
             return f"the OpenAI API exited with code {self.api.returncode}\n{tail}"
