@@ -369,30 +369,49 @@ def run_sweep(
         return _run_traced_sweep(plan, on_point, spans)
     pa = pa or find_perf_analyzer()
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
-    prompts = _plan_prompts(plan)
+    clock = _started()
     input_file = write_input_data(
         plan.out_dir / "inputs.json",
-        prompts,
+        _plan_prompts(plan),
         plan.output_tokens,
         plan.model,
         lora_tasks=tuple(task for _, task in plan.lora_mix),
     )
-    results = []
+    return _run_points(
+        plan,
+        on_point,
+        lambda point, requests, expected: run_point(
+            pa, plan, point, requests, input_file, expected
+        ),
+        str(pa.executable),
+        clock,
+    )
+
+
+def _started() -> tuple[str, float]:
+    """When a sweep started: the UTC time it records, and the monotonic clock its duration runs from."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
+
+
+def _run_points(
+    plan: SweepPlan, on_point: OnPoint, run_one, client: str, clock: tuple[str, float]
+) -> SweepResult:
+    """Each point in turn through `run_one(point, requests, expected)`; a sweep that stops (a failed
+    point, Ctrl-C, SIGTERM) after one finished raises SweepStopped with the finished ones."""
+    started, t0 = clock
+    results: list[PointResult] = []
     try:
         for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
             on_point(index, point, None)
             expected = plan.expected[index] if index < len(plan.expected) else None
-            results.append(run_point(pa, plan, point, requests, input_file, expected))
+            results.append(run_one(point, requests, expected))
             on_point(index, point, results[-1])
-    except BaseException as exc:  # a failed point, Ctrl-C, SIGTERM: what finished is still a result
+    except BaseException as exc:  # what finished is still a result
         if not results:
             raise
-        partial = SweepResult(
-            plan, tuple(results), started, str(pa.executable), time.monotonic() - t0
-        )
+        partial = SweepResult(plan, tuple(results), started, client, time.monotonic() - t0)
         raise SweepStopped(partial, exc) from exc
-    return SweepResult(plan, tuple(results), started, str(pa.executable), time.monotonic() - t0)
+    return SweepResult(plan, tuple(results), started, client, time.monotonic() - t0)
 
 
 def _plan_prompts(plan: SweepPlan):
@@ -413,26 +432,19 @@ def _run_traced_sweep(plan: SweepPlan, on_point: OnPoint, spans) -> SweepResult:
     if plan.api_url is None or plan.traces is None:
         raise BenchError("a traced sweep needs --api-url and --traces", hint="pass both")
     plan.out_dir.mkdir(parents=True, exist_ok=True)
-    started, t0 = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
+    clock = _started()
     model = served_model(plan.api_url)
     prompts = _plan_prompts(plan).prompts
     source = spans or file_spans(plan.traces)
-    results: list[PointResult] = []
-    client = f"toolkit traced client over the OpenAI API at {plan.api_url}"
-    try:
-        for index, (point, requests) in enumerate(zip(plan.points, plan.requests, strict=True)):
-            on_point(index, point, None)
-            expected = plan.expected[index] if index < len(plan.expected) else None
-            results.append(
-                run_traced_point(plan, point, requests, model, prompts, source, expected)
-            )
-            on_point(index, point, results[-1])
-    except BaseException as exc:  # a failed point, Ctrl-C, SIGTERM: what finished is still a result
-        if not results:
-            raise
-        partial = SweepResult(plan, tuple(results), started, client, time.monotonic() - t0)
-        raise SweepStopped(partial, exc) from exc
-    return SweepResult(plan, tuple(results), started, client, time.monotonic() - t0)
+    return _run_points(
+        plan,
+        on_point,
+        lambda point, requests, expected: run_traced_point(
+            plan, point, requests, model, prompts, source, expected
+        ),
+        f"toolkit traced client over the OpenAI API at {plan.api_url}",
+        clock,
+    )
 
 
 def run_traced_point(
