@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from toolkit.bench.sweep import port_answers
 from toolkit.model.sources import ResolvedModel
 from toolkit.serve.net import free_port
 from toolkit.subprocs import children_of, process_alive, signal_session
@@ -195,16 +196,12 @@ def test_the_docs_breakdown_commands_run_as_written(tmp_path, toolkit_home):
 
 
 def _wait_for_port(port: int, process: subprocess.Popen) -> None:
-    import socket
-
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         assert process.poll() is None, process.stderr.read() if process.stderr else ""
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
+        if port_answers(f"127.0.0.1:{port}"):
+            return
+        time.sleep(0.2)
     raise AssertionError(f"nothing listens on {port}")
 
 
