@@ -283,10 +283,7 @@ def write(args, results: dict) -> None:
         lines += [
             f"## 1 vs 2 API workers, {w['streams']} streams, engine step {w['step_ms']:g} ms",
             "",
-            "| API | tokens/s | API CPU us/token | TTFT p50 |",
-            "|---|---|---|---|",
-            *(f"| {k} | {w[k]['tokens_per_s']} | {w[k]['api_us_per_token']} | {w[k]['ttft_p50_ms']} ms |"
-              for k in ("1 worker", "2 workers")),
+            *_cpu_table(w, ("1 worker", "2 workers")),
             "",
             f"2 workers / 1: **{w['tokens_per_s_ratio']}x** tokens/s "
             f"(goal >= {GOALS['workers_tokens_per_s_ratio_min']}); "
@@ -299,10 +296,7 @@ def write(args, results: dict) -> None:
             f"## This tree vs {b['baseline_tree']}, 1 API worker each, {b['streams']} streams, "
             f"engine step {b['step_ms']:g} ms",
             "",
-            "| API | tokens/s | API CPU us/token | TTFT p50 |",
-            "|---|---|---|---|",
-            *(f"| {k} | {b[k]['tokens_per_s']} | {b[k]['api_us_per_token']} | {b[k]['ttft_p50_ms']} ms |"
-              for k in ("baseline", "this tree")),
+            *_cpu_table(b, ("baseline", "this tree")),
             "",
             f"This tree / baseline: **{b['api_us_per_token_ratio']}x** API CPU per token, "
             f"{b['tokens_per_s_ratio']}x tokens/s; goal <= {GOALS['api_us_per_token_max']} us per token.",
@@ -324,6 +318,19 @@ def write(args, results: dict) -> None:
             "",
         ]  # fmt: skip
     out.with_suffix(".md").write_text("\n".join(lines))
+
+
+def _cpu_table(section: dict, arms: tuple[str, str]) -> list[str]:
+    """The table of two API arms: tokens/s, API CPU per token, TTFT p50."""
+    return [
+        "| API | tokens/s | API CPU us/token | TTFT p50 |",
+        "|---|---|---|---|",
+        *(
+            f"| {k} | {section[k]['tokens_per_s']} | {section[k]['api_us_per_token']} | "
+            f"{section[k]['ttft_p50_ms']} ms |"
+            for k in arms
+        ),
+    ]
 
 
 def main() -> None:
