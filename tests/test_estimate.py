@@ -195,6 +195,30 @@ def test_time_to_first_token_is_within_30_percent_of_the_measured_serving_table(
     assert 1 - len(outside) / len(ratios) >= SHARE, "\n".join(outside)
 
 
+def test_time_to_first_token_in_steps_is_within_20_percent_of_the_measured_serving_table():
+    """The same rows, TTFT counted in decode steps (ours: TTFT / TPOT; measured: mean TTFT / mean ITL).
+    The serving table ran TensorRT-LLM 0.14, whose steps are slower than the kernel tables ours are
+    fitted to (our TPOT is 0.84x its mean ITL, median); in steps, that release gap cancels and what is left
+    is the TTFT model itself: the step in flight, the prompt's own mixed step, the queue."""
+    rows = [r for r in _serving_rows() if _in_flight(r) <= 64]
+    ratios = []
+    for row in rows:
+        facts, plan = _plan_at(CATALOG[row["model"]], "bf16", row)
+        ours = estimate_performance(
+            facts, H100, plan, Workload(_in_flight(row), row["isl"], row["osl"])
+        )
+        measured = row["mean_ttft_ms"] / row["mean_itl_ms"]
+        ratios.append((row, ours.ttft_ms / ours.tpot_ms / measured))
+    assert len(ratios) >= 20
+    outside = [
+        f"{r['model']} {r['isl']}/{r['osl']} qps {r['qps']}: {x:.2f}"
+        for r, x in ratios
+        if not _within(x)
+    ]
+    assert 1 - len(outside) / len(ratios) >= SHARE, "\n".join(outside)
+    assert statistics.median(x for _, x in ratios) == pytest.approx(1.0, abs=0.1)
+
+
 def _fit_module():
     path = REPO / "perf" / "reference" / "fit_estimate_constants.py"
     spec = importlib.util.spec_from_file_location("fit_estimate_constants", path)
