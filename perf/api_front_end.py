@@ -2,9 +2,11 @@
 
 One synthetic repository on one tritonserver (started here, traced at rate 0: it traces only the
 requests that carry a context, so an untraced API's requests cost it nothing but the check), a local
-OTLP receiver, and the API as `toolkit serve --openai-port` starts it (python -m toolkit.api, its own
-process). Closed-loop streams of streaming /v1/completions (max_tokens = min_tokens = --output-tokens)
-from the toolkit's lean client (raw asyncio streams, in this process). Sides alternate within each
+OTLP endpoint in its own process (--collector: a sink that reads and drops each export, by default,
+or `toolkit trace collect`), and the API as
+`toolkit serve --openai-port` starts it (python -m toolkit.api, its own process). Closed-loop streams
+of streaming /v1/completions (max_tokens = min_tokens = --output-tokens) from the toolkit's lean
+client (raw asyncio streams, in this process). Sides alternate within each
 round so that drift on a shared machine hits them alike; the results are medians over --rounds.
 
   workers   --streams-workers streams (64) against 1 and against 2 API workers, engine steps of
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import platform
 import shlex
@@ -46,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_support import write_results_json  # noqa: E402
 
 from toolkit.api.app import ApiSettings  # noqa: E402
+from toolkit.bench.sweep import port_answers  # noqa: E402
 from toolkit.client.sse import LeanStreamClient  # noqa: E402
 from toolkit.repository.reader import open_repository  # noqa: E402
 from toolkit.serve.api_process import launch_api  # noqa: E402
@@ -53,7 +57,6 @@ from toolkit.serve.launcher import ServerConfig, launch_server  # noqa: E402
 from toolkit.serve.net import free_port  # noqa: E402
 from toolkit.subprocs import stop_process  # noqa: E402
 from toolkit.trace.config import TracePlan  # noqa: E402
-from toolkit.trace.receiver import SpanReceiver  # noqa: E402
 
 PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
 GOALS = {
@@ -124,10 +127,94 @@ def build_repository(folder: Path, step_ms: float, model: str) -> Path:
     return repo
 
 
+def _sink(port: int, batches, received) -> None:
+    """An OTLP/HTTP endpoint that reads each export and answers 200 without parsing it (a process)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            size = len(self.rfile.read(int(self.headers.get("content-length") or 0)))
+            with batches.get_lock():
+                batches.value += 1
+                received.value += size
+            json_body = "json" in self.headers.get("content-type", "")
+            body = b"{}" if json_body else b""
+            self.send_response(200)
+            self.send_header("Content-Type", self.headers.get("content-type", "application/json"))
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    ThreadingHTTPServer(("127.0.0.1", port), Sink).serve_forever()
+
+
+class Collector:
+    """Where the stack exports spans, in its own process (as a collector would be: inside this one it
+    would parse every export under the load client's GIL and delay the client's reads).
+
+    `sink` (the default): an endpoint that reads each export and answers 200 without parsing it, so
+    that what tracing costs the serving stack is measured apart from what a collector costs (in
+    production it runs elsewhere); `toolkit`: `toolkit trace collect`, parsing every span and writing
+    it to `work`/spans.jsonl, on the same 2 cores."""
+
+    def __init__(self, work: Path, kind: str = "sink"):
+        self.kind = kind
+        self.out = work / "spans.jsonl"
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        if kind == "sink":
+            context = multiprocessing.get_context("spawn")
+            self.batches, self.bytes = context.Value("q", 0), context.Value("q", 0)
+            self.process = context.Process(
+                target=_sink, args=(port, self.batches, self.bytes), daemon=True
+            )
+            self.process.start()
+        else:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "toolkit.cli.main", "trace", "collect", "-p", str(port),
+                 "-o", str(self.out)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not port_answers(f"127.0.0.1:{port}"):
+            if not self._alive() or time.monotonic() > deadline:
+                raise SystemExit(f"the trace {kind} did not start on port {port}")
+            time.sleep(0.1)
+
+    def _alive(self) -> bool:
+        if isinstance(self.process, subprocess.Popen):
+            return self.process.poll() is None
+        return self.process.is_alive()
+
+    def received(self) -> dict:
+        """What arrived so far: export batches and bytes (sink), or spans (toolkit trace collect)."""
+        if self.kind == "sink":
+            return {"batches": self.batches.value, "bytes": self.bytes.value}
+        if not self.out.exists():
+            return {"spans": 0}
+        with self.out.open("rb") as lines:
+            return {"spans": sum(1 for _ in lines)}
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if isinstance(self.process, subprocess.Popen):
+            stop_process(self.process, 10)
+        else:
+            self.process.terminate()
+            self.process.join(10)
+
+
 class Stack:
     """A traced tritonserver on `repo` and any number of APIs in front of it."""
 
-    def __init__(self, repo: Path, receiver: SpanReceiver, work: Path):
+    def __init__(self, repo: Path, receiver: Collector, work: Path):
         self.repo = repo
         self.work = work
         self.plan = TracePlan(f"{receiver.url}/v1/traces", 1.0, "toolkit-perf")
@@ -192,7 +279,7 @@ def compare(stack: Stack, sides: dict, streams: int, args) -> dict:
 def run(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="api-front-end-"))
     results: dict = {}
-    with SpanReceiver(None, port=0, keep=False) as receiver:
+    with Collector(work, args.collector) as receiver:
         if "workers" in args.measure:
             stack = Stack(
                 args.repo or build_repository(work, args.workers_step_ms, args.model),
@@ -227,14 +314,15 @@ def run(args) -> dict:
                         100 * (1 - on["tokens_per_s"] / off["tokens_per_s"]), 2
                     ),
                     "ttft_p50_added_ms": round(on["ttft_p50_ms"] - off["ttft_p50_ms"], 3),
-                    "spans_received": receiver.batches,
+                    "collector": args.collector,
+                    "received": receiver.received(),
                 }
             finally:
                 stack.close()
     return results
 
 
-def baseline(args, receiver: SpanReceiver, work: Path) -> dict:
+def baseline(args, receiver: Collector, work: Path) -> dict:
     """One API worker from --baseline-tree against one from this tree, on one tritonserver."""
     if args.baseline_tree is None:
         raise SystemExit(
@@ -314,7 +402,8 @@ def write(args, results: dict) -> None:
             "",
             f"Tracing on: **{t['tokens_per_s_lost_pct']} %** tokens/s lost (goal <= "
             f"{GOALS['tracing_tokens_per_s_lost_pct_max']} %), **{t['ttft_p50_added_ms']} ms** TTFT p50 added "
-            f"(goal <= {GOALS['tracing_ttft_p50_added_ms_max']} ms); {t['spans_received']} span batches received.",
+            f"(goal <= {GOALS['tracing_ttft_p50_added_ms_max']} ms); received by the "
+            f"{t['collector']} collector: {t['received']}.",
             "",
         ]  # fmt: skip
     out.with_suffix(".md").write_text("\n".join(lines))
@@ -356,6 +445,10 @@ def main() -> None:
     parser.add_argument("--workers-step-ms", type=float, default=0.0)
     parser.add_argument("--streams-tracing", type=int, default=16)
     parser.add_argument("--tracing-step-ms", type=float, default=10.0)
+    parser.add_argument(
+        "--collector", choices=("sink", "toolkit"), default="sink",
+        help="where spans go: a sink that reads and drops them, or toolkit trace collect (parses all)",
+    )  # fmt: skip
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--requests-per-stream", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)

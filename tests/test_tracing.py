@@ -348,8 +348,19 @@ def test_one_request_is_one_trace_from_the_api_through_triton_to_the_engine(trac
     assert root.attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
     assert engine.attributes["engine.output_tokens"] == usage["completion_tokens"]
     assert engine.attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
-    assert by_name["api.stream"].attributes["toolkit.tokens"] == usage["completion_tokens"]
+    stream = by_name["api.stream"]
+    assert stream.attributes["toolkit.tokens"] == usage["completion_tokens"]
     assert engine.attributes["engine.decode_steps"] >= 1
+    # each chunk's time, us after the first, within the stream span; its tokens when not one each
+    offsets = [int(x) for x in stream.attributes["toolkit.chunk_offsets_us"].split()]
+    assert len(offsets) == stream.attributes["toolkit.chunks"] >= 1 and offsets[0] == 0
+    assert offsets == sorted(offsets)
+    assert offsets[-1] * 1000 <= stream.end_ns - stream.start_ns + 1000
+    gaps = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+    assert stream.attributes["toolkit.longest_chunk_gap_ms"] == max(gaps, default=0) / 1000
+    per_chunk = stream.attributes.get("toolkit.chunk_tokens")
+    counts = [int(x) for x in per_chunk.split()] if per_chunk else [1] * len(offsets)
+    assert sum(counts) == usage["completion_tokens"]
 
 
 def _wait_root(receiver: SpanReceiver, before: set[str], timeout_s: float = 15.0):
