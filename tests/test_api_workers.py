@@ -30,13 +30,21 @@ from tiny import make_tiny_checkpoint
 
 pytestmark = pytest.mark.server
 MAX_IN_FLIGHT = 6
+LONG_TOKENS = (
+    250  # 2.5 s at the engine's 10 ms steps: long enough to be in flight whatever the load
+)
 
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory):
     root = tmp_path_factory.mktemp("workers")
     repo = write_test_repository(
-        make_tiny_checkpoint(root / "checkpoint"), root / "repo", synthetic=True, step_time_ms=10.0
+        make_tiny_checkpoint(root / "checkpoint"),
+        root / "repo",
+        synthetic=True,
+        step_time_ms=10.0,
+        max_output_len=LONG_TOKENS + 6,
+        max_seq_len=512,
     )
     server = launch_on_free_ports(repo, root / "server.log", 120)
     yield server, repo
@@ -115,11 +123,29 @@ def test_two_workers_serve_one_port_and_metrics_count_both(workers):
 
 def test_the_in_flight_bound_holds_over_all_workers(workers):
     _, url, _, _ = workers
-    with ThreadPoolExecutor(MAX_IN_FLIGHT + 6) as pool:
-        codes = list(pool.map(lambda _: _complete(url, max_tokens=60), range(MAX_IN_FLIGHT + 6)))
-    # 12 at once (each 0.6 s long) over two workers: a bound per worker would admit up to 12
-    assert codes.count(200) == MAX_IN_FLIGHT and codes.count(429) == 6
+    codes: list[int] = []
+    long = [
+        threading.Thread(target=lambda: codes.append(_complete(url, LONG_TOKENS)), daemon=True)
+        for _ in range(MAX_IN_FLIGHT)
+    ]
+    for thread in long:
+        thread.start()
+    _wait_in_flight(url, MAX_IN_FLIGHT)
+    # the bound is full over both workers (each holds some of the six): a bound per worker would
+    # admit these
+    with ThreadPoolExecutor(6) as pool:
+        assert list(pool.map(lambda _: _complete(url), range(6))) == [429] * 6
+    for thread in long:
+        thread.join(60)
+    assert codes == [200] * MAX_IN_FLIGHT
     assert _metric(url, "toolkit_api_requests_in_flight") == 0
+
+
+def _wait_in_flight(url: str, count: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _metric(url, "toolkit_api_requests_in_flight") < count:
+        assert time.monotonic() < deadline, f"the {count} requests did not all start"
+        time.sleep(0.05)
 
 
 def test_a_dead_worker_is_replaced_and_its_requests_stop_counting(workers):
@@ -138,10 +164,7 @@ def test_a_dead_worker_is_replaced_and_its_requests_stop_counting(workers):
     for _ in range(MAX_IN_FLIGHT):
         streams.append(threading.Thread(target=stream, daemon=True))
         streams[-1].start()
-    deadline = time.monotonic() + 20
-    while _metric(url, "toolkit_api_requests_in_flight") < MAX_IN_FLIGHT:
-        assert time.monotonic() < deadline, "the streams did not all start"
-        time.sleep(0.05)
+    _wait_in_flight(url, MAX_IN_FLIGHT)
     before = _worker_pids(process)
     for pid in before:
         os.kill(pid, signal.SIGKILL)
