@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import re
 import shlex
 import statistics
@@ -104,17 +105,25 @@ async def api_stream(
     return ttft, tokens
 
 
-async def run_phase(make_request, concurrency: int, requests_per_stream: int) -> dict:
+async def run_phase(
+    make_request, concurrency: int, requests_per_stream: int, think_ms: float = 0.0
+) -> dict:
+    """`concurrency` closed-loop streams; with `think_ms`, each waits a random 0..think_ms before each
+    request (seeded per stream: both sides get the same waits), so that requests arrive at any point
+    of an engine step rather than in step with the responses that ended the previous ones."""
     ttfts, totals = [], []
 
-    async def stream_loop():
+    async def stream_loop(index: int):
+        pauses = random.Random(index)
         for _ in range(requests_per_stream):
+            if think_ms:
+                await asyncio.sleep(pauses.uniform(0, think_ms) / 1000)
             ttft, tokens = await make_request()
             ttfts.append(ttft)
             totals.append(tokens)
 
     start = time.perf_counter()
-    await asyncio.gather(*(stream_loop() for _ in range(concurrency)))
+    await asyncio.gather(*(stream_loop(index) for index in range(concurrency)))
     wall = time.perf_counter() - start
     return {
         "requests": len(totals),
@@ -213,7 +222,7 @@ async def measure(args) -> dict:
             for _ in range(args.rounds):
                 for side, make in (("direct", direct), ("api", api)):
                     phases[side].append(
-                        await run_phase(make, concurrency, args.requests_per_stream)
+                        await run_phase(make, concurrency, args.requests_per_stream, args.think_ms)
                     )
             d, a = summarize(phases["direct"]), summarize(phases["api"])
             a["server_side_mean_ms"] = split_means_ms(before, await split_totals(http, url))
@@ -244,6 +253,7 @@ def write_results(args, results: dict, manifest: dict) -> None:
         "requests_per_stream": args.requests_per_stream,
         "rounds": args.rounds,
         "client": args.client,
+        "think_ms": args.think_ms,
         "api_workers": args.api_workers,
         "machine": machine(),
         "targets": {"tokens_per_s_lost_pct_max": 5.0, "ttft_p50_added_ms_max": 5.0},
@@ -282,7 +292,8 @@ def write_results(args, results: dict, manifest: dict) -> None:
         f"{meta['engine_parameters']}; "
         f"model called: `{args.model_name}`; {args.max_tokens} tokens per request, {args.requests_per_stream} "
         "requests per stream, "
-        f"{args.rounds} alternating rounds per side; API-side client: {args.client}.",
+        f"{args.rounds} alternating rounds per side; API-side client: {args.client}; "
+        f"think time before each request: uniform 0..{args.think_ms} ms.",
         "",
         *rows,
         "",
@@ -317,6 +328,13 @@ def main() -> None:
         type=int,
         default=1,
         help="API worker processes (toolkit serve --api-workers)",
+    )
+    parser.add_argument(
+        "--think-ms",
+        type=float,
+        default=0.0,
+        help="a random 0..T ms wait before each request, both sides (0: back to back, so each request "
+        "arrives in step with the response that ended the last; an engine step: arrivals at any phase)",
     )
     parser.add_argument("--out", default="perf/results/api_overhead")
     args = parser.parse_args()

@@ -2,6 +2,11 @@
 
     python perf/reference/compare_estimates.py [--record tests/data/reference/aiconfigurator_h100_sxm.json]
         [--markdown]
+    python perf/reference/compare_estimates.py --serving [--markdown]
+
+--serving: time to first token against NVIDIA's measured Triton serving table instead (TensorRT-LLM
+0.14, bf16, the rows with up to 64 requests in flight), in ms and in decode steps (TTFT / TPOT against
+the row's TTFT / ITL), before (the prompt at the dense tensor peak) and after.
 
 "before" is what the planner had before it estimated anything: its speed-of-light bounds at the same
 batch (weights and every sequence's KV read at the datasheet bandwidth per decode step, tokens/s from
@@ -118,12 +123,81 @@ def render(rows: list[dict], markdown: bool) -> str:
     return "\n".join(lines)
 
 
+SERVING = REPO / "tests" / "data" / "reference" / "trtllm_bench_published.json"
+SERVING_MODELS = {
+    "Llama-3.1-8B": "llama-3.1-8b-instruct",
+    "Llama-3.1-70B": "llama-3.1-70b-instruct",
+}
+
+
+def serving_rows() -> list[dict]:
+    """Ours / measured at each steady serving row (<= 64 in flight; Little's law gives the count)."""
+    rows = []
+    for row in json.loads(SERVING.read_text())["serving_rows"]:
+        if row["qps"] == "INF":
+            continue
+        latency_s = (row["mean_ttft_ms"] + (row["osl"] - 1) * row["mean_itl_ms"]) / 1e3
+        in_flight = max(1, round(row["throughput_req_per_s"] * latency_s))
+        if in_flight > 64:
+            continue
+        facts = facts_from_config(catalog_entry(SERVING_MODELS[row["model"]]).config)
+        plan = compute_plan(
+            facts, GPU, dtype="bf16", kv_dtype="bf16", tp=row["tp"],
+            target_input_len=row["isl"], target_output_len=row["osl"],
+        )  # fmt: skip
+        ours = estimate_performance(facts, GPU, plan, Workload(in_flight, row["isl"], row["osl"]))
+        bound_ms = row["isl"] / plan.prefill_tokens_per_s_upper_bound * 1e3
+        rows.append(
+            {
+                "row": row,
+                "in_flight": in_flight,
+                "ours": ours,
+                "before": bound_ms / row["mean_ttft_ms"],
+                "after": ours.ttft_ms / row["mean_ttft_ms"],
+                "steps": (ours.ttft_ms / ours.tpot_ms) / (row["mean_ttft_ms"] / row["mean_itl_ms"]),
+            }
+        )
+    return rows
+
+
+def render_serving(rows: list[dict], markdown: bool) -> str:
+    header = ["model", "TP", "in/out", "qps", "in flight", "measured TTFT / ITL ms",
+              "ours TTFT / TPOT ms", "before", "after", "after, in steps"]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] if markdown else []
+    if not markdown:
+        lines.append("  ".join(header))
+    for r in rows:
+        row, ours = r["row"], r["ours"]
+        cells = [
+            row["model"], str(row["tp"]), f"{row['isl']}/{row['osl']}", str(row["qps"]),
+            str(r["in_flight"]), f"{row['mean_ttft_ms']:g} / {row['mean_itl_ms']:g}",
+            f"{ours.ttft_ms:.1f} / {ours.tpot_ms:.1f}", f"{r['before']:.2f}", f"{r['after']:.2f}",
+            f"{r['steps']:.2f}",
+        ]  # fmt: skip
+        lines.append(("| " + " | ".join(cells) + " |") if markdown else "  ".join(cells))
+    lines.append("")
+    for name in ("before", "after", "steps"):
+        values = [r[name] for r in rows]
+        inside = sum(0.8 <= v <= 1.2 for v in values)
+        label = "after, in steps" if name == "steps" else name
+        lines.append(
+            f"{label}: {inside}/{len(values)} within +-20 %, median {statistics.median(values):.2f}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", type=Path, default=RECORD)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument(
+        "--serving", action="store_true", help="TTFT against NVIDIA's measured Triton serving table"
+    )
     args = parser.parse_args(argv)
-    print(render(table(args.record), args.markdown))
+    if args.serving:
+        print(render_serving(serving_rows(), args.markdown))
+    else:
+        print(render(table(args.record), args.markdown))
     return 0
 
 
