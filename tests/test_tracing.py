@@ -47,6 +47,15 @@ def test_tracing_is_off_unless_a_rate_or_a_sampler_is_given():
     assert plan_tracing(1, None, OtelEnvironment(endpoint="h:1", sdk_disabled=True)) is None
 
 
+def test_an_endpoint_flag_without_a_rate_is_refused_not_silently_off():
+    with pytest.raises(TraceError) as caught:
+        plan_tracing(None, "127.0.0.1:4318", OtelEnvironment())
+    assert "127.0.0.1:4318" in caught.value.message and "--trace-rate" in caught.value.hint
+    # a sampler from the environment, or an explicit rate, is a decision: no error
+    assert plan_tracing(None, "h:1", OtelEnvironment(sampler="always_on")) is not None
+    assert plan_tracing(0, "h:1", OtelEnvironment()) is None
+
+
 def test_the_traces_url_follows_the_otlp_exporters_rules():
     env = OtelEnvironment(endpoint="http://a:1/", traces_endpoint="http://b:2/custom")
     assert plan_tracing(1, None, env).traces_url == "http://b:2/custom"  # used as it is

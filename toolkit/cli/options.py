@@ -272,7 +272,8 @@ def trace_options(function):
         return command(*args, **kwargs)
 
     function = otlp_endpoint_option(
-        f"Traces: the OTLP/HTTP endpoint (base URL) every layer exports to [default: {OTEL_ENDPOINT}]."
+        f"Traces: the OTLP/HTTP endpoint (base URL) every layer exports to [default: {OTEL_ENDPOINT}]; "
+        f"with --trace-rate or {OTEL_SAMPLER}."
     )(with_trace)
     return trace_rate_option(
         "Traces: the fraction of requests traced across the API, Triton and the engine (0: off, "

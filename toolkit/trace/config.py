@@ -60,13 +60,21 @@ def plan_tracing(
     rate: float | None = None, endpoint: str | None = None, env: OtelEnvironment | None = None
 ) -> TracePlan | None:
     """The tracing to run, or None when it is off. `rate`: --trace-rate (0 turns it off whatever the
-    environment says); `endpoint`: --otlp-endpoint, a base URL as OTEL_EXPORTER_OTLP_ENDPOINT."""
+    environment says); `endpoint`: --otlp-endpoint, a base URL as OTEL_EXPORTER_OTLP_ENDPOINT; given
+    without a rate or a sampler it is refused (it would trace nothing, silently)."""
     env = env or otel_environment()
     if rate is not None and not (math.isfinite(rate) and 0 <= rate <= 1):
         raise TraceError(
             f"--trace-rate {rate!r} is not a fraction of requests",
             hint="pass a number from 0 (off) to 1 (every request), e.g. --trace-rate 0.01",
             value=rate,
+        )
+    if endpoint and rate is None and env.sampler is None and not env.sdk_disabled:
+        raise TraceError(
+            f"--otlp-endpoint {endpoint} is set but nothing samples requests: tracing would stay off",
+            hint="add --trace-rate 0.01 (1 % of requests) or --trace-rate 1 (every request), or set "
+            "OTEL_TRACES_SAMPLER",
+            value=endpoint,
         )
     if env.sdk_disabled or rate == 0 or (rate is None and env.sampler is None):
         return None
