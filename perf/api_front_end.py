@@ -35,6 +35,7 @@ import json
 import multiprocessing
 import os
 import platform
+import random
 import shlex
 import statistics
 import subprocess
@@ -68,18 +69,26 @@ GOALS = {
 
 
 # --- load -------------------------------------------------------------------------------------------
-async def closed_loop(url: str, model: str, streams: int, per_stream: int, output_tokens: int):
-    """`streams` connections, each sending `per_stream` requests one after the other."""
+async def closed_loop(
+    url: str, model: str, streams: int, per_stream: int, output_tokens: int, think_ms: float = 0.0
+):
+    """`streams` connections, each sending `per_stream` requests one after the other; with `think_ms`,
+    each waits a random 0..think_ms before each request (seeded per stream: every side gets the same
+    waits), so that requests arrive at any point of an engine step, not in step with the responses
+    that ended the previous ones (where a millisecond's delay can cost a whole step)."""
     body = {
         "model": model, "prompt": PROMPT, "max_tokens": output_tokens, "min_tokens": output_tokens,
         "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
     }  # fmt: skip
     ttfts, tokens = [], [0]
 
-    async def stream() -> None:
+    async def stream(index: int) -> None:
         client = LeanStreamClient(url, "/v1/completions", body)
+        pauses = random.Random(index)
         try:
             for _ in range(per_stream):
+                if think_ms:
+                    await asyncio.sleep(pauses.uniform(0, think_ms) / 1000)
                 first, count = await client.stream()
                 if first is not None:
                     ttfts.append(first)
@@ -88,7 +97,7 @@ async def closed_loop(url: str, model: str, streams: int, per_stream: int, outpu
             client.close()
 
     start = time.perf_counter()
-    await asyncio.gather(*(stream() for _ in range(streams)))
+    await asyncio.gather(*(stream(index) for index in range(streams)))
     return {"wall_s": time.perf_counter() - start, "tokens": tokens[0], "ttfts": ttfts}
 
 
@@ -102,10 +111,10 @@ def api_cpu_s(process: subprocess.Popen) -> float:
     return total
 
 
-def phase(api, url: str, model: str, streams: int, args) -> dict:
+def phase(api, url: str, model: str, streams: int, args, think_ms: float = 0.0) -> dict:
     before = api_cpu_s(api)
     result = asyncio.run(
-        closed_loop(url, model, streams, args.requests_per_stream, args.output_tokens)
+        closed_loop(url, model, streams, args.requests_per_stream, args.output_tokens, think_ms)
     )
     cpu = api_cpu_s(api) - before
     return {
@@ -260,7 +269,7 @@ def served_model(repo: Path) -> str:
     return open_repository(repo).served_model_name
 
 
-def compare(stack: Stack, sides: dict, streams: int, args) -> dict:
+def compare(stack: Stack, sides: dict, streams: int, args, think_ms: float = 0.0) -> dict:
     """Each side in turn, --rounds times; the median of each measure per side."""
     model = served_model(stack.repo)
     for _, url in sides.values():  # warm-up: channels, allocator pools, first-request paths
@@ -268,7 +277,7 @@ def compare(stack: Stack, sides: dict, streams: int, args) -> dict:
     rounds: dict[str, list[dict]] = {name: [] for name in sides}
     for index in range(args.rounds):
         for name, (api, url) in sides.items():
-            rounds[name].append(phase(api, url, model, streams, args))
+            rounds[name].append(phase(api, url, model, streams, args, think_ms))
             print(f"round {index + 1} {name}: {json.dumps(rounds[name][-1])}", flush=True)
     return {
         name: {key: round(statistics.median(r[key] for r in results), 3) for key in results[0]}
@@ -304,19 +313,22 @@ def run(args) -> dict:
             stack = Stack(build_repository(work, args.tracing_step_ms, args.model), receiver, work)
             try:
                 sides = {"tracing off": stack.api(), "tracing on (100 %)": stack.api(traced=True)}
-                medians = compare(stack, sides, args.streams_tracing, args)
-                off, on = medians["tracing off"], medians["tracing on (100 %)"]
-                results["tracing"] = {
-                    "streams": args.streams_tracing,
-                    "step_ms": args.tracing_step_ms,
-                    **medians,
-                    "tokens_per_s_lost_pct": round(
-                        100 * (1 - on["tokens_per_s"] / off["tokens_per_s"]), 2
-                    ),
-                    "ttft_p50_added_ms": round(on["ttft_p50_ms"] - off["ttft_p50_ms"], 3),
-                    "collector": args.collector,
-                    "received": receiver.received(),
-                }
+                for think_ms in args.tracing_think_ms:
+                    medians = compare(stack, sides, args.streams_tracing, args, think_ms)
+                    off, on = medians["tracing off"], medians["tracing on (100 %)"]
+                    key = "tracing" if not think_ms else f"tracing_think_{think_ms:g}ms"
+                    results[key] = {
+                        "streams": args.streams_tracing,
+                        "step_ms": args.tracing_step_ms,
+                        "think_ms": think_ms,
+                        **medians,
+                        "tokens_per_s_lost_pct": round(
+                            100 * (1 - on["tokens_per_s"] / off["tokens_per_s"]), 2
+                        ),
+                        "ttft_p50_added_ms": round(on["ttft_p50_ms"] - off["ttft_p50_ms"], 3),
+                        "collector": args.collector,
+                        "received": receiver.received(),
+                    }
             finally:
                 stack.close()
     return results
@@ -390,10 +402,16 @@ def write(args, results: dict) -> None:
             f"{b['tokens_per_s_ratio']}x tokens/s; goal <= {GOALS['api_us_per_token_max']} us per token.",
             "",
         ]  # fmt: skip
-    if "tracing" in results:
-        t = results["tracing"]
+    for key in [k for k in results if k.startswith("tracing")]:
+        t = results[key]
+        arrivals = (
+            f"each request after a random 0..{t['think_ms']:g} ms wait (arrivals at any point of a step)"
+            if t.get("think_ms")
+            else "requests back to back (each arrives in step with the response that ended the last)"
+        )
         lines += [
-            f"## Tracing every request vs none, {t['streams']} streams, engine step {t['step_ms']:g} ms",
+            f"## Tracing every request vs none, {t['streams']} streams, engine step {t['step_ms']:g} ms, "
+            f"{arrivals}",
             "",
             "| API | tokens/s | TTFT p50 | API CPU us/token |",
             "|---|---|---|---|",
@@ -403,7 +421,7 @@ def write(args, results: dict) -> None:
             f"Tracing on: **{t['tokens_per_s_lost_pct']} %** tokens/s lost (goal <= "
             f"{GOALS['tracing_tokens_per_s_lost_pct_max']} %), **{t['ttft_p50_added_ms']} ms** TTFT p50 added "
             f"(goal <= {GOALS['tracing_ttft_p50_added_ms_max']} ms); received by the "
-            f"{t['collector']} collector: {t['received']}.",
+            f"{t['collector']} collector so far: {t['received']}.",
             "",
         ]  # fmt: skip
     out.with_suffix(".md").write_text("\n".join(lines))
@@ -445,6 +463,11 @@ def main() -> None:
     parser.add_argument("--workers-step-ms", type=float, default=0.0)
     parser.add_argument("--streams-tracing", type=int, default=16)
     parser.add_argument("--tracing-step-ms", type=float, default=10.0)
+    parser.add_argument(
+        "--tracing-think-ms", type=lambda text: [float(x) for x in text.split(",")], default=[0.0, 10.0],
+        help="tracing: one comparison per value, each request preceded by a random 0..T ms wait (0: back "
+        "to back, in step with the engine's responses; the step time: arrivals at any point of a step)",
+    )  # fmt: skip
     parser.add_argument(
         "--collector", choices=("sink", "toolkit"), default="sink",
         help="where spans go: a sink that reads and drops them, or toolkit trace collect (parses all)",
