@@ -190,10 +190,17 @@ class Collector:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + 60
-        while not port_answers(f"127.0.0.1:{port}"):
-            if not self._alive() or time.monotonic() > deadline:
-                raise SystemExit(f"the trace {kind} did not start on port {port}")
-            time.sleep(0.1)
+        try:
+            while not port_answers(f"127.0.0.1:{port}"):
+                if not self._alive() or time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"the trace {kind} did not start on port {port} within 60 s: run "
+                        f"`toolkit trace collect -p {port}` to see why, or use --collector sink"
+                    )
+                time.sleep(0.1)
+        except BaseException:
+            self.__exit__()
+            raise
 
     def _alive(self) -> bool:
         if isinstance(self.process, subprocess.Popen):
@@ -314,7 +321,9 @@ def run(args) -> dict:
             try:
                 sides = {"tracing off": stack.api(), "tracing on (100 %)": stack.api(traced=True)}
                 for think_ms in args.tracing_think_ms:
+                    before = receiver.received()
                     medians = compare(stack, sides, args.streams_tracing, args, think_ms)
+                    after = receiver.received()
                     off, on = medians["tracing off"], medians["tracing on (100 %)"]
                     key = "tracing" if not think_ms else f"tracing_think_{think_ms:g}ms"
                     results[key] = {
@@ -327,7 +336,7 @@ def run(args) -> dict:
                         ),
                         "ttft_p50_added_ms": round(on["ttft_p50_ms"] - off["ttft_p50_ms"], 3),
                         "collector": args.collector,
-                        "received": receiver.received(),
+                        "received": {k: after[k] - before[k] for k in after},
                     }
             finally:
                 stack.close()
@@ -421,7 +430,7 @@ def write(args, results: dict) -> None:
             f"Tracing on: **{t['tokens_per_s_lost_pct']} %** tokens/s lost (goal <= "
             f"{GOALS['tracing_tokens_per_s_lost_pct_max']} %), **{t['ttft_p50_added_ms']} ms** TTFT p50 added "
             f"(goal <= {GOALS['tracing_ttft_p50_added_ms_max']} ms); received by the "
-            f"{t['collector']} collector so far: {t['received']}.",
+            f"{t['collector']} collector in this comparison: {t['received']}.",
             "",
         ]  # fmt: skip
     out.with_suffix(".md").write_text("\n".join(lines))
@@ -438,6 +447,21 @@ def _cpu_table(section: dict, arms: tuple[str, str]) -> list[str]:
             for k in arms
         ),
     ]
+
+
+def think_times(text: str) -> list[float]:
+    """--tracing-think-ms: distinct waits in ms, each >= 0."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of ms (e.g. 0,10)"
+        ) from None
+    if any(not 0 <= v < 10_000 for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: each wait once, from 0 to 10000 ms (e.g. 0,10)"
+        )
+    return values
 
 
 def main() -> None:
@@ -464,7 +488,7 @@ def main() -> None:
     parser.add_argument("--streams-tracing", type=int, default=16)
     parser.add_argument("--tracing-step-ms", type=float, default=10.0)
     parser.add_argument(
-        "--tracing-think-ms", type=lambda text: [float(x) for x in text.split(",")], default=[0.0, 10.0],
+        "--tracing-think-ms", type=think_times, default=[0.0, 10.0],
         help="tracing: one comparison per value, each request preceded by a random 0..T ms wait (0: back "
         "to back, in step with the engine's responses; the step time: arrivals at any point of a step)",
     )  # fmt: skip

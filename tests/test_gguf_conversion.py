@@ -65,3 +65,24 @@ def test_one_parse_per_conversion_reading_what_gguf_reads(tmp_path):
     for mine, theirs in zip(read.tensors, expected.tensors, strict=True):
         assert mine.tensor_type == theirs.tensor_type and np.array_equal(mine.data, theirs.data)
     assert float(read.tensors[0].data[299, 3]) == 299 * 4 + 3
+
+
+def test_the_patch_is_undone_when_the_conversion_fails_and_nests(tmp_path):
+    import gguf
+    import pytest
+
+    path, other = _tiny_gguf(tmp_path / "tiny.gguf"), _tiny_gguf(tmp_path / "other.gguf", 10)
+    originals = (gguf.GGUFReader, gguf.get_tensor_name_map)
+    with pytest.raises(RuntimeError, match="transformers failed"), _gguf_parsed_once(path):
+        assert gguf.GGUFReader(path) is gguf.GGUFReader(path)
+        raise RuntimeError("transformers failed")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == originals
+    # one conversion inside another (the same thread): each file parsed once, both undone in turn
+    with _gguf_parsed_once(path):
+        outer = gguf.GGUFReader(path)
+        with _gguf_parsed_once(other):
+            inner = gguf.GGUFReader(other)
+            assert gguf.GGUFReader(other) is inner and len(inner.tensors) == 2
+            assert gguf.GGUFReader(path) is outer
+        assert gguf.GGUFReader(path) is outer
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == originals

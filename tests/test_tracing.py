@@ -47,6 +47,40 @@ def test_tracing_is_off_unless_a_rate_or_a_sampler_is_given():
     assert plan_tracing(1, None, OtelEnvironment(endpoint="h:1", sdk_disabled=True)) is None
 
 
+def test_a_long_streams_span_lists_its_first_chunks_and_measures_every_gap():
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from toolkit.api.tracing import MAX_CHUNK_STAMPS, ApiTracer
+
+    with SpanReceiver(None, port=0) as receiver:
+        tracer = ApiTracer(TracePlan(f"{receiver.url}/v1/traces", 1.0, "test"))
+        memory = InMemorySpanExporter()
+        tracer.provider.add_span_processor(SimpleSpanProcessor(memory))
+        start = time.time_ns()
+        trace = tracer.start(
+            {"method": "POST", "path": "/v1/completions", "headers": []}, start, start
+        )
+        trace.call("tensorrt_llm")
+        count = MAX_CHUNK_STAMPS + 10
+        # a chunk every ms, one token each but the last (3), and a 40 ms stall before the last:
+        # past the chunks the span lists
+        stamps = [start + i * 1_000_000 for i in range(count - 1)]
+        stamps.append(stamps[-1] + 40_000_000)
+        trace.chunks = [(at, 1) for at in stamps[:-1]] + [(stamps[-1], 3)]
+        trace.first_response_ns = start
+        trace.first_write_ns, trace.last_write_ns = stamps[0], stamps[-1]
+        trace.end(200)
+        tracer.shutdown()
+    stream = next(s for s in memory.get_finished_spans() if s.name == "api.stream")
+    attributes = stream.attributes
+    assert attributes["toolkit.chunks"] == count and attributes["toolkit.tokens"] == count + 2
+    offsets = [int(x) for x in attributes["toolkit.chunk_offsets_us"].split()]
+    assert offsets == [i * 1000 for i in range(MAX_CHUNK_STAMPS)]
+    assert attributes["toolkit.longest_chunk_gap_ms"] == 40.0  # the stall the list leaves out
+    assert [int(x) for x in attributes["toolkit.chunk_tokens"].split()] == [1] * MAX_CHUNK_STAMPS
+
+
 def test_an_endpoint_flag_without_a_rate_is_refused_not_silently_off():
     with pytest.raises(TraceError) as caught:
         plan_tracing(None, "127.0.0.1:4318", OtelEnvironment())

@@ -27,7 +27,8 @@ from toolkit.trace.config import TracePlan
 
 TRACEPARENT = "traceparent"
 SCOPE_KEY = "toolkit_trace"  # where the gate leaves a request's RequestTrace (scope["state"])
-# The chunks whose times api.stream records (the counts cover every chunk): a span stays bounded.
+# The chunks whose times (and tokens) api.stream lists: the first this many, so that a span stays
+# bounded; the counts and the longest gap cover every chunk.
 MAX_CHUNK_STAMPS = 1024
 
 
@@ -159,10 +160,10 @@ class RequestTrace:
             "api.stream", context=parent, start_time=self.first_write_ns
         )
         first = self.first_write_ns
-        chunks = self.chunks[:MAX_CHUNK_STAMPS]
-        offsets = [(at - first) // 1000 for at, _ in chunks]
+        offsets = [(at - first) // 1000 for at, _ in self.chunks]
         tokens = [count for _, count in self.chunks]
         longest_gap_us = max((b - a for a, b in itertools.pairwise(offsets)), default=0)
+        offsets = offsets[:MAX_CHUNK_STAMPS]
         attributes = {
             "toolkit.chunks": len(self.chunks),
             "toolkit.tokens": sum(tokens),

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -215,6 +216,11 @@ def convert_gguf(gguf: Path, out: Path, *, progress: bool = True) -> None:
     model.generation_config.save_pretrained(out)
 
 
+# One conversion at a time patches gguf (below): the patch is module state, so two at once would undo
+# each other's.
+_GGUF_PATCH = threading.RLock()
+
+
 @contextmanager
 def _gguf_parsed_once(path: Path) -> Iterator[None]:
     """While converting `path`: one parse of it however often transformers asks, and each name map built once.
@@ -230,26 +236,33 @@ def _gguf_parsed_once(path: Path) -> Iterator[None]:
     for each module of the model: hundreds of times for SmolLM2's 30 layers, about 10 s. Built once
     for each (architecture, layer count) here; it is only read.
 
-    The files written are byte for byte the same.
+    The files written are byte for byte the same. The patch is module state: conversions take turns
+    (a lock; one inside another in a thread nests), and each restores what it found.
     """
+    with _GGUF_PATCH:
+        yield from _patched_gguf(path)
+
+
+def _patched_gguf(path: Path) -> Iterator[None]:
     import gguf as gguf_module
     import numpy as np
+    from gguf.gguf_reader import GGUFReader as real_reader
 
     original_reader = gguf_module.GGUFReader
     original_name_map = gguf_module.get_tensor_name_map
 
-    class PlainArrayReader(gguf_module.GGUFReader):
+    class PlainArrayReader(real_reader):
         def _get(self, *args: Any, **kwargs: Any) -> Any:
             if type(self.data) is np.memmap:  # the first call: __init__ has just mapped the file
                 self.data = self.data.view(np.ndarray)  # type: ignore[assignment]
             return super()._get(*args, **kwargs)
 
     target = path.resolve()
-    parsed: list[gguf_module.GGUFReader] = []
+    parsed: list[real_reader] = []
 
     def reader(
         file: os.PathLike[str] | str, mode: Literal["r", "r+", "c"] = "r"
-    ) -> gguf_module.GGUFReader:
+    ) -> real_reader:
         if mode != "r" or Path(file).resolve() != target:
             return original_reader(file, mode)
         if not parsed:
