@@ -260,9 +260,7 @@ def _patched_gguf(path: Path) -> Iterator[None]:
     target = path.resolve()
     parsed: list[real_reader] = []
 
-    def reader(
-        file: os.PathLike[str] | str, mode: Literal["r", "r+", "c"] = "r"
-    ) -> real_reader:
+    def reader(file: os.PathLike[str] | str, mode: Literal["r", "r+", "c"] = "r") -> real_reader:
         if mode != "r" or Path(file).resolve() != target:
             return original_reader(file, mode)
         if not parsed:
