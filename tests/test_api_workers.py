@@ -30,9 +30,8 @@ from tiny import make_tiny_checkpoint
 
 pytestmark = pytest.mark.server
 MAX_IN_FLIGHT = 6
-LONG_TOKENS = (
-    250  # 2.5 s at the engine's 10 ms steps: long enough to be in flight whatever the load
-)
+# 2.5 s at the engine's 10 ms steps: long enough to be in flight whatever the load
+LONG_TOKENS = 250
 
 
 @pytest.fixture(scope="module")
