@@ -19,6 +19,7 @@ from toolkit.model.catalog import catalog_entry
 from toolkit.model.facts import facts_from_config
 from toolkit.plan.estimate import (
     HOPPER_TRTLLM,
+    PerformanceEstimate,
     Workload,
     all_reduce_seconds,
     engine_shape,
@@ -173,19 +174,24 @@ def _in_flight(row: dict) -> int:
     return max(1, round(row["throughput_req_per_s"] * latency_s))
 
 
+def _serving_estimates() -> list[tuple[dict, PerformanceEstimate]]:
+    """(row, our estimate) for each steady row of the serving table (up to 64 requests in flight), the
+    engine planned in bf16 at the row's TP and lengths, at the row's requests in flight."""
+    found = []
+    for row in _serving_rows():
+        if _in_flight(row) <= 64:
+            facts, plan = _plan_at(CATALOG[row["model"]], "bf16", row)
+            workload = Workload(_in_flight(row), row["isl"], row["osl"])
+            found.append((row, estimate_performance(facts, H100, plan, workload)))
+    return found
+
+
 def test_time_to_first_token_is_within_30_percent_of_the_measured_serving_table():
     """TensorRT-LLM 0.14 behind Triton (bf16, Llama-3.1 8B TP1 and 70B TP4), mean TTFT at a request
     rate, with up to 64 requests in flight (a steady state: past that the measured queue grows without
     bound). AIConfigurator's TTFT is its own heuristic (the prompt step x up to 4): at 43 requests in
     flight it would be twice what was measured."""
-    rows = [r for r in _serving_rows() if _in_flight(r) <= 64]
-    ratios = []
-    for row in rows:
-        facts, plan = _plan_at(CATALOG[row["model"]], "bf16", row)
-        ours = estimate_performance(
-            facts, H100, plan, Workload(_in_flight(row), row["isl"], row["osl"])
-        )
-        ratios.append((row, ours.ttft_ms / row["mean_ttft_ms"]))
+    ratios = [(row, ours.ttft_ms / row["mean_ttft_ms"]) for row, ours in _serving_estimates()]
     assert len(ratios) >= 20
     outside = [
         f"{r['model']} {r['isl']}/{r['osl']} qps {r['qps']}: {x:.2f}"
@@ -200,15 +206,10 @@ def test_time_to_first_token_in_steps_is_within_20_percent_of_the_measured_servi
     The serving table ran TensorRT-LLM 0.14, whose steps are slower than the kernel tables ours are
     fitted to (our TPOT is 0.84x its mean ITL, median); in steps, that release gap cancels and what is left
     is the TTFT model itself: the step in flight, the prompt's own mixed step, the queue."""
-    rows = [r for r in _serving_rows() if _in_flight(r) <= 64]
-    ratios = []
-    for row in rows:
-        facts, plan = _plan_at(CATALOG[row["model"]], "bf16", row)
-        ours = estimate_performance(
-            facts, H100, plan, Workload(_in_flight(row), row["isl"], row["osl"])
-        )
-        measured = row["mean_ttft_ms"] / row["mean_itl_ms"]
-        ratios.append((row, ours.ttft_ms / ours.tpot_ms / measured))
+    ratios = [
+        (row, (ours.ttft_ms / ours.tpot_ms) / (row["mean_ttft_ms"] / row["mean_itl_ms"]))
+        for row, ours in _serving_estimates()
+    ]
     assert len(ratios) >= 20
     outside = [
         f"{r['model']} {r['isl']}/{r['osl']} qps {r['qps']}: {x:.2f}"
