@@ -35,7 +35,6 @@ import json
 import multiprocessing
 import os
 import platform
-import random
 import shlex
 import statistics
 import subprocess
@@ -47,7 +46,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_support import write_results_json  # noqa: E402
+from bench_support import arrival_pauses, think_ms_value, write_results_json  # noqa: E402
 
 from toolkit.api.app import ApiSettings  # noqa: E402
 from toolkit.bench.sweep import port_answers  # noqa: E402
@@ -72,10 +71,8 @@ GOALS = {
 async def closed_loop(
     url: str, model: str, streams: int, per_stream: int, output_tokens: int, think_ms: float = 0.0
 ):
-    """`streams` connections, each sending `per_stream` requests one after the other; with `think_ms`,
-    each waits a random 0..think_ms before each request (seeded per stream: every side gets the same
-    waits), so that requests arrive at any point of an engine step, not in step with the responses
-    that ended the previous ones (where a millisecond's delay can cost a whole step)."""
+    """`streams` connections, each sending `per_stream` requests one after the other, each after its
+    arrival pause (bench_support.arrival_pauses: none when `think_ms` is 0)."""
     body = {
         "model": model, "prompt": PROMPT, "max_tokens": output_tokens, "min_tokens": output_tokens,
         "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
@@ -84,11 +81,10 @@ async def closed_loop(
 
     async def stream(index: int) -> None:
         client = LeanStreamClient(url, "/v1/completions", body)
-        pauses = random.Random(index)
+        pause = arrival_pauses(index, think_ms)
         try:
             for _ in range(per_stream):
-                if think_ms:
-                    await asyncio.sleep(pauses.uniform(0, think_ms) / 1000)
+                await pause()
                 first, count = await client.stream()
                 if first is not None:
                     ttfts.append(first)
@@ -451,16 +447,9 @@ def _cpu_table(section: dict, arms: tuple[str, str]) -> list[str]:
 
 def think_times(text: str) -> list[float]:
     """--tracing-think-ms: distinct waits in ms, each >= 0."""
-    try:
-        values = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of ms (e.g. 0,10)"
-        ) from None
-    if any(not 0 <= v < 10_000 for v in values) or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: each wait once, from 0 to 10000 ms (e.g. 0,10)"
-        )
+    values = [think_ms_value(x) for x in text.split(",")]
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{text!r}: each wait once (e.g. 0,10)")
     return values
 
 

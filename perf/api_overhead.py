@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import re
 import shlex
 import statistics
@@ -27,7 +26,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_support import machine, write_results_json  # noqa: E402
+from bench_support import arrival_pauses, machine, think_ms_value, write_results_json  # noqa: E402
 
 from toolkit.api.app import ApiSettings  # noqa: E402
 from toolkit.api.prompt import PromptCodec  # noqa: E402
@@ -108,16 +107,14 @@ async def api_stream(
 async def run_phase(
     make_request, concurrency: int, requests_per_stream: int, think_ms: float = 0.0
 ) -> dict:
-    """`concurrency` closed-loop streams; with `think_ms`, each waits a random 0..think_ms before each
-    request (seeded per stream: both sides get the same waits), so that requests arrive at any point
-    of an engine step rather than in step with the responses that ended the previous ones."""
+    """`concurrency` closed-loop streams, each request after its stream's arrival pause
+    (bench_support.arrival_pauses: none when `think_ms` is 0)."""
     ttfts, totals = [], []
 
     async def stream_loop(index: int):
-        pauses = random.Random(index)
+        pause = arrival_pauses(index, think_ms)
         for _ in range(requests_per_stream):
-            if think_ms:
-                await asyncio.sleep(pauses.uniform(0, think_ms) / 1000)
+            await pause()
             ttft, tokens = await make_request()
             ttfts.append(ttft)
             totals.append(tokens)
@@ -331,7 +328,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--think-ms",
-        type=float,
+        type=think_ms_value,
         default=0.0,
         help="a random 0..T ms wait before each request, both sides (0: back to back, so each request "
         "arrives in step with the response that ended the last; an engine step: arrivals at any phase)",

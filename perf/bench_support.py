@@ -12,9 +12,11 @@ import asyncio
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,31 @@ def machine() -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
+
+
+def arrival_pauses(stream: int, think_ms: float) -> Callable[[], Awaitable[None]]:
+    """A closed-loop stream's wait before each request: a random 0..think_ms, seeded by the stream's
+    index so that every side of a comparison gets the same waits (0: none). With waits, requests arrive
+    at any point of an engine step instead of in step with the responses that ended the previous ones,
+    where a millisecond's delay can cost a whole step."""
+    rng = random.Random(stream)
+
+    async def pause() -> None:
+        if think_ms:
+            await asyncio.sleep(rng.uniform(0, think_ms) / 1000)
+
+    return pause
+
+
+def think_ms_value(text: str) -> float:
+    """An argparse type: a think time in ms, 0 to 10000."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 10_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a wait in ms from 0 to 10000 (e.g. 10)")
+    return value
 
 
 def write_results_json(out: Path | str, meta: dict, results) -> Path:
