@@ -17,6 +17,9 @@ round so that drift on a shared machine hits them alike; the results are medians
             tokens/s lost (goal <= 3 %) and TTFT p50 added (goal <= 1 ms)
   baseline  --streams-workers streams against one API worker run from --baseline-tree (an older copy
             of the toolkit's tree) and one from this tree: API CPU us per streamed token, old and new
+  interval  one API per --stream-intervals value (1,4,16: `toolkit serve --stream-interval`), at
+            saturation (--streams-workers streams, --workers-step-ms steps) and paced (--streams-tracing
+            streams, --tracing-step-ms steps): API CPU us per streamed token, tokens/s, TTFT p50
 
 TTFT added over direct Triton gRPC at 16 streams (goal <= 5 ms p50) is perf/api_overhead.py's (it takes
 --api-workers). Examples:
@@ -239,12 +242,16 @@ class Stack:
         )  # fmt: skip
         self.apis: list = []
 
-    def api(self, workers: int = 1, traced: bool = False, tree: Path | None = None):
-        """An API of `workers` processes; `tree`: a source tree of the toolkit to run it from (a baseline)."""
+    def api(
+        self, workers: int = 1, traced: bool = False, tree: Path | None = None, interval: int = 1
+    ):
+        """An API of `workers` processes; `tree`: a source tree of the toolkit to run it from (a baseline);
+        `interval`: its --stream-interval."""
         port = free_port()
         settings = ApiSettings(
             self.server.grpc_url, self.repo, max_in_flight=1024,
             trace=self.plan if traced else None,
+            **({"stream_interval": interval} if interval > 1 else {}),
         )  # fmt: skip
         saved = os.environ.get("PYTHONPATH")
         if tree is not None:  # the API process imports the toolkit from there
@@ -312,6 +319,12 @@ def run(args) -> dict:
                 stack.close()
         if "baseline" in args.measure:
             results["baseline"] = baseline(args, receiver, work)
+        if "interval" in args.measure:
+            for key, streams, step_ms in (
+                ("interval", args.streams_workers, args.workers_step_ms),
+                ("interval_paced", args.streams_tracing, args.tracing_step_ms),
+            ):
+                results[key] = intervals(args, receiver, work, streams, step_ms)
         if "tracing" in args.measure:
             stack = Stack(build_repository(work, args.tracing_step_ms, args.model), receiver, work)
             try:
@@ -363,6 +376,26 @@ def baseline(args, receiver: Collector, work: Path) -> dict:
         stack.close()
 
 
+def intervals(args, receiver: Collector, work: Path, streams: int, step_ms: float) -> dict:
+    """One API per --stream-intervals value on one tritonserver; each against the first (interval 1)."""
+    stack = Stack(build_repository(work / f"step{step_ms:g}", step_ms, args.model), receiver, work)
+    try:
+        sides = {f"interval {n}": stack.api(interval=n) for n in args.stream_intervals}
+        medians = compare(stack, sides, streams, args)
+        first = medians[f"interval {args.stream_intervals[0]}"]
+        return {
+            "streams": streams,
+            "step_ms": step_ms,
+            **medians,
+            "api_us_per_token_ratio": {
+                name: round(m["api_us_per_token"] / first["api_us_per_token"], 3)
+                for name, m in medians.items()
+            },
+        }
+    finally:
+        stack.close()
+
+
 def write(args, results: dict) -> None:
     meta = {
         "command": " ".join(shlex.quote(a) for a in sys.argv),
@@ -407,6 +440,20 @@ def write(args, results: dict) -> None:
             f"{b['tokens_per_s_ratio']}x tokens/s; goal <= {GOALS['api_us_per_token_max']} us per token.",
             "",
         ]  # fmt: skip
+    for key in [k for k in results if k.startswith("interval")]:
+        t = results[key]
+        names = [name for name in t if name.startswith("interval ")]
+        lines += [
+            f"## --stream-interval, 1 API worker, {t['streams']} streams, engine step {t['step_ms']:g} ms",
+            "",
+            "| API | tokens/s | API CPU us/token | TTFT p50 | CPU per token / the first |",
+            "|---|---|---|---|---|",
+            *(f"| {k} | {t[k]['tokens_per_s']} | {t[k]['api_us_per_token']} | {t[k]['ttft_p50_ms']} ms | "
+              f"{t['api_us_per_token_ratio'][k]}x |" for k in names),
+            "",
+            f"API CPU per token goal <= {GOALS['api_us_per_token_max']} us.",
+            "",
+        ]  # fmt: skip
     for key in [k for k in results if k.startswith("tracing")]:
         t = results[key]
         arrivals = (
@@ -445,6 +492,19 @@ def _cpu_table(section: dict, arms: tuple[str, str]) -> list[str]:
     ]
 
 
+def stream_intervals(text: str) -> list[int]:
+    """--stream-intervals: distinct whole numbers from 1 to 1024."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or len(set(values)) != len(values) or not all(1 <= v <= 1024 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: distinct whole numbers from 1 to 1024 (e.g. 1,4,16)"
+        )
+    return values
+
+
 def think_times(text: str) -> list[float]:
     """--tracing-think-ms: distinct waits in ms, each >= 0."""
     values = [think_ms_value(x) for x in text.split(",")]
@@ -466,8 +526,12 @@ def main() -> None:
     parser.add_argument(
         "--measure",
         default="workers,tracing",
-        help="any of workers, tracing, baseline (comma-separated)",
+        help="any of workers, tracing, baseline, interval (comma-separated)",
     )
+    parser.add_argument(
+        "--stream-intervals", type=stream_intervals, default=[1, 4, 16],
+        help="interval: the --stream-interval of each API compared (the first is the reference)",
+    )  # fmt: skip
     parser.add_argument(
         "--baseline-tree", type=Path, default=None,
         help="baseline: a copy of an older toolkit tree (git archive REV | tar -x -C DIR) to run one API from",

@@ -260,3 +260,77 @@ def test_top_logprobs_from_generation_logits_equal_a_log_softmax():
     expected = np.argsort(-reference)[:5]
     assert [i for i, _ in found] == [int(i) for i in expected]
     assert np.allclose([v for _, v in found], reference[expected], atol=1e-4)
+
+
+# --- --stream-interval ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("by_engine", [True, False])
+def test_a_stream_interval_goes_to_an_engine_that_honours_it_else_the_api_holds_responses(
+    by_engine,
+):
+    from toolkit.model.tokens import TokenFacts
+
+    tokens = TokenFacts(end_id=2, pad_id=2, bos_id=1, stop_ids=(), add_special_tokens=True)
+    backend = TritonBackend(
+        UNREACHABLE,
+        decoder=_Decoder(),
+        tokens=tokens,
+        stream_interval=4,
+        engine_stream_interval=by_engine,
+    )
+    assert (backend.engine_interval, backend.hold) == ((4, 1) if by_engine else (1, 4))
+    call = _Call([_response([3], False), _response([4, 5, 6], True)])
+
+    async def run():
+        backend._stream_call = lambda metadata: call
+        return [p async for p in backend.generate("p", [1, 2], 4, Sampling(temperature=0))]
+
+    assert [p.tokens for p in asyncio.run(run())] == [(3,), (4, 5, 6)]
+    parameters = call.written[0].parameters
+    if by_engine:
+        assert parameters["stream_interval"].int64_param == 4
+    else:
+        assert "stream_interval" not in parameters
+
+
+def _coalesced(hold: int, count: int, error: Exception | None = None) -> list:
+    """The items Coalesced(hold) gives for `count` one-token deltas arriving 1 ms apart (and then `error`)."""
+    from toolkit.api.generation import Coalesced
+
+    async def source():
+        for i in range(count):
+            await asyncio.sleep(0.001)
+            yield Delta(0, f"<{i}>")
+        if error is not None:
+            raise error
+
+    async def run():
+        pieces = Coalesced(source(), hold)
+        got: list = []
+        try:
+            async for batch in pieces:
+                got.append("".join(d.text for d in batch))
+        except RuntimeError as exc:
+            got.append(exc)
+        await pieces.aclose()
+        return got
+
+    return asyncio.run(run())
+
+
+def test_the_api_holds_each_chunk_until_the_stream_interval_has_arrived_and_loses_nothing():
+    held = _coalesced(hold=4, count=10)
+    assert held == ["<0><1><2><3>", "<4><5><6><7>", "<8><9>"]
+    # Without a hold, deltas 1 ms apart go one per chunk.
+    assert _coalesced(hold=1, count=5) == ["<0>", "<1>", "<2>", "<3>", "<4>"]
+    # An error after some text: the text first, then the error.
+    failure = RuntimeError("engine gone")
+    assert _coalesced(hold=4, count=2, error=failure) == ["<0><1>", failure]
+
+
+def test_the_hold_counts_every_choice_and_is_one_where_the_engine_keeps_the_interval():
+    from toolkit.api.responses import _hold
+
+    # n = 3 at --stream-interval 4 on a GPU engine: 4 steps of 3 choices each
+    assert _hold(4, 3) == 12
+    # the engine answers every interval itself (backend.hold 1): write whatever has come, for any n
+    assert _hold(1, 3) == 1

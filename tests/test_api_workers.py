@@ -191,3 +191,36 @@ def test_sigterm_drains_every_worker_and_exits_0(workers):
     assert not any(
         psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids
     )
+
+
+def test_a_stream_interval_streams_the_first_token_at_once_then_fewer_larger_chunks(
+    triton, tmp_path
+):
+    """`--stream-interval 4` on the synthetic engine (which answers every 4 tokens itself): 13 tokens come
+    as at most 5 chunks (1, 3, 4, 4, 1 tokens; the API may join two that arrive together), all counted."""
+    import json
+
+    server, repo = triton
+    port = free_port()
+    settings = ApiSettings(server.grpc_url, repo, stream_interval=4)
+    process, _ = launch_api(settings, host="127.0.0.1", port=port, log_file=tmp_path / "api.log")
+    body = {
+        "model": "tensorrt_llm",
+        "prompt": "Hello world",
+        "max_tokens": 13,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    try:
+        with httpx.stream(
+            "POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60
+        ) as response:
+            assert response.status_code == 200
+            events = [
+                json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")
+            ]
+    finally:
+        stop_process(process, 20)
+    texts = [e["choices"][0]["text"] for e in events if e["choices"] and e["choices"][0]["text"]]
+    assert 2 <= len(texts) <= 5
+    assert events[-1]["usage"]["completion_tokens"] == 13

@@ -108,6 +108,44 @@ def test_temperature_alone_is_greedy_as_in_tensorrt_llm(served_repo, reference_m
     assert len(sampled) > 1  # top_p > 0 does sample
 
 
+def test_a_stream_interval_answers_the_first_token_then_every_interval_with_the_same_tokens(
+    served_repo, reference_model
+):
+    """The stream_interval request parameter (--stream-interval): responses at tokens 1, 4, 8 and the last,
+    the tokens unchanged; a value out of range is refused naming it."""
+    import tritonclient.grpc as grpcclient
+
+    prompt = chat(served_repo, QUESTIONS[0])
+    _, tokenizer = reference_model
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    # the same request in one response: the tokens the interval must not change (min_tokens runs past the end)
+    expected = _engine_tokens(served_repo.grpc_url, ids, 10, min_tokens=10)
+    results: queue.Queue = queue.Queue()
+    inputs = engine_inputs(ids, 10, streaming=True, min_tokens=10)
+    with grpcclient.InferenceServerClient(served_repo.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer(
+            "tensorrt_llm",
+            inputs,
+            enable_empty_final_response=True,
+            parameters={"stream_interval": 4},
+        )
+        pieces = []
+        while True:
+            result, error = results.get(timeout=120)
+            assert error is None, error
+            if result.as_numpy("output_ids") is not None:
+                pieces.append(result.as_numpy("output_ids").reshape(-1).tolist())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.async_stream_infer("tensorrt_llm", inputs, parameters={"stream_interval": 0})
+        _, refused = results.get(timeout=120)
+        client.stop_stream()
+    assert [len(p) for p in pieces] == [1, 3, 4, 2]
+    assert [t for p in pieces for t in p] == expected
+    assert refused is not None and "stream_interval=0" in str(refused)
+
+
 @pytest.mark.parametrize("question", QUESTIONS[:3])
 def test_text_over_grpc_streaming_and_http_equals_reference(served_repo, reference_model, question):
     prompt = chat(served_repo, question)

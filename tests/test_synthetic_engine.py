@@ -43,6 +43,7 @@ def _infer(
     exclude_input: bool = True,
     ids=(5, 6, 7),
     model: str = c.ENGINE,
+    parameters: dict | None = None,
 ):
     """Send one request over a gRPC stream; returns [(output_ids, sequence_length, final)] or raises the error."""
     import tritonclient.grpc as grpcclient
@@ -54,7 +55,9 @@ def _infer(
     inputs = engine_inputs(
         list(ids), output_len, streaming=streaming, exclude_input_in_output=exclude_input
     )
-    client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+    client.async_stream_infer(
+        model, inputs, enable_empty_final_response=True, parameters=parameters
+    )
     responses = []
     try:
         while True:
@@ -88,6 +91,37 @@ def test_streaming_sends_one_token_per_response_and_the_last_is_final(served):
     assert set(tokens) <= set(token_ids)
     # cycles through the ids
     assert tokens[1] == token_ids[(token_ids.index(tokens[0]) + 1) % len(token_ids)]
+
+
+def _cycle_follows(tokens: list, token_ids: tuple) -> bool:
+    start = token_ids.index(tokens[0])
+    return tokens == [token_ids[(start + i) % len(token_ids)] for i in range(len(tokens))]
+
+
+def test_a_stream_interval_sends_the_first_token_alone_then_a_response_per_interval(served):
+    engine_url, token_ids = served
+    responses = _infer(engine_url, output_len=13, streaming=True, parameters={"stream_interval": 4})
+    # As TensorRT-LLM's stream_interval: responses at tokens 1, 4, 8, 12, and the last at 13.
+    assert [r[1] for r in responses] == [[[1]], [[3]], [[4]], [[4]], [[1]]]
+    assert [r[2] for r in responses] == [False] * 4 + [True]
+    tokens = [t for r in responses for t in r[0][0][0]]
+    assert len(tokens) == 13 and _cycle_follows(tokens, token_ids)
+    # An interval longer than the engine's token cycle still streams the cycle in order.
+    long = len(token_ids) + 3
+    responses = _infer(
+        engine_url, output_len=2 * long + 1, streaming=True, parameters={"stream_interval": long}
+    )
+    assert [r[1][0][0] for r in responses] == [1, long - 1, long, 1]
+    tokens = [t for r in responses for t in r[0][0][0]]
+    assert len(tokens) == 2 * long + 1 and _cycle_follows(tokens, token_ids)
+
+
+@pytest.mark.parametrize("value", [0, -2, 1025, "4", 2.5])
+def test_a_stream_interval_that_is_not_a_whole_number_from_1_to_1024_is_refused_naming_it(
+    engine_url, value
+):
+    with pytest.raises(RuntimeError, match=r"stream_interval=.*from 1 to 1024"):
+        _infer(engine_url, output_len=3, streaming=True, parameters={"stream_interval": value})
 
 
 def test_non_streaming_returns_every_token_at_once_with_or_without_the_prompt(engine_url):

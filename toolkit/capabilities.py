@@ -64,6 +64,9 @@ class Capabilities:
     # Whether the engine reports the KV blocks a request took from its prefix cache (kv_cache_reused_blocks),
     # from which the API gives usage.prompt_tokens_details.cached_tokens.
     cached_tokens: bool = False
+    # Whether the engine itself answers every N tokens when a request's stream_interval parameter asks
+    # (--stream-interval); else the API holds the engine's per-step responses into chunks of N.
+    engine_stream_interval: bool = False
     enable: dict[str, str] = field(default_factory=dict)
 
     def supports(self, feature: str) -> bool:

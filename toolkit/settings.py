@@ -31,6 +31,9 @@ OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
 OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
 
 
+# --stream-interval's bound: tokens per streamed chunk (model_repo/common/engine_requests.py MAX_STREAM_INTERVAL).
+MAX_STREAM_INTERVAL = 1024
+
 # On SIGTERM/Ctrl-C: how long tritonserver (--exit-timeout-secs) and the API let in-flight requests finish.
 EXIT_TIMEOUT_S = 30
 # The default body read budget, in largest bodies: enough for a few large prompts arriving at once,

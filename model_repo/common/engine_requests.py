@@ -7,6 +7,9 @@
 - Non-decoupled models (`toolkit build --no-decoupled`) answer each request with exactly one
   response, returned from execute: a `Collector` stands in for the response sender.
 - Perf outputs (`return_perf_metrics`): the backend's request timing and KV-block outputs.
+- `stream_interval` (a request parameter, ours; TensorRT-LLM's LLM API has the same setting): a streamed
+  request gets its first token at once, then one response per `stream_interval` tokens, and the rest
+  with the final flag. Fewer, larger responses cost the stack above less CPU per token.
 """
 
 from __future__ import annotations
@@ -51,6 +54,30 @@ class Refusals:
             if asked:
                 shown = values[0].item() if values.size == 1 else f"[{values.size} values]"
                 raise Refused(f"{name}={shown}: {message}", "unsupported_parameter")
+
+
+STREAM_INTERVAL = "stream_interval"  # toolkit.api.triton.STREAM_INTERVAL
+MAX_STREAM_INTERVAL = 1024  # toolkit.settings.MAX_STREAM_INTERVAL
+
+
+def stream_interval(request) -> int:
+    """The request's `stream_interval` parameter (1 when absent); a value that is not a whole number from 1 to
+    MAX_STREAM_INTERVAL is refused, naming it."""
+    parameters = request.parameters() if hasattr(request, "parameters") else None
+    if not parameters or STREAM_INTERVAL not in parameters:
+        return 1
+    value = json.loads(parameters).get(STREAM_INTERVAL, 1)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not 1 <= value <= MAX_STREAM_INTERVAL
+    ):
+        raise Refused(
+            f"stream_interval={value!r}: send a whole number of tokens per streamed response, from 1 to "
+            f"{MAX_STREAM_INTERVAL}",
+            "invalid_value",
+        )
+    return value
 
 
 def is_stop_request(pb_utils, request) -> bool:

@@ -347,3 +347,24 @@ def test_tracing_goes_to_the_otlp_endpoint_from_every_layer(helm, cpu_repo, tmp_
     assert "--trace-context-only" in container(pod, "triton")["args"]
     untraced = server_deployment(gpu_render[2])["spec"]["template"]["spec"]
     assert not any("--otlp-endpoint" in c["args"] for c in untraced["containers"])
+
+
+def test_the_api_container_args_are_flags_toolkit_api_takes_with_the_values_given(
+    helm, cpu_repo, tmp_path
+):
+    """The chart's API command line, parsed by `toolkit api --dry-run` itself (the repository and key file
+    paths swapped for local ones): every flag exists, and the values reach the settings."""
+    from chart import invoke, write_values
+
+    deploy(cpu_repo, tmp_path / "d")
+    cluster = write_values(tmp_path / "c.yaml", {"api": {"streamInterval": 4, "workers": 2}})
+    docs = render(helm, tmp_path / "d", extra=["-f", cluster])
+    args = container(server_deployment(docs)["spec"]["template"]["spec"], "api")["args"]
+    keys = tmp_path / "keys"
+    keys.write_text("a-key\n")
+    local = {"--repo": str(cpu_repo), "--api-key-file": str(keys), "-k": str(keys)}
+    args = [local.get(args[i - 1], a) if i else a for i, a in enumerate(args)]
+    result = invoke("api", *args, "--dry-run")
+    assert result.exit_code == 0, result.output
+    settings = json.loads(result.stdout)
+    assert (settings["stream_interval"], settings["workers"]) == (4, 2)

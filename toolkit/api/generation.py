@@ -345,10 +345,14 @@ class Coalesced:
     several pieces wait in the buffer and go out as one SSE chunk: one JSON encode, one trip down the
     ASGI send chain and one socket write for all of them. Text pieces are joined into one string (they
     still concatenate to the full text); deltas into one per choice, in the order the choices came.
+
+    `hold`: each item waits for at least this many pieces (or the source's end): the API's side of
+    --stream-interval where the engine answers every step (toolkit.api.triton.TritonBackend.hold).
     """
 
-    def __init__(self, source: AsyncGenerator):
+    def __init__(self, source: AsyncGenerator, hold: int = 1):
         self.source = source
+        self.hold = max(1, hold)
         self.buffer: list = []
         self.done = False
         self.error: BaseException | None = None
@@ -375,8 +379,10 @@ class Coalesced:
         return self
 
     async def __anext__(self):
-        while not self.buffer:
+        while len(self.buffer) < self.hold:
             if self.done:
+                if self.buffer:
+                    break  # what came before the end (or an error) goes first
                 if self.error is not None:
                     raise self.error
                 raise StopAsyncIteration
@@ -459,7 +465,8 @@ class SseFormatter:
     def __init__(self, job: Job, logprobs: Callable | None = None, choices: int | None = None):
         self.job = job
         self.logprobs = logprobs
-        self.indexes = range(job.first_index, job.first_index + (choices or job.n))
+        self.choices = choices or job.n
+        self.indexes = range(job.first_index, job.first_index + self.choices)
         head = {"id": job.id, "created": job.created, "model": job.model}
         head["object"] = "chat.completion.chunk" if job.kind == "chat" else "text_completion"
         self._head = head

@@ -73,7 +73,7 @@ async def respond(state: ApiState, jobs: Job | list[Job], stream: bool, request:
         raise engine_error(exc) from exc
     sse = SseFormatter(jobs[0], render, choices=sum(job.n for job in jobs))
     return _EventStream(
-        _sse(sse, generations, deltas, first, reasoning),
+        _sse(sse, generations, deltas, first, reasoning, _hold(state.backend.hold, sse.choices)),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )
@@ -122,6 +122,12 @@ class _EventStream(StreamingResponse):
             await self.events.aclose()
 
 
+def _hold(interval: int, choices: int) -> int:
+    """Engine responses each chunk waits for: `interval` steps of every choice (each answers once a step);
+    1 where the engine itself answers every interval (the API then writes whatever has come)."""
+    return interval * choices if interval > 1 else 1
+
+
 async def _drain(deltas: AsyncGenerator[Delta, None]) -> None:
     async for _ in deltas:
         pass
@@ -133,8 +139,10 @@ async def _sse(
     deltas: AsyncGenerator[Delta, None],
     first: Delta | None,
     reasoning: ReasoningParser | None = None,
+    hold: int = 1,
 ) -> AsyncGenerator[bytes, None]:
-    """The event stream; cancelled (client gone) at an await, which closes `deltas` and cancels Triton."""
+    """The event stream; cancelled (client gone) at an await, which closes `deltas` and cancels Triton.
+    `hold`: engine responses (all choices') that each chunk after the first waits for (--stream-interval)."""
     job = generations[0].job
     splits: dict[int, ReasoningStream] = {}  # a reasoning model's choices, each split on its own
     pieces = None
@@ -153,7 +161,7 @@ async def _sse(
             if trace is not None:  # the chunk has been written: the stream pulls the next one
                 counted = _wrote(trace, generations, counted)
         # What arrives while a chunk is being written goes out together in the next.
-        pieces = Coalesced(deltas)
+        pieces = Coalesced(deltas, hold)
         async for batch in pieces:
             # a reasoning model's piece may be held back: a tag cut in two
             if len(batch) == 1:

@@ -47,6 +47,8 @@ class ApiSettings:
     special_tokens_in_messages: bool = False
     # Where and how to trace (toolkit.trace.config.plan_tracing); None: no tracing, no SDK loaded.
     trace: TracePlan | None = None
+    # Engine steps per streamed chunk after the first (--stream-interval): 1 streams every token.
+    stream_interval: int = 1
 
 
 class ApiState:
@@ -72,6 +74,8 @@ class ApiState:
             trtllm_version=repository.trtllm_version,
             stall_timeout_s=settings.limits.stall_timeout_s,
             vocab_size=self.vocab_size,
+            stream_interval=settings.stream_interval,
+            engine_stream_interval=self.capabilities.engine_stream_interval,
         )
         self.metrics = ApiMetrics()
         self.tracer = None

@@ -41,6 +41,9 @@ log = logging.getLogger("toolkit.api")
 
 FINAL_FLAG = "triton_final_response"
 TRACEPARENT = "traceparent"  # W3C trace context: gRPC metadata key and request parameter name
+# Tokens per streamed response after the first: a request parameter the Python engines honour
+# (model_repo/common/engine_requests.py; capabilities.engine_stream_interval).
+STREAM_INTERVAL = "stream_interval"
 ENGINE_MODEL = c.ENGINE  # the engine contract: token ids in, token ids out
 # Triton's words for a model that can serve nothing at all (not one request refused): its Python-backend
 # stub died ("Stub process 'tensorrt_llm_0_0' is not healthy."), or the model was unloaded.
@@ -205,6 +208,8 @@ class TritonBackend:
         trtllm_version: str | None = None,
         stall_timeout_s: float = STALL_TIMEOUT_S,
         vocab_size: int = 0,
+        stream_interval: int = 1,
+        engine_stream_interval: bool = False,
     ):
         self.url = url
         self.vocab_size = vocab_size  # logits per step (embedding_bias is one bias per logit)
@@ -219,6 +224,11 @@ class TritonBackend:
         self.tokens = tokens
         self.decoupled = decoupled  # a --no-decoupled repository answers once: no streaming flag
         self.names = c.engine_renames(trtllm_version) if self.engine else {}
+        # --stream-interval: an engine that honours it answers every `stream_interval` tokens itself (fewer
+        # gRPC messages); else the API holds that many responses per chunk (`hold`: fewer writes only).
+        by_engine = self.engine and engine_stream_interval and stream_interval > 1
+        self.engine_interval = stream_interval if by_engine else 1
+        self.hold = 1 if by_engine else stream_interval
         self._client: grpcclient.InferenceServerClient | None = None
         self._channel: grpc.aio.Channel | None = None  # the streams' channel
         self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
@@ -416,6 +426,8 @@ class TritonBackend:
             if self.engine
             else self._text_request(prompt, max_tokens, sampling, features)
         )
+        if self.engine_interval > 1:
+            request.parameters[STREAM_INTERVAL].int64_param = self.engine_interval
         metadata = None
         if traceparent is not None:
             request.parameters[TRACEPARENT].string_param = traceparent

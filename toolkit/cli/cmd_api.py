@@ -113,6 +113,7 @@ def command(
     workers,
     api_keys,
     max_in_flight,
+    stream_interval,
     limits,
     tool_parser,
     special_tokens_in_messages,
@@ -143,6 +144,7 @@ def command(
         reasoning_parser=reasoning_parser,
         tool_parser=tool_parser,
         special_tokens_in_messages=special_tokens_in_messages,
+        stream_interval=stream_interval,
     )
     if dry_run:
         emit_json(
@@ -157,6 +159,7 @@ def command(
                 "tool_parser": tool_parser,
                 "api_keys": len(api_keys),
                 "max_in_flight": max_in_flight,
+                "stream_interval": stream_interval,
                 "header_timeout_s": limits.header_timeout_s,
                 "body_timeout_s": limits.body_timeout_s,
                 "max_body_bytes": limits.max_body_bytes,

@@ -89,6 +89,7 @@ def command(
     api_workers,
     api_keys,
     max_in_flight,
+    stream_interval,
     limits,
     tool_parser,
     special_tokens_in_messages,
@@ -135,6 +136,7 @@ def command(
         api_workers=api_workers,
         tool_parser=tool_parser,
         special_tokens_in_messages=special_tokens_in_messages,
+        stream_interval=stream_interval,
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
         session = start_serving(

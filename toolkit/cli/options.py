@@ -17,6 +17,7 @@ from toolkit.settings import (
     API_KEYS,
     BODY_READ_BUDGET_BODIES,
     EXIT_TIMEOUT_S,
+    MAX_STREAM_INTERVAL,
     OTEL_ENDPOINT,
     OTEL_SAMPLER,
     ApiLimits,
@@ -126,6 +127,21 @@ def api_workers_option(*decls: str):
     )
 
 
+def stream_interval_option(function):
+    return click.option(
+        "--stream-interval",
+        type=click.IntRange(1, MAX_STREAM_INTERVAL),
+        default=1,
+        envvar=f"{API_ENV_PREFIX}STREAM_INTERVAL",
+        show_envvar=True,
+        show_default=True,
+        help="OpenAI API: engine steps per streamed chunk after the first token, which goes at once (as "
+        "trtllm-serve's and SGLang's stream_interval). Above 1, fewer, larger chunks cost the API less "
+        "CPU per token; each token waits up to that many steps. The CPU and synthetic engines answer that "
+        "often themselves; on GPU the API groups the engine's per-step responses.",
+    )(function)
+
+
 def openai_api_options(*worker_decls: str):
     """The OpenAI API's own options, for `api` and `serve` alike: its worker processes (under the command's
     option names), bearer keys, --max-in-flight, limits, tool-call parsing and special tokens."""
@@ -136,6 +152,7 @@ def openai_api_options(*worker_decls: str):
             tool_parser_option,
             api_limit_options,
             max_in_flight_option,
+            stream_interval_option,
             api_key_options,
             api_workers_option(*worker_decls),
         ):

@@ -65,6 +65,7 @@ class ServeOptions:
     tool_parser: str = "auto"  # how the OpenAI API reads tool calls (toolkit.api.tool_parsers)
     # The OpenAI API trusts special tokens in message content.
     special_tokens_in_messages: bool = False
+    stream_interval: int = 1  # the OpenAI API's engine steps per streamed chunk (--stream-interval)
 
 
 @dataclass
@@ -257,6 +258,7 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
         trace=options.trace,
         tool_parser=options.tool_parser,
         special_tokens_in_messages=options.special_tokens_in_messages,
+        stream_interval=options.stream_interval,
     )
     session.api, session.api_log = launch_api(
         settings,

@@ -72,6 +72,7 @@ class CpuTarget(PythonTarget):
             settings,
             top_logprobs=MAX_TOP_LOGPROBS,
             top_logprobs_source="engine",
+            engine_stream_interval=True,
             enable={
                 "prompt_logprobs": "the CPU engine computes log probs of generated tokens only",
                 "n": "the engine answers each of n sequences on its own: rebuild without --no-decoupled",

@@ -84,6 +84,7 @@ class SyntheticTarget(PythonTarget):
         return Capabilities(
             target=self.name,
             streaming=bool(settings.decoupled),
+            engine_stream_interval=True,
             enable={
                 feature: NO_MODEL
                 for feature in (

@@ -24,10 +24,10 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
-from engine_requests import Refusals, responses, take_requests  # noqa: E402
+from engine_requests import Refusals, responses, stream_interval, take_requests  # noqa: E402
 from lora_tasks import AdapterTable  # noqa: E402
 from params import ModelParams, error_response, final_flag, scalar, start_model  # noqa: E402
-from streams import Stream, response_tensors, take_tokens  # noqa: E402
+from streams import Stream, due, response_tensors, take_tokens  # noqa: E402
 from textcodec import Refused, unpack_word_list  # noqa: E402
 from tracing import EngineTracer  # noqa: E402
 
@@ -360,6 +360,7 @@ class TritonPythonModel:
             want_logprobs=decoding.logprobs >= 0,
             top_logprobs=max(decoding.logprobs, 0),
             n=self.inputs.return_sequences(request, self.decoupled),
+            interval=stream_interval(request),
         )
         return stream, decoding
 
@@ -505,7 +506,7 @@ class TritonPythonModel:
             if not result.is_finished():
                 self.manager.cancel_request(choice.request_id)
             self._choice_done(stream, choice)
-        elif stream.streaming and choice.unsent:
+        elif stream.streaming and choice.unsent and due(choice, stream.interval):
             self._respond(stream, choice, final=False)
 
     def _choice_done(self, stream: Stream, choice) -> None:

@@ -54,6 +54,9 @@ class Stream:
     timing: Timing = field(default_factory=Timing)
     cached_tokens: int = 0  # prompt tokens the prefix cache gave it
     spans: object = None  # tracing.RequestSpans of a traced request, else None
+    interval: int = (
+        1  # streamed tokens per response after the first (the stream_interval parameter)
+    )
 
     def __post_init__(self):
         if not self.choices:
@@ -101,6 +104,14 @@ def take_tokens(
         ):
             return True, appended
     return False, appended
+
+
+def due(choice: Choice, interval: int) -> bool:
+    """Whether a streamed choice with unsent tokens gets a response now: its first, or its tokens have reached
+    the next multiple of `interval` (TensorRT-LLM's stream_interval: responses at token 1, N, 2N, ...; the
+    rest goes with the choice's last response)."""
+    sent = len(choice.tokens) - choice.unsent
+    return sent == 0 or len(choice.tokens) // interval > sent // interval
 
 
 def _ends_with_stop(tokens: list, stop_words: list) -> bool:

@@ -10,6 +10,8 @@ token as the contract allows:
 - the response tensors are built once: the engine cycles through a fixed list of valid token ids,
   so each streamed response reuses a prebuilt `output_ids` tensor and one `sequence_length` tensor;
 - the last token goes out with the final flag (no extra empty response);
+- a request's `stream_interval` parameter (common/engine_requests.py) makes it one response per that many
+  tokens after the first, as TensorRT-LLM's LLM API does: responses at token 1 and at each multiple;
 - cancellation is polled every `cancel_check_steps` steps, not per token (each poll is an IPC call);
 - `stop` requests, the queue bound, non-decoupled builds and the backend's metric families behave as
   in the CPU engine (model_repo/common/engine_requests.py, engine_metrics.py). Sampling and stop words
@@ -40,7 +42,7 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(__file__))
 from engine_metrics import EngineMetrics  # noqa: E402
-from engine_requests import Refusals, responses, take_requests  # noqa: E402
+from engine_requests import Refusals, responses, stream_interval, take_requests  # noqa: E402
 from lora_tasks import AdapterTable  # noqa: E402
 from params import scalar, start_model  # noqa: E402
 from textcodec import Refused  # noqa: E402
@@ -63,6 +65,8 @@ class _Stream:
         "produced",
         "position",
         "streaming",
+        "interval",
+        "sent",
         "prefix",
         "input_len",
         "spans",
@@ -78,6 +82,7 @@ class _Stream:
         input_len: int,
         position: int,
         spans=None,
+        interval: int = 1,
     ):
         self.request = request
         self.sender = sender
@@ -86,6 +91,8 @@ class _Stream:
         self.produced = 0
         self.position = position
         self.streaming = streaming
+        self.interval = interval  # streamed tokens per response after the first
+        self.sent = 0  # tokens streamed so far (counted only when interval > 1)
         self.prefix = prefix  # input ids echoed before the output (non-streaming, exclude_input_in_output false)
         self.input_len = input_len
         self.spans = spans  # tracing.RequestSpans of a traced request, else None
@@ -126,6 +133,8 @@ class TritonPythonModel:
             pb_utils.Tensor("output_ids", np.full((1, 1, 1), t, np.int32)) for t in self.token_ids
         ]
         self.one_length = pb_utils.Tensor("sequence_length", np.ones((1, 1), np.int32))
+        # The token cycle twice over: any run of up to len(token_ids) tokens is one slice of it.
+        self.cycle_twice = np.concatenate([self.token_ids, self.token_ids])
         self.tracer = EngineTracer(params.model)
         self.pending: deque[_Stream] = deque()
         # The generator thread's, in arrival order: the first max_batch_size run, the rest wait for a
@@ -175,6 +184,7 @@ class TritonPythonModel:
                 "unsupported_parameter",
             )
         streaming = bool(scalar(pb_utils, request, "streaming", False))
+        interval = stream_interval(request)
         if streaming and not self.decoupled:
             raise Refused(
                 "streaming is only supported by a decoupled model; this repository was built with --no-decoupled"
@@ -203,12 +213,15 @@ class TritonPythonModel:
                 prefix,
                 input_len,
                 0,
+                interval=interval,
             )
         position = self.next_position
         # requests start at different tokens
         self.next_position = (position + 7) % len(self.token_ids)
         spans = self.tracer.start(request, input_len, self.block_size)
-        return _Stream(request, sender, output_len, streaming, prefix, input_len, position, spans)
+        return _Stream(
+            request, sender, output_len, streaming, prefix, input_len, position, spans, interval
+        )
 
     # -- tokens out -----------------------------------------------------------------------------
     def _generate(self) -> None:
@@ -292,9 +305,13 @@ class TritonPythonModel:
             s.spans.step(1)
             if last:
                 s.spans.finish("length")
-        if s.streaming:
+        if s.streaming and s.interval == 1:
             outputs = [self.id_tensors[s.position], self.one_length]
             s.position = (s.position + 1) % len(self.id_tensors)
+        elif s.streaming:
+            if not (last or s.produced == 1 or s.produced % s.interval == 0):
+                return True
+            outputs = self._unsent(s)
         elif last:
             outputs = self._whole_output(s)
         else:
@@ -305,6 +322,21 @@ class TritonPythonModel:
         if last:
             self.metrics.request_finished(s.input_len, s.produced)
         return not last
+
+    def _unsent(self, s: _Stream) -> list:
+        """The response tensors of the tokens `s` produced since its last response; `s` moves past them."""
+        count = s.produced - s.sent
+        size = len(self.token_ids)
+        if count <= size:
+            tokens = self.cycle_twice[s.position : s.position + count]
+        else:
+            tokens = np.resize(np.roll(self.token_ids, -s.position), count)
+        s.position = (s.position + count) % size
+        s.sent = s.produced
+        return [
+            pb_utils.Tensor("output_ids", tokens.reshape(1, 1, count)),
+            pb_utils.Tensor("sequence_length", np.array([[count]], np.int32)),
+        ]
 
     def _whole_output(self, s: _Stream) -> list:
         cycle = np.resize(np.roll(self.token_ids, -s.position), s.produced)
