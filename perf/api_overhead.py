@@ -40,9 +40,10 @@ PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"  # greedy decoding keeps count
 
 
 async def direct_stream(
-    client, model: str, ids: list[int], max_tokens: int, end_id: int
+    client, model: str, ids: list[int], max_tokens: int, end_id: int, interval: int = 1
 ) -> tuple[float, int]:
-    """One streamed request straight to the engine; returns (TTFT s, tokens)."""
+    """One streamed request straight to the engine (its stream_interval parameter `interval`, as the API
+    sends it with --stream-interval); returns (TTFT s, tokens)."""
     inputs = engine_inputs(ids, max_tokens, end_id=end_id, streaming=True, runtime_top_k=1)
     done = asyncio.Event()
 
@@ -50,7 +51,10 @@ async def direct_stream(
         yield {
             "model_name": model,
             "inputs": inputs,
-            "parameters": {"triton_enable_empty_final_response": True},
+            "parameters": {
+                "triton_enable_empty_final_response": True,
+                **({"stream_interval": interval} if interval > 1 else {}),
+            },
             "outputs": [
                 grpcclient.InferRequestedOutput("output_ids"),
                 grpcclient.InferRequestedOutput("sequence_length"),
@@ -147,8 +151,9 @@ def summarize(phases: list[dict]) -> dict:
 def start_api(args):
     """The API as `toolkit serve --openai-port` starts it (python -m toolkit.api), on its own port."""
     settings = ApiSettings(
-        args.triton_url, args.repo, model_name=args.model_name, max_in_flight=256
-    )
+        args.triton_url, args.repo, model_name=args.model_name, max_in_flight=256,
+        stream_interval=args.stream_interval,
+    )  # fmt: skip
     process, _log = launch_api(
         settings, host="127.0.0.1", port=args.api_port, workers=args.api_workers
     )
@@ -191,8 +196,13 @@ async def measure(args) -> dict:
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
         model = (await http.get(f"{url}/v1/models")).json()["data"][0]["id"]
         direct = lambda: direct_stream(  # noqa: E731
-            client, args.model_name, ids, args.max_tokens, repository.tokens.end_id
-        )  # noqa: E731
+            client,
+            args.model_name,
+            ids,
+            args.max_tokens,
+            repository.tokens.end_id,
+            args.stream_interval,
+        )
         lean = LeanStreamClient(
             url,
             "/v1/completions",
@@ -252,6 +262,7 @@ def write_results(args, results: dict, manifest: dict) -> None:
         "client": args.client,
         "think_ms": args.think_ms,
         "api_workers": args.api_workers,
+        "stream_interval": args.stream_interval,
         "machine": machine(),
         "targets": {"tokens_per_s_lost_pct_max": 5.0, "ttft_p50_added_ms_max": 5.0},
     }
@@ -290,7 +301,8 @@ def write_results(args, results: dict, manifest: dict) -> None:
         f"model called: `{args.model_name}`; {args.max_tokens} tokens per request, {args.requests_per_stream} "
         "requests per stream, "
         f"{args.rounds} alternating rounds per side; API-side client: {args.client}; "
-        f"think time before each request: uniform 0..{args.think_ms} ms.",
+        f"think time before each request: uniform 0..{args.think_ms} ms; stream interval "
+        f"{args.stream_interval} (both sides).",
         "",
         *rows,
         "",
@@ -332,6 +344,13 @@ def main() -> None:
         default=0.0,
         help="a random 0..T ms wait before each request, both sides (0: back to back, so each request "
         "arrives in step with the response that ended the last; an engine step: arrivals at any phase)",
+    )
+    parser.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="the API's --stream-interval; direct requests ask the engine for the same (its stream_interval "
+        "parameter: the synthetic and CPU engines honour it)",
     )
     parser.add_argument("--out", default="perf/results/api_overhead")
     args = parser.parse_args()
