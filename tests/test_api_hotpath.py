@@ -277,19 +277,28 @@ def test_a_stream_interval_goes_to_an_engine_that_honours_it_else_the_api_holds_
         stream_interval=4,
         engine_stream_interval=by_engine,
     )
-    assert (backend.engine_interval, backend.hold) == ((4, 1) if by_engine else (1, 4))
-    call = _Call([_response([3], False), _response([4, 5, 6], True)])
+    assert (backend.engine_interval(False), backend.hold(False)) == (
+        (4, 1) if by_engine else (1, 4)
+    )
+    # A request with stop strings gets every token from the engine (the API cuts them between tokens).
+    assert (backend.engine_interval(True), backend.hold(True)) == (1, 4)
 
-    async def run():
-        backend._stream_call = lambda metadata: call
-        return [p async for p in backend.generate("p", [1, 2], 4, Sampling(temperature=0))]
+    def sent(stops: bool):
+        call = _Call([_response([3], False), _response([4, 5, 6], True)])
 
-    assert [p.tokens for p in asyncio.run(run())] == [(3,), (4, 5, 6)]
-    parameters = call.written[0].parameters
+        async def run():
+            backend._stream_call = lambda metadata: call
+            pieces = backend.generate("p", [1, 2], 4, Sampling(temperature=0), stops=stops)
+            return [p async for p in pieces]
+
+        assert [p.tokens for p in asyncio.run(run())] == [(3,), (4, 5, 6)]
+        return call.written[0].parameters
+
     if by_engine:
-        assert parameters["stream_interval"].int64_param == 4
+        assert sent(stops=False)["stream_interval"].int64_param == 4
     else:
-        assert "stream_interval" not in parameters
+        assert "stream_interval" not in sent(stops=False)
+    assert "stream_interval" not in sent(stops=True)
 
 
 def _coalesced(hold: int, count: int, error: Exception | None = None) -> list:
@@ -334,3 +343,13 @@ def test_the_hold_counts_every_choice_and_is_one_where_the_engine_keeps_the_inte
     assert _hold(4, 3) == 12
     # the engine answers every interval itself (backend.hold 1): write whatever has come, for any n
     assert _hold(1, 3) == 1
+
+
+@pytest.mark.parametrize("value", [0, 1025, True, 2.0])
+def test_api_settings_refuse_a_stream_interval_outside_1_to_1024_naming_it(value, tmp_path):
+    """The settings' own check: `python -m toolkit.api` and library users pass no click range."""
+    from toolkit.api.state import ApiSettings
+    from toolkit.errors import ToolkitError
+
+    with pytest.raises(ToolkitError, match=r"from 1 to 1024, not " + repr(value)):
+        ApiSettings("127.0.0.1:1", tmp_path, stream_interval=value)

@@ -391,7 +391,7 @@ class _FakeBackend:
         )
         self.closed_early = False
 
-    async def generate(self, prompt, prompt_ids, max_tokens, sampling):
+    async def generate(self, prompt, prompt_ids, max_tokens, sampling, stops=False):
         finished = False
         try:
             for piece in self.pieces:

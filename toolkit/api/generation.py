@@ -212,6 +212,8 @@ class Generation:
             options = {"traceparent": trace.call(self.backend.model_name), "timing": trace}
         if job.features is not None:
             options["features"] = job.features
+        if job.stops:
+            options["stops"] = True
         self._sent = sent = time.perf_counter()
         metrics.admission.observe(sent - job.arrival)
         pieces = self.backend.generate(

@@ -73,7 +73,14 @@ async def respond(state: ApiState, jobs: Job | list[Job], stream: bool, request:
         raise engine_error(exc) from exc
     sse = SseFormatter(jobs[0], render, choices=sum(job.n for job in jobs))
     return _EventStream(
-        _sse(sse, generations, deltas, first, reasoning, _hold(state.backend.hold, sse.choices)),
+        _sse(
+            sse,
+            generations,
+            deltas,
+            first,
+            reasoning,
+            _hold(state.backend.hold(bool(jobs[0].stops)), sse.choices),
+        ),
         media_type="text/event-stream",
         headers=SSE_HEADERS,
     )

@@ -15,8 +15,9 @@ from toolkit.api.prompt import PromptCodec
 from toolkit.api.reasoning import reasoning_parser
 from toolkit.api.tools import resolve_tool_parser
 from toolkit.api.triton import ENGINE_MODEL, TritonBackend
+from toolkit.errors import ToolkitError
 from toolkit.repository.reader import Repository
-from toolkit.settings import ApiLimits
+from toolkit.settings import MAX_STREAM_INTERVAL, ApiLimits
 from toolkit.trace.config import TracePlan
 
 # Long prompts tokenized at once: each takes ~150-700 bytes of memory per character while it is encoded,
@@ -49,6 +50,19 @@ class ApiSettings:
     trace: TracePlan | None = None
     # Engine steps per streamed chunk after the first (--stream-interval): 1 streams every token.
     stream_interval: int = 1
+
+    def __post_init__(self) -> None:
+        value = self.stream_interval
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 1 <= value <= MAX_STREAM_INTERVAL
+        ):
+            raise ToolkitError(
+                f"the stream interval must be a whole number of engine steps from 1 to {MAX_STREAM_INTERVAL}, "
+                f"not {value!r}",
+                hint="pass --stream-interval between 1 and 1024, or leave it at 1 (every token)",
+            )
 
 
 class ApiState:

@@ -226,9 +226,8 @@ class TritonBackend:
         self.names = c.engine_renames(trtllm_version) if self.engine else {}
         # --stream-interval: an engine that honours it answers every `stream_interval` tokens itself (fewer
         # gRPC messages); else the API holds that many responses per chunk (`hold`: fewer writes only).
-        by_engine = self.engine and engine_stream_interval and stream_interval > 1
-        self.engine_interval = stream_interval if by_engine else 1
-        self.hold = 1 if by_engine else stream_interval
+        self.stream_interval = stream_interval
+        self.by_engine = self.engine and engine_stream_interval and stream_interval > 1
         self._client: grpcclient.InferenceServerClient | None = None
         self._channel: grpc.aio.Channel | None = None  # the streams' channel
         self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
@@ -402,6 +401,15 @@ class TritonBackend:
                 stream.failure = EngineFault(message)
                 stream.call.cancel()
 
+    def engine_interval(self, stops: bool) -> int:
+        """The stream_interval a request asks the engine for: 1 (every step) unless the engine honours it and
+        the request has no stop strings (the API cuts those between tokens, so their tokens come one by one)."""
+        return self.stream_interval if self.by_engine and not stops else 1
+
+    def hold(self, stops: bool) -> int:
+        """Engine responses per chunk the API holds itself: the interval where the engine does not keep it."""
+        return 1 if self.engine_interval(stops) > 1 else self.stream_interval
+
     async def generate(
         self,
         prompt: str,
@@ -413,21 +421,23 @@ class TritonBackend:
         watched: bool = True,
         traceparent: str | None = None,
         timing=None,
+        stops: bool = False,
     ) -> AsyncGenerator[Piece, None]:
         """Stream the pieces of one generation; closing the iterator early cancels the request.
 
         `watched`: the watchdog checks the engine when this stream stalls (not for its own check).
         `traceparent`: the W3C trace context of the caller's span, sent as gRPC metadata (Triton's
         spans) and as a request parameter (the engines', and an ensemble passes it to its steps).
-        `timing`: has `detokenize_ns` summed into it (toolkit.api.tracing.RequestTrace)."""
+        `timing`: has `detokenize_ns` summed into it (toolkit.api.tracing.RequestTrace).
+        `stops`: the request has stop strings (the engine then answers every step: engine_interval)."""
         features = features or Features(cached_tokens=False)
         request = (
             self._engine_request(prompt_ids, max_tokens, sampling, features)
             if self.engine
             else self._text_request(prompt, max_tokens, sampling, features)
         )
-        if self.engine_interval > 1:
-            request.parameters[STREAM_INTERVAL].int64_param = self.engine_interval
+        if (interval := self.engine_interval(stops)) > 1:
+            request.parameters[STREAM_INTERVAL].int64_param = interval
         metadata = None
         if traceparent is not None:
             request.parameters[TRACEPARENT].string_param = traceparent
