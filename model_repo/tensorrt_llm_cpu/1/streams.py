@@ -54,9 +54,8 @@ class Stream:
     timing: Timing = field(default_factory=Timing)
     cached_tokens: int = 0  # prompt tokens the prefix cache gave it
     spans: object = None  # tracing.RequestSpans of a traced request, else None
-    interval: int = (
-        1  # streamed tokens per response after the first (the stream_interval parameter)
-    )
+    # streamed tokens per response after the first (the stream_interval parameter)
+    interval: int = 1
 
     def __post_init__(self):
         if not self.choices:
