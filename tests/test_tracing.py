@@ -345,7 +345,9 @@ def _stream(url: str, headers: dict | None = None) -> dict:
     return next(e for e in events if isinstance(e, dict) and e.get("usage"))["usage"]
 
 
-def _whole_trace(receiver: SpanReceiver, trace_id: str, timeout_s: float = 15.0):
+# The engine's and Triton's exporters send on their own schedules (every few seconds); a loaded 2-core
+# machine once took over 15 s for the last of them to arrive.
+def _whole_trace(receiver: SpanReceiver, trace_id: str, timeout_s: float = 30.0):
     """The trace's spans once the API's root, Triton's top span and the engine's have all arrived."""
 
     def whole(records) -> bool:
