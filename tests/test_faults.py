@@ -10,6 +10,7 @@ and the prompt "loop" generates until max_tokens (2000 tokens take several secon
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -27,7 +28,8 @@ import pytest
 from toolkit.client.tensors import engine_inputs
 from toolkit.serve.lifecycle import python_stubs
 from toolkit.serve.net import free_port
-from toolkit.subprocs import children_of, process_alive
+from toolkit.settings import cache_dir
+from toolkit.subprocs import children_of, command_line, process_alive
 
 from repos import launch_on_free_ports, write_test_repository
 from sse_events import DONE, sse_events
@@ -99,8 +101,19 @@ class Serving:
             return self.process.wait(bound_s)
         except subprocess.TimeoutExpired:
             raise AssertionError(
-                f"serve did not exit within {bound_s} s\n{self.output()}"
+                f"serve did not exit within {bound_s} s\n{self.output()}{self.stacks()}"
             ) from None
+
+    def stacks(self) -> str:
+        """Where serve and its OpenAI API stand (SIGUSR1: their Python stacks, toolkit/signals.py)."""
+        api = [pid for pid in children_of(self.process.pid) if "toolkit.api" in command_line(pid)]
+        for pid in (self.process.pid, *api):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        time.sleep(1)
+        log = cache_dir("logs") / f"openai-api-{self.ports['openai']}.log"  # api_process.launch_api
+        api_stacks = log.read_text(errors="replace")[-6000:] if api and log.exists() else ""
+        return f"\nserve's stacks (SIGUSR1):\n{self.output()[-6000:]}\nthe API's log:\n{api_stacks}"
 
     def output(self) -> str:
         self.stderr.flush()
@@ -756,3 +769,141 @@ def test_nan_weights_served_with_allow_modified_never_turn_health_green(bigram_r
         assert not survivors(seen)
     finally:
         _kill_what_is_left(serve, seen)
+
+
+class _FakeServer:
+    """What start_serving gets from launch_server, without tritonserver: a process to stop."""
+
+    def __init__(self, tmp_path: Path):
+        from toolkit.serve.launcher import ServerConfig
+
+        self.process = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        self.pid = self.process.pid
+        self.config = ServerConfig(tmp_path, exit_timeout_s=5)
+        self.log_file = tmp_path / "tritonserver.log"
+        self.log_file.write_text("")
+        self.grpc_url = "127.0.0.1:1"
+
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        self.process.terminate()
+        return self.process.wait(timeout_s)
+
+    def release_shared_memory(self) -> None:
+        pass
+
+
+def _serve_with_fake_parts(monkeypatch, tmp_path, on_api_launch):
+    """start_serving with tritonserver and the API replaced by `sleep` processes; `on_api_launch(session)`
+    runs while the API starts (a signal arriving then). Returns (the fake server, the API process)."""
+    from toolkit.serve import api_process, lifecycle
+    from toolkit.serve.launcher import ServerConfig
+
+    server = _FakeServer(tmp_path)
+    api = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a session, as start_process
+    monkeypatch.setattr(lifecycle, "launch_server", lambda config, on_wait, detached=False: server)
+
+    def launch_api(settings, **kwargs):
+        on_api_launch(kwargs.get("watch"))
+        return api, tmp_path / "api.log"
+
+    monkeypatch.setattr(api_process, "launch_api", launch_api)
+    options = lifecycle.ServeOptions(ServerConfig(tmp_path), openai_port=free_port())
+    return server, api, options
+
+
+def test_a_stop_signal_just_after_the_api_answers_health_drains_instead_of_killing(
+    monkeypatch, tmp_path
+):
+    """A client (a readiness probe) can see /health before serve's own poll does: a SIGTERM then
+    (Kubernetes deleting a pod that just became ready) must drain what is in flight, as it does a
+    second later, not abort start-up: exit 143, streams cut by start-up's short stop bounds (or
+    SIGKILLed, once start_serving had returned). Seen in CI: "stopped by SIGTERM" mid-drain test."""
+    from toolkit.serve import lifecycle
+    from toolkit.signals import stop_signals_raise
+
+    server, api, options = _serve_with_fake_parts(
+        monkeypatch, tmp_path, lambda _watch: os.kill(os.getpid(), signal.SIGTERM)
+    )
+    with stop_signals_raise():
+        session = lifecycle.start_serving(options)  # before the fix: Stopped
+        assert session.stop_requested == signal.SIGTERM
+        session.run_until_stopped()  # drains: both asked to stop, neither killed
+    assert server.process.returncode == -signal.SIGTERM and api.returncode == -signal.SIGTERM
+
+
+def _wait_for_an_api_that_never_answers(watch) -> None:
+    from toolkit.serve.net import wait_http_ok
+
+    wait_http_ok(f"http://127.0.0.1:{free_port()}/health", 30, watch=watch)
+
+
+def test_a_stop_signal_before_the_api_is_healthy_still_aborts_start_up(monkeypatch, tmp_path):
+    from toolkit.serve import lifecycle
+    from toolkit.signals import Stopped, stop_signals_raise
+
+    def signalled(watch):
+        os.kill(os.getpid(), signal.SIGTERM)
+        _wait_for_an_api_that_never_answers(watch)
+
+    server, api, options = _serve_with_fake_parts(monkeypatch, tmp_path, signalled)
+    started = time.monotonic()
+    with stop_signals_raise(), pytest.raises(Stopped) as stopped:
+        lifecycle.start_serving(options)
+    api.kill()
+    assert stopped.value.signum == signal.SIGTERM
+    assert time.monotonic() - started < 10  # not the 30 s health wait
+    assert server.process.poll() is not None  # what started was stopped
+
+
+def test_tritonserver_dying_while_the_api_starts_is_named_at_once(monkeypatch, tmp_path):
+    """The API's /health waits on Triton: with Triton dead, serve waited out the API's whole start
+    timeout (60 s), then blamed the API. Seen in CI: a test killed Triton as soon as /health answered
+    it, before serve's own poll did."""
+    from toolkit.errors import ServerError
+    from toolkit.serve import lifecycle
+
+    def triton_dies(watch):
+        server.process.kill()
+        _wait_for_an_api_that_never_answers(watch)
+
+    server, api, options = _serve_with_fake_parts(monkeypatch, tmp_path, triton_dies)
+    started = time.monotonic()
+    with pytest.raises(ServerError) as failed:
+        lifecycle.start_serving(options)
+    api.kill()
+    assert time.monotonic() - started < 10
+    assert (
+        "while the OpenAI API was starting, tritonserver exited with code -9"
+        in failed.value.message
+    )
+
+
+# The toolkit entry point (main()) running a command that waits on stdin, as serve waits on its servers;
+# the API's entry point waits on stdin for its settings.
+_WAITING = {
+    "toolkit": "import sys, click, toolkit.cli.main as m; "
+    "m.cli.add_command(click.Command('wait', callback=sys.stdin.read)); sys.argv = ['toolkit', 'wait']; m.main()",
+    "toolkit.api": "import runpy; runpy.run_module('toolkit.api', run_name='__main__')",
+}
+
+
+@pytest.mark.parametrize("entry", sorted(_WAITING))
+def test_sigusr1_dumps_where_a_process_stands_and_it_runs_on(entry):
+    """`kill -USR1` on serve or its API: every thread's stack on stderr, the process untouched (how a
+    stuck stop is diagnosed, here and by the tests above when serve does not exit)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _WAITING[entry]],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(3)  # imported, waiting on stdin
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        assert process.poll() is None  # it runs on
+    finally:
+        process.stdin.close()
+        stderr = process.stderr.read()
+        process.wait(30)
+    assert "most recent call first" in stderr and "main" in stderr, stderr

@@ -356,7 +356,12 @@ def _whole_trace(receiver: SpanReceiver, trace_id: str, timeout_s: float = 30.0)
             r.trace_id == trace_id and r.name.startswith("POST ") for r in records
         )
 
-    assert receiver.wait_for(whole, timeout_s), "the trace did not arrive whole"
+    if not receiver.wait_for(whole, timeout_s):
+        seen = sorted({r.name for r in receiver.records if r.trace_id == trace_id})
+        raise AssertionError(
+            f"the trace did not arrive whole in {timeout_s:g} s: its spans were {seen}; the receiver "
+            f"took {receiver.batches} batches and refused {receiver.rejected}"
+        )
     time.sleep(0.3)  # the rest of the same exports
     return traces(receiver.records)[trace_id]
 

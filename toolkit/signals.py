@@ -8,11 +8,14 @@
 - `toolkit serve` replaces them while it serves: the first drains, a second stops at once
   (serve/lifecycle.py).
 A signal the process inherited as ignored (`nohup` ignores SIGHUP) stays ignored everywhere: `replace`.
+SIGUSR1 writes every thread's Python stack to stderr (`dump_stacks_on_sigusr1`): where a process that
+seems stuck stands, without stopping it (`kill -USR1 PID`; the API's stacks go to its log).
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import signal
 import threading
 from collections.abc import Iterator
@@ -86,3 +89,9 @@ def deferred_interrupts() -> Iterator[list[int]]:
         yield arrived
     finally:
         restore(previous)
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """SIGUSR1 writes every thread's Python stack to stderr and the process runs on (faulthandler)."""
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -18,12 +18,14 @@ from toolkit.api.app import ApiSettings
 from toolkit.api.server import run_api
 from toolkit.errors import ToolkitError
 from toolkit.settings import ApiLimits
+from toolkit.signals import dump_stacks_on_sigusr1
 from toolkit.trace.config import TracePlan
 
 RUN_KEYS = ("host", "port", "log_level", "loop", "http", "drain_timeout_s", "workers")
 
 
 def main() -> int:
+    dump_stacks_on_sigusr1()
     try:
         data = json.loads(sys.stdin.read())
         run = {key: data.pop(key) for key in RUN_KEYS if key in data}

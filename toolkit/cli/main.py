@@ -11,7 +11,7 @@ import click
 
 from toolkit import __version__
 from toolkit.errors import ToolkitError
-from toolkit.signals import Stopped, stop_signals_raise
+from toolkit.signals import Stopped, dump_stacks_on_sigusr1, stop_signals_raise
 
 # No auto_envvar_prefix: an option reads the environment only where toolkit.cli.options declares it
 # (and --help shows it).
@@ -102,6 +102,7 @@ _register_commands()
 def main() -> None:
     """SIGTERM and SIGHUP stop a command as Ctrl-C does (its clean-up runs: no child process or staging
     folder is left behind), and the exit code says which signal it was (128 + N)."""
+    dump_stacks_on_sigusr1()
     with stop_signals_raise():
         try:
             cli(prog_name="toolkit")

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import NoReturn
@@ -18,7 +19,7 @@ from typing import NoReturn
 from toolkit.api.app import ApiSettings
 from toolkit.api.workers import METRICS_DIR_ENV, metrics_dir
 from toolkit.errors import ServerError
-from toolkit.serve.net import check_port_free, client_host, wait_http_ok
+from toolkit.serve.net import NotHealthy, check_port_free, client_host, wait_http_ok
 from toolkit.settings import cache_dir, child_environment
 from toolkit.subprocs import start_process, stop_process, tail_lines
 
@@ -33,7 +34,10 @@ def launch_api(
     detached: bool = False,
     drain_timeout_s: int | None = None,
     workers: int = 1,
+    watch: Callable[[], None] | None = None,
 ) -> tuple[subprocess.Popen, Path]:
+    """Start the API and wait until it answers /health; `watch` raises to end the wait (net.wait_http_ok):
+    what it raises is raised as it is, after the API process is stopped."""
     check_port_free(host, port, "--openai-port")
     log_file = log_file or cache_dir("logs") / f"openai-api-{port}.log"
     log_file.write_bytes(b"")
@@ -54,11 +58,15 @@ def launch_api(
         stdin.write(json.dumps(payload).encode())
         stdin.close()
         wait_http_ok(
-            f"http://{client_host(host)}:{port}/health", timeout_s, process, "the OpenAI API"
+            f"http://{client_host(host)}:{port}/health",
+            timeout_s,
+            process,
+            "the OpenAI API",
+            watch=watch,
         )
     except BaseException as exc:
         stop_process(process)
-        if isinstance(exc, (ServerError, OSError)):
+        if isinstance(exc, (NotHealthy, OSError)):
             tail = "\n".join(tail_lines(log_file, 15))
             raise ServerError(
                 f"the OpenAI API on port {port} did not become healthy\n{tail}",

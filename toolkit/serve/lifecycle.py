@@ -78,6 +78,8 @@ class ServeSession:
     stop_requested: int | None = None  # the signal that asked us to stop
     forced: int | None = None  # a second stop signal: killed without waiting
     stopped_since: dict[int, float] = field(default_factory=dict)  # stub pid -> when seen stopped
+    # The stop-signal handlers ours replaced while we hold them (hold_stop_signals), else None.
+    replaced_handlers: dict | None = None
 
     def endpoints(self) -> dict:
         found = {
@@ -99,8 +101,9 @@ class ServeSession:
         return found
 
     def run_until_stopped(self, on_event: Callable[[str], None] = lambda _: None) -> None:
-        """Block until a stop signal (then drain and stop: returns) or until a part dies (ServerError)."""
-        previous = replace(STOP_SIGNALS, self._request_stop)
+        """Block until a stop signal (then drain and stop: returns) or until a part dies (ServerError).
+        A signal that arrived since start_serving returned (its stop_requested) drains at once."""
+        self.hold_stop_signals()
         try:
             while self.stop_requested is None:
                 failure = self.check()
@@ -130,7 +133,17 @@ class ServeSession:
             if failure:
                 raise ServerError(failure, hint=f"read the server log: {self.server.log_file}")
         finally:
-            restore(previous)
+            self.release_stop_signals()
+
+    def hold_stop_signals(self) -> None:
+        """From now on a first stop signal asks for a drain (stop_requested), a second kills at once."""
+        if self.replaced_handlers is None:
+            self.replaced_handlers = replace(STOP_SIGNALS, self._request_stop)
+
+    def release_stop_signals(self) -> None:
+        if self.replaced_handlers is not None:
+            restore(self.replaced_handlers)
+            self.replaced_handlers = None
 
     def check(self) -> str | None:
         """What has died on its own, or None while everything runs."""
@@ -164,6 +177,18 @@ class ServeSession:
                     "would keep reporting it ready, so the server is stopped"
                 )
         return None
+
+    def check_starting(self) -> None:
+        """While the API starts: Stopped for a stop signal received, ServerError for a part that died
+        (tritonserver, a stub: the API's health would wait on it until its start timeout)."""
+        if self.stop_requested is not None:
+            raise Stopped(self.stop_requested)
+        failure = self.check()
+        if failure:
+            raise ServerError(
+                f"while the OpenAI API was starting, {failure}",
+                hint=f"read the server log: {self.server.log_file}",
+            )
 
     def _stalled_for(self, pid: int) -> float:
         """How long `pid` has been seen stopped by a signal (0 while it runs)."""
@@ -234,12 +259,31 @@ def start_serving(
         behind_api = options.openai_port is not None or options.trace_context_only
         config = dataclasses.replace(config, trace=options.trace, traced_by_api=behind_api)
     server = launch_server(config, on_wait, detached=detached)
+    session = ServeSession(options, server, stubs=python_stubs(server.pid))
+    # Triton answers requests from here on, and the API from the moment it answers /health, which a
+    # client (a readiness probe) may see before our own poll does: a stop signal from now on is the
+    # session's, so that one arriving just after start-up drains what clients sent instead of killing
+    # it. Until the API answers, a first signal still aborts start-up (check_starting: Stopped).
+    if threading.current_thread() is threading.main_thread():
+        session.hold_stop_signals()
     try:
-        return _start_api(ServeSession(options, server, stubs=python_stubs(server.pid)), detached)
-    except BaseException:  # a failed API, or a stop signal: nothing that started may stay
+        _start_api(session, detached)
+        if detached and session.stop_requested is not None:
+            raise Stopped(session.stop_requested)  # the command was told to stop before it returned
+    except BaseException as exc:  # a failed API, or a stop signal: nothing that started may stay
+        session.release_stop_signals()
         with deferred_interrupts():  # a second signal must not abandon this stop
+            if session.forced is not None:
+                session.kill()
             server.stop(10)
+            if session.api is not None:
+                stop_process(session.api, 10)
+        if session.forced is not None and not isinstance(exc, Stopped):
+            raise Stopped(session.forced) from None  # a second signal killed the API mid-start
         raise
+    if detached:
+        session.release_stop_signals()  # the command returns now; the server runs on without it
+    return session
 
 
 def _start_api(session: ServeSession, detached: bool) -> ServeSession:
@@ -268,6 +312,7 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
         detached=detached,
         drain_timeout_s=options.server.exit_timeout_s,  # streams drain as long as Triton's requests
         workers=options.api_workers,
+        watch=session.check_starting,
     )
     return session
 

@@ -8,6 +8,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 from toolkit.errors import ServerError
 
@@ -59,19 +60,32 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+class NotHealthy(ServerError):
+    """What wait_http_ok raises itself: the process exited, or the time ran out."""
+
+
 def wait_http_ok(
-    url: str, timeout_s: float, process: subprocess.Popen | None = None, what: str = "the server"
+    url: str,
+    timeout_s: float,
+    process: subprocess.Popen | None = None,
+    what: str = "the server",
+    *,
+    watch: Callable[[], None] | None = None,
 ) -> None:
-    """Poll `url` until it answers 200; ServerError when `process` exits first or time runs out."""
+    """Poll `url` until it answers 200; NotHealthy when `process` exits first or time runs out.
+    `watch` runs between polls while `url` does not answer yet and ends the wait by raising (a stop
+    signal received, another process of the caller's that died); once `url` answers, it is not run."""
     deadline = time.monotonic() + timeout_s
     while not http_ok(url):
+        if watch is not None:
+            watch()
         if process is not None and process.poll() is not None:
-            raise ServerError(
+            raise NotHealthy(
                 f"{what} exited with code {process.returncode} before {url} answered",
                 hint="read its log",
             )
         if time.monotonic() > deadline:
-            raise ServerError(
+            raise NotHealthy(
                 f"{what} did not answer {url} within {timeout_s:.0f}s", hint="read its log"
             )
         time.sleep(0.2)
