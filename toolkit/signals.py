@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import io
 import signal
 import threading
 from collections.abc import Iterator
@@ -92,6 +93,11 @@ def deferred_interrupts() -> Iterator[list[int]]:
 
 
 def dump_stacks_on_sigusr1() -> None:
-    """SIGUSR1 writes every thread's Python stack to stderr and the process runs on (faulthandler)."""
-    if hasattr(signal, "SIGUSR1"):
+    """SIGUSR1 writes every thread's Python stack to stderr and the process runs on (faulthandler).
+    A stderr with no file descriptor (replaced, as pytest's capture does) leaves the signal as it was."""
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return
