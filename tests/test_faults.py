@@ -792,17 +792,31 @@ class _FakeServer:
         pass
 
 
-def _serve_with_fake_parts(monkeypatch, tmp_path, on_api_launch):
-    """start_serving with tritonserver and the API replaced by `sleep` processes; `on_api_launch(session)`
-    runs while the API starts (a signal arriving then). Returns (the fake server, the API process)."""
+@pytest.fixture
+def fake_parts():
+    """The `sleep` processes a test's fake parts are; none outlives the test."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def _serve_with_fake_parts(monkeypatch, tmp_path, on_api_launch, started):
+    """start_serving with tritonserver and the API replaced by `sleep` processes (added to `started`);
+    `on_api_launch(watch)` runs while the API starts (a signal arriving then). Returns (the fake server,
+    the API process, the options)."""
     from toolkit.serve import api_process, lifecycle
     from toolkit.serve.launcher import ServerConfig
 
     server = _FakeServer(tmp_path)
     api = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a session, as start_process
+    started += [server.process, api]
     monkeypatch.setattr(lifecycle, "launch_server", lambda config, on_wait, detached=False: server)
 
     def launch_api(settings, **kwargs):
+        if kwargs.get("on_started"):
+            kwargs["on_started"](api)
         on_api_launch(kwargs.get("watch"))
         return api, tmp_path / "api.log"
 
@@ -812,7 +826,7 @@ def _serve_with_fake_parts(monkeypatch, tmp_path, on_api_launch):
 
 
 def test_a_stop_signal_just_after_the_api_answers_health_drains_instead_of_killing(
-    monkeypatch, tmp_path
+    monkeypatch, tmp_path, fake_parts
 ):
     """A client (a readiness probe) can see /health before serve's own poll does: a SIGTERM then
     (Kubernetes deleting a pod that just became ready) must drain what is in flight, as it does a
@@ -822,7 +836,7 @@ def test_a_stop_signal_just_after_the_api_answers_health_drains_instead_of_killi
     from toolkit.signals import stop_signals_raise
 
     server, api, options = _serve_with_fake_parts(
-        monkeypatch, tmp_path, lambda _watch: os.kill(os.getpid(), signal.SIGTERM)
+        monkeypatch, tmp_path, lambda _watch: os.kill(os.getpid(), signal.SIGTERM), fake_parts
     )
     with stop_signals_raise():
         session = lifecycle.start_serving(options)  # before the fix: Stopped
@@ -837,7 +851,9 @@ def _wait_for_an_api_that_never_answers(watch) -> None:
     wait_http_ok(f"http://127.0.0.1:{free_port()}/health", 30, watch=watch)
 
 
-def test_a_stop_signal_before_the_api_is_healthy_still_aborts_start_up(monkeypatch, tmp_path):
+def test_a_stop_signal_before_the_api_is_healthy_still_aborts_start_up(
+    monkeypatch, tmp_path, fake_parts
+):
     from toolkit.serve import lifecycle
     from toolkit.signals import Stopped, stop_signals_raise
 
@@ -845,17 +861,18 @@ def test_a_stop_signal_before_the_api_is_healthy_still_aborts_start_up(monkeypat
         os.kill(os.getpid(), signal.SIGTERM)
         _wait_for_an_api_that_never_answers(watch)
 
-    server, api, options = _serve_with_fake_parts(monkeypatch, tmp_path, signalled)
+    server, api, options = _serve_with_fake_parts(monkeypatch, tmp_path, signalled, fake_parts)
     started = time.monotonic()
     with stop_signals_raise(), pytest.raises(Stopped) as stopped:
         lifecycle.start_serving(options)
-    api.kill()
     assert stopped.value.signum == signal.SIGTERM
     assert time.monotonic() - started < 10  # not the 30 s health wait
     assert server.process.poll() is not None  # what started was stopped
 
 
-def test_tritonserver_dying_while_the_api_starts_is_named_at_once(monkeypatch, tmp_path):
+def test_tritonserver_dying_while_the_api_starts_is_named_at_once(
+    monkeypatch, tmp_path, fake_parts
+):
     """The API's /health waits on Triton: with Triton dead, serve waited out the API's whole start
     timeout (60 s), then blamed the API. Seen in CI: a test killed Triton as soon as /health answered
     it, before serve's own poll did."""
@@ -866,16 +883,23 @@ def test_tritonserver_dying_while_the_api_starts_is_named_at_once(monkeypatch, t
         server.process.kill()
         _wait_for_an_api_that_never_answers(watch)
 
-    server, api, options = _serve_with_fake_parts(monkeypatch, tmp_path, triton_dies)
+    server, api, options = _serve_with_fake_parts(monkeypatch, tmp_path, triton_dies, fake_parts)
     started = time.monotonic()
     with pytest.raises(ServerError) as failed:
         lifecycle.start_serving(options)
-    api.kill()
     assert time.monotonic() - started < 10
     assert (
         "while the OpenAI API was starting, tritonserver exited with code -9"
         in failed.value.message
     )
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether `pid` has a handler for `sig` (the SigCgt mask of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
 
 
 # The toolkit entry point (main()) running a command that waits on stdin, as serve waits on its servers;
@@ -898,7 +922,10 @@ def test_sigusr1_dumps_where_a_process_stands_and_it_runs_on(entry):
         text=True,
     )
     try:
-        time.sleep(3)  # imported, waiting on stdin
+        deadline = time.monotonic() + 60
+        while not _catches(process.pid, signal.SIGUSR1):  # its entry point has registered the dump
+            assert process.poll() is None and time.monotonic() < deadline, "SIGUSR1 never caught"
+            time.sleep(0.1)
         process.send_signal(signal.SIGUSR1)
         time.sleep(1)
         assert process.poll() is None  # it runs on
@@ -907,3 +934,42 @@ def test_sigusr1_dumps_where_a_process_stands_and_it_runs_on(entry):
         stderr = process.stderr.read()
         process.wait(30)
     assert "most recent call first" in stderr and "main" in stderr, stderr
+
+
+def _two_signals(_watch) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGINT)  # the second: at once
+
+
+def test_a_second_signal_while_the_api_starts_kills_it_at_once(monkeypatch, tmp_path, fake_parts):
+    """The second signal SIGKILLs the API that has not answered yet too (serve knew only Triton's
+    process until the API answered: a hung API start held serve for its 20 s stop)."""
+    from toolkit.serve import lifecycle
+    from toolkit.signals import Stopped, stop_signals_raise
+
+    def starting(watch):
+        _two_signals(watch)
+        _wait_for_an_api_that_never_answers(watch)
+
+    server, api, options = _serve_with_fake_parts(monkeypatch, tmp_path, starting, fake_parts)
+    started = time.monotonic()
+    with stop_signals_raise(), pytest.raises(Stopped) as stopped:
+        lifecycle.start_serving(options)
+    assert stopped.value.signum == signal.SIGINT  # said as the signal that stopped it
+    assert api.wait(5) == -signal.SIGKILL and server.process.poll() is not None
+    assert time.monotonic() - started < 10
+
+
+def test_two_signals_just_after_the_api_answers_stop_at_once_said_as_a_stop(
+    monkeypatch, tmp_path, fake_parts
+):
+    """Both before the drain loop starts: everything killed, the exit the second signal's (128+N), not
+    "tritonserver exited with code -9" as if it had crashed."""
+    from toolkit.serve import lifecycle
+    from toolkit.signals import Stopped, stop_signals_raise
+
+    server, api, options = _serve_with_fake_parts(monkeypatch, tmp_path, _two_signals, fake_parts)
+    with stop_signals_raise(), pytest.raises(Stopped) as stopped:
+        lifecycle.start_serving(options)
+    assert stopped.value.signum == signal.SIGINT
+    assert api.wait(5) == -signal.SIGKILL and server.process.wait(5) == -signal.SIGKILL

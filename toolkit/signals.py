@@ -94,10 +94,12 @@ def deferred_interrupts() -> Iterator[list[int]]:
 
 def dump_stacks_on_sigusr1() -> None:
     """SIGUSR1 writes every thread's Python stack to stderr and the process runs on (faulthandler).
-    A stderr with no file descriptor (replaced, as pytest's capture does) leaves the signal as it was."""
+    A stderr with no file descriptor (replaced, as pytest's capture does; closed: `2>&-`) leaves the
+    signal as it was."""
     if not hasattr(signal, "SIGUSR1"):
         return
     try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
-    except (AttributeError, ValueError, io.UnsupportedOperation):
+    # RuntimeError: no sys.stderr at all; the others: one without a file descriptor
+    except (AttributeError, ValueError, RuntimeError, io.UnsupportedOperation):
         return

@@ -167,6 +167,7 @@ def command(
         session.kill()  # whatever ended us outside the drain (a second signal, a fault): nothing stays
         raise
     finally:
+        session.release_stop_signals()  # run_until_stopped's own, or what start_serving left held
         if not background:
             remove_server_record(session.server)
     note("stopped")

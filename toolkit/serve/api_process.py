@@ -35,9 +35,11 @@ def launch_api(
     drain_timeout_s: int | None = None,
     workers: int = 1,
     watch: Callable[[], None] | None = None,
+    on_started: Callable[[subprocess.Popen], None] | None = None,
 ) -> tuple[subprocess.Popen, Path]:
     """Start the API and wait until it answers /health; `watch` raises to end the wait (net.wait_http_ok):
-    what it raises is raised as it is, after the API process is stopped."""
+    what it raises is raised as it is, after the API process is stopped. `on_started` gets the process
+    as soon as it exists (the caller may have to kill it while it starts)."""
     check_port_free(host, port, "--openai-port")
     log_file = log_file or cache_dir("logs") / f"openai-api-{port}.log"
     log_file.write_bytes(b"")
@@ -52,6 +54,8 @@ def launch_api(
         die_with_parent=not detached,
     )
     try:
+        if on_started is not None:
+            on_started(process)
         stdin = process.stdin
         if stdin is None:  # start_process was given stdin=PIPE
             raise ServerError("the OpenAI API process has no stdin", hint="this is a toolkit bug")

@@ -80,6 +80,8 @@ class ServeSession:
     stopped_since: dict[int, float] = field(default_factory=dict)  # stub pid -> when seen stopped
     # The stop-signal handlers ours replaced while we hold them (hold_stop_signals), else None.
     replaced_handlers: dict | None = None
+    # The API process from its start, before it answers (api is set then): what kill() ends meanwhile.
+    starting_api: subprocess.Popen | None = None
 
     def endpoints(self) -> dict:
         found = {
@@ -102,9 +104,13 @@ class ServeSession:
 
     def run_until_stopped(self, on_event: Callable[[str], None] = lambda _: None) -> None:
         """Block until a stop signal (then drain and stop: returns) or until a part dies (ServerError).
-        A signal that arrived since start_serving returned (its stop_requested) drains at once."""
+        A signal that arrived since start_serving returned (its stop_requested) drains at once; a second
+        one since (forced) has killed everything already: Stopped."""
         self.hold_stop_signals()
         try:
+            if self.forced is not None:
+                self.kill()  # again: a process that started after the kill
+                raise Stopped(self.forced)
             while self.stop_requested is None:
                 failure = self.check()
                 if failure:
@@ -221,7 +227,7 @@ class ServeSession:
 
     def kill(self) -> None:
         """SIGKILL every process of tritonserver's and the API's sessions now (a second stop signal)."""
-        for process in (self.server.process, self.api):
+        for process in (self.server.process, self.api or self.starting_api):
             if process is not None:
                 signal_session(process.pid, signal.SIGKILL)
         self.server.release_shared_memory()
@@ -259,27 +265,31 @@ def start_serving(
         behind_api = options.openai_port is not None or options.trace_context_only
         config = dataclasses.replace(config, trace=options.trace, traced_by_api=behind_api)
     server = launch_server(config, on_wait, detached=detached)
-    session = ServeSession(options, server, stubs=python_stubs(server.pid))
-    # Triton answers requests from here on, and the API from the moment it answers /health, which a
-    # client (a readiness probe) may see before our own poll does: a stop signal from now on is the
-    # session's, so that one arriving just after start-up drains what clients sent instead of killing
-    # it. Until the API answers, a first signal still aborts start-up (check_starting: Stopped).
-    if threading.current_thread() is threading.main_thread():
-        session.hold_stop_signals()
+    session: ServeSession | None = None
     try:
+        session = ServeSession(options, server, stubs=python_stubs(server.pid))
+        # Triton answers requests from here on, and the API from the moment it answers /health, which
+        # a client (a readiness probe) may see before our own poll does: a stop signal from now on is
+        # the session's, so that one arriving just after start-up drains what clients sent instead of
+        # killing it. Until the API answers, a first signal still aborts start-up (check_starting).
+        if threading.current_thread() is threading.main_thread():
+            session.hold_stop_signals()
         _start_api(session, detached)
+        if session.forced is not None:  # a second signal killed what had started
+            raise Stopped(session.forced)
         if detached and session.stop_requested is not None:
             raise Stopped(session.stop_requested)  # the command was told to stop before it returned
     except BaseException as exc:  # a failed API, or a stop signal: nothing that started may stay
-        session.release_stop_signals()
         with deferred_interrupts():  # a second signal must not abandon this stop
-            if session.forced is not None:
+            if session is not None and session.forced is not None:
                 session.kill()
             server.stop(10)
-            if session.api is not None:
+            if session is not None and session.api is not None:
                 stop_process(session.api, 10)
-        if session.forced is not None and not isinstance(exc, Stopped):
-            raise Stopped(session.forced) from None  # a second signal killed the API mid-start
+        if session is not None:
+            session.release_stop_signals()
+        if session is not None and session.forced is not None:
+            raise Stopped(session.forced) from exc  # a second signal killed what had started
         raise
     if detached:
         session.release_stop_signals()  # the command returns now; the server runs on without it
@@ -313,6 +323,7 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
         drain_timeout_s=options.server.exit_timeout_s,  # streams drain as long as Triton's requests
         workers=options.api_workers,
         watch=session.check_starting,
+        on_started=lambda process: setattr(session, "starting_api", process),
     )
     return session
 
