@@ -61,7 +61,7 @@ class ApiSettings:
             raise ToolkitError(
                 f"the stream interval must be a whole number of engine steps from 1 to {MAX_STREAM_INTERVAL}, "
                 f"not {value!r}",
-                hint="pass --stream-interval between 1 and 1024, or leave it at 1 (every token)",
+                hint=f"pass --stream-interval between 1 and {MAX_STREAM_INTERVAL}, or leave it at 1 (every token)",
             )
 
 

@@ -108,8 +108,7 @@ class ServeSession:
         one since (forced) has killed everything already: Stopped."""
         self.hold_stop_signals()
         try:
-            if self.forced is not None:
-                self.kill()  # again: a process that started after the kill
+            if self.forced is not None:  # its handler killed everything already
                 raise Stopped(self.forced)
             while self.stop_requested is None:
                 failure = self.check()
@@ -265,9 +264,9 @@ def start_serving(
         behind_api = options.openai_port is not None or options.trace_context_only
         config = dataclasses.replace(config, trace=options.trace, traced_by_api=behind_api)
     server = launch_server(config, on_wait, detached=detached)
-    session: ServeSession | None = None
+    session = ServeSession(options, server)
     try:
-        session = ServeSession(options, server, stubs=python_stubs(server.pid))
+        session.stubs = python_stubs(server.pid)
         # Triton answers requests from here on, and the API from the moment it answers /health, which
         # a client (a readiness probe) may see before our own poll does: a stop signal from now on is
         # the session's, so that one arriving just after start-up drains what clients sent instead of
@@ -281,14 +280,13 @@ def start_serving(
             raise Stopped(session.stop_requested)  # the command was told to stop before it returned
     except BaseException as exc:  # a failed API, or a stop signal: nothing that started may stay
         with deferred_interrupts():  # a second signal must not abandon this stop
-            if session is not None and session.forced is not None:
+            if session.forced is not None:
                 session.kill()
             server.stop(10)
-            if session is not None and session.api is not None:
+            if session.api is not None:
                 stop_process(session.api, 10)
-        if session is not None:
-            session.release_stop_signals()
-        if session is not None and session.forced is not None:
+        session.release_stop_signals()
+        if session.forced is not None:
             raise Stopped(session.forced) from exc  # a second signal killed what had started
         raise
     if detached:
@@ -296,10 +294,10 @@ def start_serving(
     return session
 
 
-def _start_api(session: ServeSession, detached: bool) -> ServeSession:
+def _start_api(session: ServeSession, detached: bool) -> None:
     options, server = session.options, session.server
     if options.openai_port is None:
-        return session
+        return
     from toolkit.api.app import ApiSettings
     from toolkit.serve.api_process import launch_api
 
@@ -325,7 +323,6 @@ def _start_api(session: ServeSession, detached: bool) -> ServeSession:
         watch=session.check_starting,
         on_started=lambda process: setattr(session, "starting_api", process),
     )
-    return session
 
 
 def _drain_cut(log_file: Path) -> bool:
