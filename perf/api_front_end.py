@@ -38,8 +38,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import platform
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -51,7 +49,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_support import arrival_pauses, think_ms_value, write_results_json  # noqa: E402
+from bench_support import arrival_pauses, run_meta, think_ms_value, write_results_json  # noqa: E402
 
 from toolkit.api.app import ApiSettings  # noqa: E402
 from toolkit.bench.sweep import port_answers  # noqa: E402
@@ -112,18 +110,43 @@ def api_cpu_s(process: subprocess.Popen) -> float:
     return total
 
 
-def phase(api, url: str, model: str, streams: int, args, think_ms: float = 0.0) -> dict:
+def server_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of tritonserver itself and of its Python backend stubs (the engines, BLS, pre- and
+    postprocessing), which it starts as its children."""
+    root = psutil.Process(pid)
+    own = sum(root.cpu_times()[:2])
+    stubs = 0.0
+    for proc in root.children(recursive=True):
+        try:
+            stubs += sum(proc.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return own, stubs
+
+
+def phase(
+    api, url: str, model: str, streams: int, args, think_ms: float = 0.0, server_pid: int = 0
+) -> dict:
+    """One closed-loop run against `url`: tokens/s, TTFT p50, and CPU per token of the API and (with
+    `server_pid`) of tritonserver and its stubs, which serve only this run meanwhile."""
     before = api_cpu_s(api)
+    server_before = server_cpu_s(server_pid) if server_pid else (0.0, 0.0)
     result = asyncio.run(
         closed_loop(url, model, streams, args.requests_per_stream, args.output_tokens, think_ms)
     )
     cpu = api_cpu_s(api) - before
-    return {
+    tokens = max(1, result["tokens"])
+    measures = {
         "tokens": result["tokens"],
         "tokens_per_s": result["tokens"] / result["wall_s"],
         "ttft_p50_ms": 1000 * statistics.median(result["ttfts"]),
-        "api_us_per_token": 1e6 * cpu / max(1, result["tokens"]),
+        "api_us_per_token": 1e6 * cpu / tokens,
     }
+    if server_pid:
+        own, stubs = (b - a for a, b in zip(server_before, server_cpu_s(server_pid), strict=True))
+        measures["triton_us_per_token"] = 1e6 * own / tokens
+        measures["stubs_us_per_token"] = 1e6 * stubs / tokens
+    return measures
 
 
 # --- the stack ----------------------------------------------------------------------------------------
@@ -294,7 +317,7 @@ def compare(stack: Stack, sides: dict, streams: int, args, think_ms: float = 0.0
     rounds: dict[str, list[dict]] = {name: [] for name in sides}
     for index in range(args.rounds):
         for name, (api, url) in sides.items():
-            rounds[name].append(phase(api, url, model, streams, args, think_ms))
+            rounds[name].append(phase(api, url, model, streams, args, think_ms, stack.server.pid))
             print(f"round {index + 1} {name}: {json.dumps(rounds[name][-1])}", flush=True)
     return {
         name: {key: round(statistics.median(r[key] for r in results), 3) for key in results[0]}
@@ -424,14 +447,10 @@ def api_hold_copy(repo: Path) -> Path:
 
 
 def write(args, results: dict) -> None:
-    meta = {
-        "command": " ".join(shlex.quote(a) for a in sys.argv),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "load_1min": round(os.getloadavg()[0], 2)},
-        "rounds": args.rounds, "requests_per_stream": args.requests_per_stream,
-        "output_tokens": args.output_tokens, "goals": GOALS,
-    }  # fmt: skip
+    meta = run_meta(
+        rounds=args.rounds, requests_per_stream=args.requests_per_stream,
+        output_tokens=args.output_tokens, goals=GOALS,
+    )  # fmt: skip
     out = write_results_json(args.out, meta, results)
     lines = [
         "# The OpenAI API as a front end: CPU per token, a second worker, tracing",
@@ -495,9 +514,10 @@ def write(args, results: dict) -> None:
             f"## Tracing every request vs none, {t['streams']} streams, engine step {t['step_ms']:g} ms, "
             f"{arrivals}",
             "",
-            "| API | tokens/s | TTFT p50 | API CPU us/token |",
-            "|---|---|---|---|",
-            *(f"| {k} | {t[k]['tokens_per_s']} | {t[k]['ttft_p50_ms']} ms | {t[k]['api_us_per_token']} |"
+            "| API | tokens/s | TTFT p50 | CPU us/token: API | tritonserver | its stubs |",
+            "|---|---|---|---|---|---|",
+            *(f"| {k} | {t[k]['tokens_per_s']} | {t[k]['ttft_p50_ms']} ms | {t[k]['api_us_per_token']} | "
+              f"{t[k].get('triton_us_per_token', '-')} | {t[k].get('stubs_us_per_token', '-')} |"
               for k in ("tracing off", "tracing on (100 %)")),
             "",
             f"Tracing on: **{t['tokens_per_s_lost_pct']} %** tokens/s lost (goal <= "

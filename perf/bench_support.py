@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import statistics
 import sys
 import time
@@ -30,6 +31,17 @@ def machine() -> dict:
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
+    }
+
+
+def run_meta(**extra) -> dict:
+    """What a result records of its run: the command line, when (UTC), the machine and its 1-min load
+    (taken as the result is written), and `extra`."""
+    return {
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {**machine(), "load_1min": round(os.getloadavg()[0], 2)},
+        **extra,
     }
 
 

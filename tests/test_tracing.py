@@ -8,6 +8,7 @@ local OTLP receiver and the API in this process, and reads back what each layer 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -47,16 +48,29 @@ def test_tracing_is_off_unless_a_rate_or_a_sampler_is_given():
     assert plan_tracing(1, None, OtelEnvironment(endpoint="h:1", sdk_disabled=True)) is None
 
 
-def test_a_long_streams_span_lists_its_first_chunks_and_measures_every_gap():
+@contextlib.contextmanager
+def api_tracer_in_memory():
+    """An ApiTracer exporting to a receiver, and an in-memory exporter beside it (the tracer is shut
+    down, its spans all ended, when the block ends)."""
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from toolkit.api.tracing import MAX_CHUNK_STAMPS, ApiTracer
+    from toolkit.api.tracing import ApiTracer
 
     with SpanReceiver(None, port=0) as receiver:
         tracer = ApiTracer(TracePlan(f"{receiver.url}/v1/traces", 1.0, "test"))
         memory = InMemorySpanExporter()
         tracer.provider.add_span_processor(SimpleSpanProcessor(memory))
+        try:
+            yield tracer, memory
+        finally:
+            tracer.shutdown()
+
+
+def test_a_long_streams_span_lists_its_first_chunks_and_measures_every_gap():
+    from toolkit.api.tracing import MAX_CHUNK_STAMPS
+
+    with api_tracer_in_memory() as (tracer, memory):
         start = time.time_ns()
         trace = tracer.start(
             {"method": "POST", "path": "/v1/completions", "headers": []}, start, start
@@ -71,7 +85,6 @@ def test_a_long_streams_span_lists_its_first_chunks_and_measures_every_gap():
         trace.first_response_ns = start
         trace.first_write_ns, trace.last_write_ns = stamps[0], stamps[-1]
         trace.end(200)
-        tracer.shutdown()
     stream = next(s for s in memory.get_finished_spans() if s.name == "api.stream")
     attributes = stream.attributes
     assert attributes["toolkit.chunks"] == count and attributes["toolkit.tokens"] == count + 2
@@ -296,6 +309,81 @@ def test_an_engine_without_the_switch_traces_nothing(monkeypatch):
     tracer = tracing.EngineTracer("tensorrt_llm")
     assert not tracer.enabled
     assert tracer.start(_Request(json.dumps({"traceparent": TP_TRITON})), 4, 16) is None
+
+
+def test_an_engine_records_its_spans_under_a_sampled_context_and_none_under_an_unsampled_one(
+    monkeypatch,
+):
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    tracing = common_module("tracing")
+    monkeypatch.setenv(tracing.ENGINE_SWITCH, "1")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")
+    tracer = tracing.EngineTracer("tensorrt_llm")
+    memory = InMemorySpanExporter()
+    tracer.provider.add_span_processor(SimpleSpanProcessor(memory))
+    try:
+        unsampled = TP_API[:-2] + "00"
+        spans = tracer.start(_Request(None, json.dumps({"traceparent": unsampled})), 20, 16)
+        spans.step(1)
+        spans.finish("length")
+        assert memory.get_finished_spans() == ()  # the caller did not sample it: no spans
+        spans = tracer.start(_Request(None, json.dumps({"traceparent": TP_API})), 20, 16)
+        for _ in range(3):
+            spans.step(1)
+        spans.finish("length")
+    finally:
+        tracer.shutdown()
+    by_name = {span.name: span for span in memory.get_finished_spans()}
+    assert set(by_name) == {"engine.request", "engine.queue", "engine.prefill", "engine.decode"}
+    request = by_name["engine.request"]
+    assert f"{request.context.trace_id:032x}" == TP_API.split("-")[1]
+    assert f"{request.parent.span_id:016x}" == TP_API.split("-")[2]  # the API's call span
+    for name in ("engine.queue", "engine.prefill", "engine.decode"):
+        span = by_name[name]
+        assert span.parent.span_id == request.context.span_id
+        assert request.start_time <= span.start_time <= span.end_time <= request.end_time
+    assert request.attributes["engine.kv_blocks"] == 2  # 20 prompt + 3 output tokens in 16-blocks
+    assert by_name["engine.decode"].attributes["engine.decode_steps"] == 3
+    assert request.resource.attributes["toolkit.component"] == "engine"
+    assert request.instrumentation_scope.name == "toolkit.engine"
+
+
+def test_the_apis_recorded_spans_are_children_of_its_request_span_in_its_trace():
+    with api_tracer_in_memory() as (tracer, memory):
+        start = time.time_ns()
+        trace = tracer.start(
+            {"method": "POST", "path": "/v1/completions", "headers": []}, start, start + 5
+        )
+        trace.tokenized(start + 6, start + 9)
+        trace.call("tensorrt_llm")
+        trace.response(time.time_ns())
+        trace.wrote(1)
+        trace.end(200)
+    by_name = {span.name: span for span in memory.get_finished_spans()}
+    root = by_name["POST /v1/completions"]
+    assert set(by_name) == {
+        root.name, "api.receive", "api.admission", "api.tokenize", "api.generate",
+        "api.first_chunk", "api.stream",
+    }  # fmt: skip
+    ids = {span.context.span_id for span in by_name.values()}
+    assert len(ids) == len(by_name)  # each its own id
+    for name, span in by_name.items():
+        assert span.context.trace_id == root.context.trace_id
+        if name != root.name:
+            parent = by_name["api.admission"] if name == "api.tokenize" else root
+            assert span.parent.span_id == parent.context.span_id, name
+            assert span.resource.attributes["toolkit.component"] == "api"
+            assert span.instrumentation_scope.name == "toolkit.api"
+    assert (by_name["api.receive"].start_time, by_name["api.receive"].end_time) == (
+        start,
+        start + 5,
+    )
+    assert (by_name["api.tokenize"].start_time, by_name["api.tokenize"].end_time) == (
+        start + 6,
+        start + 9,
+    )
 
 
 # --- served: one trace across the API, tritonserver and the CPU engine ----------------------------

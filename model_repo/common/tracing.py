@@ -15,7 +15,11 @@ tokens) and its spans are built once, when it ends, with those times, under the 
       engine.prefill     that step -> its first token
       engine.decode      first token -> last (the steps it was in, tokens)
 
-No span per step or token: their count and the step times are attributes.
+No span per step or token: their count and the step times are attributes. The spans are made as
+ReadableSpans handed to the provider's span processors, as the SDK hands them a span that ended (as
+toolkit.trace.provider.SpanRecorder does for the API): start_span and end cost ~30 us a span, and the
+16 requests that end in one engine step hold up the next step by what their spans cost. The GIL switch
+interval is cut to 0.5 ms so that the exporter's thread hands the GIL back to the step loop quickly.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import time
 
 ENGINE_SWITCH = "TOOLKIT_TRACE_ENGINES"
 TRACEPARENT = "traceparent"
+# toolkit.trace.provider's: the longest the exporter's thread keeps the GIL from the step loop.
+SWITCH_INTERVAL_S = 0.0005
 
 
 class EngineTracer:
@@ -36,13 +42,19 @@ class EngineTracer:
         self.model = model
         self.tracer = None
         self.provider = None
+        self.processor = None
         if os.environ.get(ENGINE_SWITCH) != "1":
             return
         try:
             from opentelemetry.exporter.otlp.json.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace import (
+                ReadableSpan,
+                SynchronousMultiSpanProcessor,
+                TracerProvider,
+            )
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            from opentelemetry.sdk.util.instrumentation import InstrumentationScope
         except ImportError as exc:
             print(
                 f"{model}: tracing is on but the OpenTelemetry SDK is missing ({exc.name}); no engine "
@@ -53,10 +65,14 @@ class EngineTracer:
             return
         resource = Resource.create({"service.name": "toolkit", "toolkit.component": "engine"})
         # Every request that reaches here with a context was sampled upstream: no sampler of our own.
-        self.provider = TracerProvider(resource=resource)
+        self.processor = SynchronousMultiSpanProcessor()
+        self.provider = TracerProvider(resource=resource, active_span_processor=self.processor)
         # The exporter reads OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, set by toolkit serve.
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         self.tracer = self.provider.get_tracer("toolkit.engine")
+        self.readable_span = ReadableSpan
+        self.scope = InstrumentationScope("toolkit.engine")
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
 
     @property
     def enabled(self) -> bool:
@@ -70,6 +86,29 @@ class EngineTracer:
         if traceparent is None:
             return None
         return RequestSpans(self, traceparent, prompt_tokens, block_size)
+
+    def record(self, name: str, parent, start_ns: int, end_ns: int, attributes: dict):
+        """A finished span under `parent` (a SpanContext); its own SpanContext."""
+        from opentelemetry import trace
+
+        context = trace.SpanContext(
+            parent.trace_id,
+            self.provider.id_generator.generate_span_id(),
+            is_remote=False,
+            trace_flags=parent.trace_flags,
+        )
+        span = self.readable_span(
+            name=name,
+            context=context,
+            parent=parent,
+            resource=self.provider.resource,
+            attributes=attributes,
+            start_time=start_ns,
+            end_time=max(start_ns, end_ns),
+            instrumentation_scope=self.scope,
+        )
+        self.processor.on_end(span)
+        return context
 
     def shutdown(self) -> None:
         if self.provider is not None:
@@ -98,7 +137,8 @@ def request_context(request) -> str | None:
 
 
 def _parent_context(traceparent: str):
-    """A remote parent from a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>); None when malformed."""
+    """A remote parent's SpanContext from a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>); None when
+    malformed or not sampled (what the SDK's default sampler, parent-based, would drop)."""
     from opentelemetry import trace
 
     parts = traceparent.strip().split("-")
@@ -108,12 +148,9 @@ def _parent_context(traceparent: str):
         trace_id, span_id, flags = int(parts[1], 16), int(parts[2], 16), int(parts[3][:2], 16)
     except ValueError:
         return None
-    if not trace_id or not span_id:
+    if not trace_id or not span_id or not flags & trace.TraceFlags.SAMPLED:
         return None
-    parent = trace.SpanContext(
-        trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(flags)
-    )
-    return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+    return trace.SpanContext(trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(flags))
 
 
 class RequestSpans:
@@ -162,20 +199,19 @@ class RequestSpans:
         self.tokens += new_tokens
 
     def finish(self, reason: str) -> None:
-        """Build and end the spans (the final response is sent or about to be)."""
+        """Record the spans (the final response is sent or about to be)."""
         parent = _parent_context(self.traceparent)
         if parent is None:
             return
-        from opentelemetry import trace
-
-        tracer = self.owner.tracer
+        record = self.owner.record
         end = time.time_ns()
         blocks = -(-(self.prompt_tokens + self.tokens) // self.block_size)
-        request = tracer.start_span(
+        inside = record(
             "engine.request",
-            context=parent,
-            start_time=self.arrival_ns,
-            attributes={
+            parent,
+            self.arrival_ns,
+            end,
+            {
                 "toolkit.layer": "engine",
                 "triton.model_name": self.owner.model,
                 "gen_ai.usage.input_tokens": self.prompt_tokens,
@@ -186,22 +222,13 @@ class RequestSpans:
                 "engine.finish_reason": reason,
             },
         )
-        inside = trace.set_span_in_context(request)
         scheduled = self.scheduled_ns or end
-        self._phase(tracer, inside, "engine.queue", self.arrival_ns, scheduled, {})
+        record("engine.queue", inside, self.arrival_ns, scheduled, {})
         if self.first_token_ns:
-            self._phase(tracer, inside, "engine.prefill", scheduled, self.first_token_ns, {})
+            record("engine.prefill", inside, scheduled, self.first_token_ns, {})
             decode = {
                 "engine.decode_steps": self.steps,
                 "engine.output_tokens": self.tokens,
                 "engine.longest_step_ms": self.longest_step_ns / 1e6,
             }
-            self._phase(
-                tracer, inside, "engine.decode", self.first_token_ns, self.last_token_ns, decode
-            )
-        request.end(end_time=end)
-
-    @staticmethod
-    def _phase(tracer, parent, name: str, start: int, end: int, attributes: dict) -> None:
-        span = tracer.start_span(name, context=parent, start_time=start, attributes=attributes)
-        span.end(end_time=max(start, end))
+            record("engine.decode", inside, self.first_token_ns, self.last_token_ns, decode)

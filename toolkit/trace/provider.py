@@ -8,20 +8,35 @@ exporters of the same release refuse).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from toolkit.errors import TraceError
 from toolkit.trace.config import TracePlan
 
+# The GIL switch interval of a process that traces (CPython's default is 5 ms). The batch span
+# processor's thread encodes the spans (~40 us each, perf/results/trace_cost.md) while the event loop
+# wants the GIL back, and each such wait can last the whole interval. In an A/B on 2 cores, not
+# committed and noisy, TTFT p50 added at 16 streams read ~4 ms at 5 ms and 1-2 ms at 0.5 ms; the
+# committed run (perf/results/api_front_end_tracing.md, at 0.5 ms) reads ~3 ms.
+SWITCH_INTERVAL_S = 0.0005
+
+
+def shorten_switch_interval() -> None:
+    """Bound how long a tracing thread can keep the GIL from the loop that serves requests."""
+    sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+
+
 INSTALL_HINT = "pip install 'toolkit[trace]' (opentelemetry-sdk and its OTLP JSON exporter)"
 
 
-def make_tracer_provider(plan: TracePlan, component: str) -> Any:
-    """A TracerProvider exporting to `plan.traces_url`; `component` names the layer in the resource."""
+def make_tracer_provider(plan: TracePlan, component: str) -> tuple[Any, Any]:
+    """A TracerProvider exporting to `plan.traces_url`, and the span processor every span it ends goes
+    through (SpanRecorder hands its spans to it); `component` names the layer in the resource."""
     try:
         from opentelemetry.exporter.otlp.json.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
     except ImportError as exc:
@@ -30,9 +45,54 @@ def make_tracer_provider(plan: TracePlan, component: str) -> Any:
         ) from exc
     # service.name from OTEL_SERVICE_NAME wins over this one; OTEL_RESOURCE_ATTRIBUTES add to it.
     resource = Resource.create({"service.name": plan.service_name, "toolkit.component": component})
-    kwargs: dict[str, Any] = {"resource": resource}
+    processor = SynchronousMultiSpanProcessor()  # add_span_processor adds to it
+    kwargs: dict[str, Any] = {"resource": resource, "active_span_processor": processor}
     if plan.api_ratio is not None:  # else OTEL_TRACES_SAMPLER(_ARG), read by the SDK itself
         kwargs["sampler"] = ParentBased(TraceIdRatioBased(plan.api_ratio))
     provider = TracerProvider(**kwargs)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=plan.traces_url)))
-    return provider
+    shorten_switch_interval()
+    return provider, processor
+
+
+class SpanRecorder:
+    """Spans that are over by the time they are made, from time stamps taken earlier: each a ReadableSpan,
+    handed to the provider's span processors as the SDK hands them a span that ended, with no sampler,
+    attribute limits or locks: ending a traced request costs the API about half what it did with SDK
+    spans (perf/results/trace_cost.md), and 16 requests that end in one engine step end together."""
+
+    def __init__(self, provider: Any, processor: Any, scope: str, version: str):
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import SpanContext, SpanKind
+
+        self._span, self._context, self.internal = ReadableSpan, SpanContext, SpanKind.INTERNAL
+        self.processor = processor
+        self.ids = provider.id_generator
+        self.resource = provider.resource
+        self.scope = InstrumentationScope(scope, version)
+
+    def record(
+        self, name: str, parent: Any, start_ns: int, end_ns: int, attributes: dict | None = None
+    ) -> Any:
+        """A finished span under `parent` (a SpanContext of the same trace); its own SpanContext."""
+        context = self._context(
+            parent.trace_id,
+            self.ids.generate_span_id(),
+            is_remote=False,
+            trace_flags=parent.trace_flags,
+            trace_state=parent.trace_state,
+        )
+        span = self._span(
+            name=name,
+            context=context,
+            parent=parent,
+            resource=self.resource,
+            attributes=attributes or {},
+            kind=self.internal,
+            start_time=start_ns,
+            end_time=max(start_ns, end_ns),
+            instrumentation_scope=self.scope,
+        )
+        self.processor.on_end(span)
+        return context
