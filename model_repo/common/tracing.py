@@ -40,7 +40,6 @@ class EngineTracer:
 
     def __init__(self, model: str):
         self.model = model
-        self.tracer = None
         self.provider = None
         self.processor = None
         if os.environ.get(ENGINE_SWITCH) != "1":
@@ -55,6 +54,7 @@ class EngineTracer:
             )
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
             from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+            from opentelemetry.trace import SpanContext
         except ImportError as exc:
             print(
                 f"{model}: tracing is on but the OpenTelemetry SDK is missing ({exc.name}); no engine "
@@ -69,18 +69,17 @@ class EngineTracer:
         self.provider = TracerProvider(resource=resource, active_span_processor=self.processor)
         # The exporter reads OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, set by toolkit serve.
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        self.tracer = self.provider.get_tracer("toolkit.engine")
-        self.readable_span = ReadableSpan
+        self.readable_span, self.span_context = ReadableSpan, SpanContext
         self.scope = InstrumentationScope("toolkit.engine")
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
 
     @property
     def enabled(self) -> bool:
-        return self.tracer is not None
+        return self.provider is not None
 
     def start(self, request, prompt_tokens: int, block_size: int) -> RequestSpans | None:
         """The spans of a request that carries a trace context, else None (not traced)."""
-        if self.tracer is None:
+        if self.provider is None:
             return None
         traceparent = request_context(request)
         if traceparent is None:
@@ -89,9 +88,7 @@ class EngineTracer:
 
     def record(self, name: str, parent, start_ns: int, end_ns: int, attributes: dict):
         """A finished span under `parent` (a SpanContext); its own SpanContext."""
-        from opentelemetry import trace
-
-        context = trace.SpanContext(
+        context = self.span_context(
             parent.trace_id,
             self.provider.id_generator.generate_span_id(),
             is_remote=False,
