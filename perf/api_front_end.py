@@ -283,19 +283,23 @@ class Stack:
             trace=self.plan if traced else None,
             **({"stream_interval": interval} if interval > 1 else {}),
         )  # fmt: skip
-        saved = os.environ.get("PYTHONPATH")
-        if tree is not None:  # the API process imports the toolkit from there
-            os.environ["PYTHONPATH"] = str(tree)
+        # The API process imports the toolkit from `tree`: PYTHONSAFEPATH keeps `python -m` from
+        # putting the working directory (this checkout, when run from its root) ahead of PYTHONPATH,
+        # which made a baseline run this tree on both sides.
+        override = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"} if tree is not None else {}
+        saved = {name: os.environ.get(name) for name in override}
+        os.environ.update(override)
         try:
             process, _ = launch_api(
                 settings, host="127.0.0.1", port=port, workers=workers,
                 log_file=self.work / f"api-{port}.log",
             )  # fmt: skip
         finally:
-            if saved is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = saved
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         self.apis.append(process)
         return process, f"http://127.0.0.1:{port}"
 

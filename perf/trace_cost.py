@@ -3,16 +3,17 @@
 The API's tracer (toolkit.api.tracing.ApiTracer, exporting to a sink in its own process, as
 perf/api_front_end.py's) traces --requests requests of --chunks chunks each, and times, per request:
 
-  start + call   the root span and the gRPC call's span, opened while the request runs (its critical
-                 path: before the call goes to Triton)
-  end            the five spans made from the request's stamps (receive, admission, tokenize,
-                 first_chunk, stream) and the two open spans ended: as toolkit records them
+  start + call   the sampler's decision, the root's and the gRPC call's span ids, the traceparent
+                 (the serving thread, on the request's critical path: before the call goes to Triton)
+  end            the stamps queued for the recorder's thread (the serving thread)
+  build          the seven spans made from the request's stamps, as the recorder's thread makes them
                  (SpanRecorder: ReadableSpans handed to the span processors), and, measured in the
-                 same run as the baseline, as SDK spans (start_span + end, what the API did before)
+                 same run as the baseline, as SDK spans (start_span + end: what the API's event loop
+                 did before; here both run on the benchmark's thread, every other request)
   encode         the OTLP/JSON exporter's encoding of one request's spans (encode_spans + to_json),
-                 which the batch span processor's thread does under the GIL the event loop needs
+                 which the batch span processor's thread does
 
-Sides alternate per request; medians over all requests. Writes --out .json and .md:
+The two ways of building alternate; medians over all requests. Writes --out .json and .md:
 
     python perf/trace_cost.py --out perf/results/trace_cost
 """
@@ -52,23 +53,26 @@ def traced_request(tracer: ApiTracer, chunks: int) -> RequestTrace:
     return trace
 
 
-def end_with_sdk_spans(trace: RequestTrace, status: int) -> None:
+def build_with_sdk_spans(trace: RequestTrace) -> None:
     """The baseline: the same spans, each made with the SDK's start_span and end."""
     from opentelemetry import trace as otel
 
-    tracer = trace.tracer.tracer
-    end_ns = time.time_ns()
+    tracer = trace.tracer.provider.get_tracer("toolkit.api")
+    sent_ns = trace.calls[0][0]
 
-    def span(name, parent, start, end, attributes=None):
-        made = tracer.start_span(name, context=parent, start_time=start, attributes=attributes)
+    def span(name, parent, start, end, attributes=None, **kwargs):
+        made = tracer.start_span(
+            name, context=parent, start_time=start, attributes=attributes, **kwargs
+        )
         made.end(end_time=max(start, end))
         return made
 
-    parent = otel.set_span_in_context(trace.root)
+    root = tracer.start_span(trace.name, start_time=trace.received_ns, attributes=trace.attributes)
+    parent = otel.set_span_in_context(root)
     span("api.receive", parent, trace.received_ns, trace.read_ns)
-    admission = span("api.admission", parent, trace.read_ns, trace.call_ns)
+    admission = span("api.admission", parent, trace.read_ns, sent_ns)
     span("api.tokenize", otel.set_span_in_context(admission), *trace.tokenize)
-    trace.call_span.end(end_time=trace.last_response_ns)
+    span("api.generate", parent, sent_ns, trace.last_response_ns, {"rpc.system": "grpc"})
     span("api.first_chunk", parent, trace.first_response_ns, trace.first_write_ns)
     offsets = [(at - trace.first_write_ns) // 1000 for at, _ in trace.chunks]
     span(
@@ -84,9 +88,9 @@ def end_with_sdk_spans(trace: RequestTrace, status: int) -> None:
             "toolkit.longest_chunk_gap_ms": 0.0,
         },
     )
-    trace.root.set_attributes({**trace.attributes, "http.response.status_code": status})
-    trace.root.add_event("first_token", timestamp=trace.first_write_ns)
-    trace.root.end(end_time=end_ns)
+    root.set_attribute("http.response.status_code", trace.status)
+    root.add_event("first_token", timestamp=trace.first_write_ns)
+    root.end(end_time=trace.end_ns)
 
 
 def encode_cost(url: str, requests: int, chunks: int) -> tuple[float, int]:
@@ -102,6 +106,7 @@ def encode_cost(url: str, requests: int, chunks: int) -> tuple[float, int]:
     for _ in range(requests):
         memory.clear()
         traced_request(tracer, chunks).end(200)
+        tracer.recorder.build_queued()
         spans = memory.get_finished_spans()
         count = len(spans)
         begin = time.perf_counter_ns()
@@ -112,32 +117,44 @@ def encode_cost(url: str, requests: int, chunks: int) -> tuple[float, int]:
 
 
 def run(args) -> dict:
+    """Per request: start + call and end on the serving thread; every other request's spans built
+    right here instead of by the recorder's thread, as toolkit builds them or (alternating) with
+    SDK spans."""
     work = Path(tempfile.mkdtemp(prefix="trace-cost-"))
     with Collector(work, "sink") as sink:
         tracer = ApiTracer(TracePlan(f"{sink.url}/v1/traces", 1.0, "perf"))
-        opened, recorded, sdk = [], [], []
+        opened, ended, recorded, sdk = [], [], [], []
         for index in range(args.requests):
             trace = traced_request(tracer, args.chunks)
             opened.append(trace.cost)  # type: ignore[attr-defined]
+            if index % 2 == 0:
+                begin = time.perf_counter_ns()
+                trace.end(200)  # queued: the recorder's thread builds it
+                ended.append(time.perf_counter_ns() - begin)
+                continue
+            trace.end_ns, trace.status = time.time_ns(), 200
             begin = time.perf_counter_ns()
-            if index % 2:
-                end_with_sdk_spans(trace, 200)
-                sdk.append(time.perf_counter_ns() - begin)
-            else:
-                trace.end(200)
+            if index % 4 == 1:
+                trace.build(tracer.recorder)
                 recorded.append(time.perf_counter_ns() - begin)
+            else:
+                build_with_sdk_spans(trace)
+                sdk.append(time.perf_counter_ns() - begin)
         tracer.shutdown()
         received = sink.received()
         encode_us, spans = encode_cost(
             f"{sink.url}/v1/traces", min(args.requests, 500), args.chunks
         )
     recorded_us, sdk_us = statistics.median(recorded) / 1000, statistics.median(sdk) / 1000
+    start_us, end_us = statistics.median(opened) / 1000, statistics.median(ended) / 1000
     return {
         "spans_per_request": spans,
-        "start_and_call_us": round(statistics.median(opened) / 1000, 1),
-        "end_recorded_us": round(recorded_us, 1),
-        "end_sdk_spans_us": round(sdk_us, 1),
-        "end_recorded_over_sdk": round(recorded_us / sdk_us, 3),
+        "start_and_call_us": round(start_us, 1),
+        "end_us": round(end_us, 2),
+        "serving_thread_us": round(start_us + end_us, 1),
+        "build_recorded_us": round(recorded_us, 1),
+        "build_sdk_spans_us": round(sdk_us, 1),
+        "build_recorded_over_sdk": round(recorded_us / sdk_us, 3),
         "encode_us_per_request": round(encode_us, 1),
         "encode_us_per_span": round(encode_us / spans, 1),
         "received_by_sink": received,
@@ -157,20 +174,24 @@ def write(args, results: dict) -> None:
                 "",
                 f"{meta['date']}; {meta['machine']['cpus']} CPUs, 1-min load "
                 f"{meta['machine']['load_1min']} at the end; medians of {args.requests} requests "
-                f"({args.chunks} chunks each), the two ways of ending them alternating.",
+                f"({args.chunks} chunks each), the two ways of building spans alternating on every other one.",
                 "",
-                "| per request | us |",
-                "|---|---|",
-                f"| root and gRPC call spans opened (start + call, before the call) | "
-                f"{r['start_and_call_us']} |",
-                f"| spans made and ended, SpanRecorder (toolkit) | {r['end_recorded_us']} |",
-                f"| spans made and ended, SDK start_span + end (baseline, same run) | "
-                f"{r['end_sdk_spans_us']} |",
-                f"| OTLP/JSON encoding of its {r['spans_per_request']} spans (exporter thread) | "
-                f"{r['encode_us_per_request']} ({r['encode_us_per_span']} a span) |",
+                "| per request | us | on |",
+                "|---|---|---|",
+                f"| sampled, span ids chosen, traceparent made (start + call, before the call) | "
+                f"{r['start_and_call_us']} | the serving thread |",
+                f"| stamps queued for the recorder (end) | {r['end_us']} | the serving thread |",
+                f"| spans built, SpanRecorder (toolkit) | {r['build_recorded_us']} | the recorder's "
+                "thread |",
+                f"| spans built, SDK start_span + end (baseline, same run) | "
+                f"{r['build_sdk_spans_us']} | (the serving thread, before) |",
+                f"| OTLP/JSON encoding of its {r['spans_per_request']} spans | "
+                f"{r['encode_us_per_request']} ({r['encode_us_per_span']} a span) | the exporter's "
+                "thread |",
                 "",
-                f"SpanRecorder / SDK spans: **{r['end_recorded_over_sdk']}x** the CPU of ending a "
-                f"request. Exported to the sink meanwhile: {r['received_by_sink']}.",
+                f"The serving thread: **{r['serving_thread_us']} us** a request. SpanRecorder / SDK "
+                f"spans: **{r['build_recorded_over_sdk']}x** the CPU of building a request's spans. "
+                f"Exported to the sink meanwhile: {r['received_by_sink']}.",
                 "",
             ]
         )

@@ -328,11 +328,17 @@ def test_an_engine_records_its_spans_under_a_sampled_context_and_none_under_an_u
         spans = tracer.start(_Request(None, json.dumps({"traceparent": unsampled})), 20, 16)
         spans.step(1)
         spans.finish("length")
+        tracer.build_ended()
         assert memory.get_finished_spans() == ()  # the caller did not sample it: no spans
         spans = tracer.start(_Request(None, json.dumps({"traceparent": TP_API})), 20, 16)
         for _ in range(3):
             spans.step(1)
+        tracer._stop.set()  # the builder thread stops: what finish() itself does is seen alone
+        tracer._builder.join(5)
         spans.finish("length")
+        assert memory.get_finished_spans() == ()  # the step loop only queued it
+        tracer.build_ended()
+        assert len(memory.get_finished_spans()) == 4
     finally:
         tracer.shutdown()
     by_name = {span.name: span for span in memory.get_finished_spans()}
@@ -357,10 +363,15 @@ def test_the_apis_recorded_spans_are_children_of_its_request_span_in_its_trace()
             {"method": "POST", "path": "/v1/completions", "headers": []}, start, start + 5
         )
         trace.tokenized(start + 6, start + 9)
-        trace.call("tensorrt_llm")
+        traceparent = trace.call("tensorrt_llm")
         trace.response(time.time_ns())
         trace.wrote(1)
+        tracer.recorder._stop.set()  # the builder thread stops: what end() itself does is seen alone
+        tracer.recorder._builder.join(5)
         trace.end(200)
+        assert memory.get_finished_spans() == ()  # the event loop only queued its stamps
+        tracer.recorder.build_queued()
+        assert len(memory.get_finished_spans()) == 7
     by_name = {span.name: span for span in memory.get_finished_spans()}
     root = by_name["POST /v1/completions"]
     assert set(by_name) == {
@@ -384,6 +395,38 @@ def test_the_apis_recorded_spans_are_children_of_its_request_span_in_its_trace()
         start + 6,
         start + 9,
     )
+    call = by_name["api.generate"]  # the span whose context went to Triton
+    assert traceparent == f"00-{root.context.trace_id:032x}-{call.context.span_id:016x}-01"
+    assert root.parent is None and root.kind.name == "SERVER" and call.kind.name == "CLIENT"
+    assert [event.name for event in root.events] == ["first_token"]
+    assert root.attributes["http.response.status_code"] == 200
+
+
+def test_the_api_follows_a_clients_sampling_decision_and_its_ratio_otherwise():
+    from toolkit.api.tracing import ApiTracer
+
+    def scope(traceparent: str | None = None) -> dict:
+        headers = [(b"traceparent", traceparent.encode())] if traceparent else []
+        return {"method": "POST", "path": "/v1/completions", "headers": headers}
+
+    client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with SpanReceiver(None, port=0) as receiver:
+        never = ApiTracer(TracePlan(f"{receiver.url}/v1/traces", 1e-12, "test"))
+        always = ApiTracer(TracePlan(f"{receiver.url}/v1/traces", 1.0, "test"))
+        try:
+            now = time.time_ns()
+            assert never.start(scope(), now, now) is None
+            followed = never.start(scope(f"00-{client_trace}-{client_span}-01"), now, now)
+            assert followed is not None and f"{followed.root.trace_id:032x}" == client_trace
+            assert f"{followed.parent.span_id:016x}" == client_span
+            assert always.start(scope(f"00-{client_trace}-{client_span}-00"), now, now) is None
+            # malformed: a trace of its own
+            fresh = always.start(scope("00-not-a-context"), now, now)
+            assert fresh is not None and fresh.parent is None
+            assert f"{fresh.root.trace_id:032x}" != client_trace
+        finally:
+            never.shutdown()
+            always.shutdown()
 
 
 # --- served: one trace across the API, tritonserver and the CPU engine ----------------------------

@@ -15,24 +15,29 @@ tokens) and its spans are built once, when it ends, with those times, under the 
       engine.prefill     that step -> its first token
       engine.decode      first token -> last (the steps it was in, tokens)
 
-No span per step or token: their count and the step times are attributes. The spans are made as
-ReadableSpans handed to the provider's span processors, as the SDK hands them a span that ended (as
-toolkit.trace.provider.SpanRecorder does for the API): start_span and end cost ~30 us a span, and the
-16 requests that end in one engine step hold up the next step by what their spans cost. The GIL switch
-interval is cut to 0.5 ms so that the exporter's thread hands the GIL back to the step loop quickly.
+No span per step or token: their count and the step times are attributes. The step loop only
+stamps: a request that ends is queued, and a thread of the tracer's own builds the spans of what is
+queued every BUILD_INTERVAL_S, as ReadableSpans handed to the provider's span processors, as the SDK
+hands them a span that ended (as toolkit.trace.provider.SpanRecorder does for the API; the repository
+cannot import the toolkit). Built on the step loop, the 16 requests that end in one engine step held
+up the next step by what their spans cost. The GIL switch interval is cut to 0.5 ms so that the
+builder's and the exporter's threads hand the GIL back to the step loop quickly.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
+import threading
 import time
 
 ENGINE_SWITCH = "TOOLKIT_TRACE_ENGINES"
 TRACEPARENT = "traceparent"
 # toolkit.trace.provider's: the longest the exporter's thread keeps the GIL from the step loop.
 SWITCH_INTERVAL_S = 0.0005
+BUILD_INTERVAL_S = 0.1  # how often the builder thread makes the spans of the requests that ended
 
 
 class EngineTracer:
@@ -71,6 +76,10 @@ class EngineTracer:
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         self.readable_span, self.span_context = ReadableSpan, SpanContext
         self.scope = InstrumentationScope("toolkit.engine")
+        self.ended: collections.deque = collections.deque()
+        self._stop = threading.Event()
+        self._builder = threading.Thread(target=self._build_ended, name="engine-spans", daemon=True)
+        self._builder.start()
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
 
     @property
@@ -107,8 +116,25 @@ class EngineTracer:
         self.processor.on_end(span)
         return context
 
+    def build_ended(self) -> None:
+        """Build the spans of the requests that ended (the builder thread does every BUILD_INTERVAL_S)."""
+        ended = self.ended
+        while ended:
+            spans = ended.popleft()
+            try:
+                spans.build()
+            except Exception as exc:  # noqa: BLE001 - one broken trace must not end the others'
+                print(f"{self.model}: could not build a request's spans: {exc!r}", file=sys.stderr)
+
+    def _build_ended(self) -> None:
+        while not self._stop.wait(BUILD_INTERVAL_S):
+            self.build_ended()
+
     def shutdown(self) -> None:
         if self.provider is not None:
+            self._stop.set()
+            self._builder.join(5)
+            self.build_ended()
             self.provider.shutdown()
 
 
@@ -166,6 +192,8 @@ class RequestSpans:
         "tokens",
         "longest_step_ns",
         "previous_ns",
+        "end_ns",
+        "reason",
     )
 
     def __init__(self, owner: EngineTracer, traceparent: str, prompt_tokens: int, block_size: int):
@@ -176,7 +204,8 @@ class RequestSpans:
         self.arrival_ns = time.time_ns()
         self.scheduled_ns = self.first_token_ns = self.last_token_ns = 0
         self.steps = self.tokens = 0
-        self.longest_step_ns = self.previous_ns = 0
+        self.longest_step_ns = self.previous_ns = self.end_ns = 0
+        self.reason = ""
 
     def scheduled(self, now_ns: int | None = None) -> None:
         """The first engine step this request runs in (idempotent)."""
@@ -196,12 +225,17 @@ class RequestSpans:
         self.tokens += new_tokens
 
     def finish(self, reason: str) -> None:
-        """Record the spans (the final response is sent or about to be)."""
+        """The request ended (its final response is sent or about to be): its spans are built later, on
+        the tracer's builder thread."""
+        self.end_ns, self.reason = time.time_ns(), reason
+        self.owner.ended.append(self)
+
+    def build(self) -> None:
+        """The request's spans from its stamps (on the builder thread)."""
         parent = _parent_context(self.traceparent)
         if parent is None:
             return
-        record = self.owner.record
-        end = time.time_ns()
+        record, end, reason = self.owner.record, self.end_ns, self.reason
         blocks = -(-(self.prompt_tokens + self.tokens) // self.block_size)
         inside = record(
             "engine.request",

@@ -1,14 +1,15 @@
 """The API's spans: one trace per sampled generation request, its context handed on to Triton.
 
 Cheap by construction. An API that does not trace holds no tracer, and every hook below is behind
-one `if trace is not None`. A traced request records wall-clock stamps (time.time_ns) as it goes
-and builds its spans once, when its response ends, with those stamps as their times: the only span
-opened while the request runs is the gRPC call's, whose id travels to Triton as the W3C
-`traceparent` (gRPC metadata, for Triton's own spans, and a request parameter, for the engines).
-No span or event per token: api.stream carries the chunks' times (and tokens) as strings of integers.
-The spans made from stamps come from a SpanRecorder (toolkit.trace.provider): 16 streams that end in
-one engine step end together, just as their next requests arrive: ~0.1 ms a request to end, against
-~0.19 ms with SDK spans (perf/results/trace_cost.md).
+one `if trace is not None`. While a traced request runs, the event loop only takes wall-clock stamps
+(time.time_ns): the sampler decides on arrival, the span ids are chosen then (the gRPC call's travels
+to Triton as the W3C `traceparent`: gRPC metadata, for Triton's own spans, and a request parameter,
+for the engines), and no span object exists. When the response ends the stamps are queued, and the
+SpanRecorder's thread (toolkit.trace.provider) builds every span from them, as ReadableSpans handed to
+the span processors. No span or event per token: api.stream carries the chunks' times (and tokens) as
+strings of integers. Why: the 16 streams that end in one engine step end together, just as their next
+requests arrive, and building their spans there (~0.1 ms a request, perf/results/trace_cost.md) held
+those requests up on the loop (perf/results/api_front_end_tracing.md).
 
     POST /v1/chat/completions   SERVER, the whole request (gate to last byte)
       api.receive               headers in -> whole body read
@@ -39,81 +40,82 @@ class ApiTracer:
     """The API process's tracer (built after any fork: one batch span processor per process)."""
 
     def __init__(self, plan: TracePlan):
-        from opentelemetry.trace import SpanKind
+        from opentelemetry import trace
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         from toolkit.trace.provider import SpanRecorder, make_tracer_provider
 
         self.provider, processor = make_tracer_provider(plan, "api")
-        self.tracer = self.provider.get_tracer("toolkit.api", __version__)
         self.recorder = SpanRecorder(self.provider, processor, "toolkit.api", __version__)
+        # The provider's sampler (--trace-rate's ratio, parent-based, or OTEL_TRACES_SAMPLER's), asked
+        # as the SDK's start_span would ask it.
+        self.sampler = self.provider.sampler
         self.propagator = TraceContextTextMapPropagator()
-        self.server_kind, self.client_kind = SpanKind.SERVER, SpanKind.CLIENT
+        self._span_of = trace.get_current_span
 
     def start(self, scope, received_ns: int, read_ns: int) -> RequestTrace | None:
         """The trace of a request whose body is in, or None when the sampler leaves it out. A client's
         `traceparent` makes it a child of the client's span (and sampled as the client says)."""
-        carrier = {}
+        context = parent = None
         for name, value in scope["headers"]:
             if name == b"traceparent":
-                carrier[TRACEPARENT] = value.decode("latin-1")
-        parent = self.propagator.extract(carrier) if carrier else None
-        root = self.tracer.start_span(
-            f"{scope['method']} {scope['path']}",
-            context=parent,
-            kind=self.server_kind,
-            start_time=received_ns,
-            attributes={
-                "http.request.method": scope["method"],
-                "url.path": scope["path"],
-                "toolkit.layer": "api",
-            },
-        )
-        if not root.is_recording():
+                context = self.propagator.extract({TRACEPARENT: value.decode("latin-1")})
+                parent = self._span_of(context).get_span_context()
+                if not parent.is_valid:
+                    context = parent = None
+        recorder = self.recorder
+        trace_id = parent.trace_id if parent is not None else recorder.ids.generate_trace_id()
+        name = f"{scope['method']} {scope['path']}"
+        attributes = {
+            "http.request.method": scope["method"],
+            "url.path": scope["path"],
+            "toolkit.layer": "api",
+        }
+        sampled = self.sampler.should_sample(context, trace_id, name, recorder.server, attributes)
+        if not sampled.decision.is_sampled():
             return None
-        return RequestTrace(self, root, received_ns, read_ns)
+        root = recorder.context(trace_id, trace_state=sampled.trace_state)
+        return RequestTrace(self, root, parent, name, attributes, received_ns, read_ns)
 
     def shutdown(self) -> None:
-        self.provider.shutdown()  # exports what is queued
+        self.recorder.shutdown()  # builds what is queued
+        self.provider.shutdown()  # exports it
 
 
 class RequestTrace:
-    """Stamps of one request (ns since the epoch), turned into spans by `end`."""
+    """Stamps of one request (ns since the epoch), turned into spans by `build`, on the recorder's
+    thread, once `end` has queued them: the event loop only stamps."""
 
-    def __init__(self, tracer: ApiTracer, root, received_ns: int, read_ns: int):
+    def __init__(self, tracer: ApiTracer, root, parent, name: str, attributes: dict, received_ns: int,
+                 read_ns: int):  # fmt: skip
         self.tracer = tracer
-        self.root = root
+        self.root = root  # its SpanContext, chosen now: the call spans' traceparents name its trace
+        self.parent = parent  # the client's span context, if it sent one
+        self.name = name
+        self.attributes = attributes
         self.received_ns = received_ns
         self.read_ns = read_ns
         self.tokenize: tuple[int, int] | None = None
-        self.call_ns = 0
-        self.call_span: Any = None
+        # Each gRPC call's (sent at, its span's context, model).
+        self.calls: list[tuple[int, Any, str]] = []
         self.first_response_ns = 0
         self.last_response_ns = 0
         self.first_write_ns = 0
         self.last_write_ns = 0
         self.chunks: list[tuple[int, int]] = []  # (written at, tokens in it)
         self.detokenize_ns = 0  # summed over every response's token ids -> bytes
-        self.attributes: dict[str, Any] = {}
+        self.end_ns = 0
+        self.status = 0
 
     def tokenized(self, start_ns: int, end_ns: int) -> None:
         self.tokenize = (start_ns, end_ns)
 
     def call(self, model: str) -> str:
-        """Open the gRPC call's span now; its `traceparent`, for Triton."""
-        from opentelemetry import trace
-
-        self.call_ns = time.time_ns()
-        self.call_span = self.tracer.tracer.start_span(
-            "api.generate",
-            context=trace.set_span_in_context(self.root),
-            kind=self.tracer.client_kind,
-            start_time=self.call_ns,
-            attributes={"rpc.system": "grpc", "triton.model_name": model},
-        )
-        carrier: dict[str, str] = {}
-        self.tracer.propagator.inject(carrier, trace.set_span_in_context(self.call_span))
-        return carrier[TRACEPARENT]
+        """A gRPC call to Triton goes out now: the `traceparent` of its span (api.generate), for Triton."""
+        root = self.root
+        context = self.tracer.recorder.context(root.trace_id, root.trace_flags, root.trace_state)
+        self.calls.append((time.time_ns(), context, model))
+        return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
     def response(self, now_ns: int) -> None:
         self.first_response_ns = self.first_response_ns or now_ns
@@ -135,24 +137,35 @@ class RequestTrace:
         )
 
     def end(self, status: int) -> None:
-        """Record the child spans from the stamps and end the request's span (the response is done)."""
-        end_ns = time.time_ns()
-        record = self.tracer.recorder.record
-        parent = self.root.get_span_context()
-        record("api.receive", parent, self.received_ns, self.read_ns)
-        if self.call_ns:
-            admission = record("api.admission", parent, self.read_ns, self.call_ns)
+        """The response is done: its spans are built later, off the event loop."""
+        self.end_ns, self.status = time.time_ns(), status
+        self.tracer.recorder.later(self)
+
+    def build(self, recorder) -> None:
+        """The request's spans from its stamps (on the recorder's thread)."""
+        record, root, end_ns = recorder.record, self.root, self.end_ns
+        record("api.receive", root, self.received_ns, self.read_ns)
+        if self.calls:
+            admission = record("api.admission", root, self.read_ns, self.calls[0][0])
             if self.tokenize:
                 record("api.tokenize", admission, *self.tokenize)
-        if self.call_span is not None:
-            self.call_span.end(end_time=self.last_response_ns or end_ns)
+        for sent_ns, context, model in self.calls:
+            record(
+                "api.generate", root, sent_ns, self.last_response_ns or end_ns,
+                {"rpc.system": "grpc", "triton.model_name": model},
+                context=context, kind=recorder.client,
+            )  # fmt: skip
         if self.first_response_ns and self.first_write_ns:
-            record("api.first_chunk", parent, self.first_response_ns, self.first_write_ns)
-            self._stream(parent)
-        self.root.set_attributes({**self.attributes, "http.response.status_code": status})
+            record("api.first_chunk", root, self.first_response_ns, self.first_write_ns)
+            self._stream(root)
+        events: tuple = ()
         if self.first_write_ns:
-            self.root.add_event("first_token", timestamp=self.first_write_ns)
-        self.root.end(end_time=end_ns)
+            events = (recorder.event("first_token", timestamp=self.first_write_ns),)
+        attributes = {**self.attributes, "http.response.status_code": self.status}
+        record(
+            self.name, self.parent, self.received_ns, end_ns, attributes,
+            context=root, kind=recorder.server, events=events,
+        )  # fmt: skip
 
     def _stream(self, parent) -> None:
         """The stream's span: its chunks' summary, and when each was written (us after the first, a
