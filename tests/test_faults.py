@@ -636,11 +636,32 @@ def _ensemble_stream(url: str, max_tokens: int):
     return client, results
 
 
-def _engine_active(metrics_url: str) -> float:
+def _engine_state(metrics_url: str) -> tuple[float, float]:
+    """The engine's last report: (requests it held, when it reported, us since the epoch). It reports
+    every cancellation check, so a reading is up to that period old."""
+    found = {}
     for line in httpx.get(metrics_url, timeout=10).text.splitlines():
-        if line.startswith("nv_trt_llm_request_metrics{") and 'request_type="active"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no nv_trt_llm_request_metrics{request_type=active}")
+        for family, label in (
+            ("nv_trt_llm_request_metrics{", 'request_type="active"'),
+            ("nv_trt_llm_general_metrics{", 'general_type="timestamp"'),
+        ):
+            if line.startswith(family) and label in line:
+                found[label] = float(line.rsplit(" ", 1)[1])
+    if len(found) != 2:
+        raise AssertionError(f"the engine's active requests or report time is missing: {found}")
+    return found['request_type="active"'], found['general_type="timestamp"']
+
+
+def _engine_ended_everything(metrics_url: str, since_s: float, timeout_s: float) -> bool:
+    """Whether a report of the engine made after `since_s` (time.time()) shows it holding nothing: an
+    older one may predate a request it holds now."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        active, reported_us = _engine_state(metrics_url)
+        if reported_us > since_s * 1e6 and not active:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def test_a_cancelled_ensemble_stream_leaves_no_ghost_and_the_next_stop_is_prompt(
@@ -654,11 +675,11 @@ def test_a_cancelled_ensemble_stream_leaves_no_ghost_and_the_next_stop_is_prompt
     for _ in range(5):
         result, error = results.get(timeout=60)
         assert error is None, error
+    cancelled_at = time.time()
     client.stop_stream(cancel_requests=True)  # the client goes (a bench interrupted, a closed tab)
-    deadline = time.monotonic() + 60
-    while _engine_active(metrics) and time.monotonic() < deadline:
-        time.sleep(0.5)  # the engine ends its part of the request (it runs to its end, or stops)
-    assert not _engine_active(metrics), "the engine never ended the cancelled request"
+    # The engine ends its part of the request (it runs to its end, or stops). A report from before the
+    # request reads 0 too: waiting on that one sent the stop while the engine still streamed.
+    assert _engine_ended_everything(metrics, cancelled_at, 60), "the engine never ended it"
     stopped_at = time.monotonic()
     serve.process.send_signal(signal.SIGTERM)
     code = serve.wait(60)
