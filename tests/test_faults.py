@@ -700,8 +700,9 @@ def test_a_cancelled_ensemble_stream_leaves_no_ghost_and_the_next_stop_is_prompt
 )
 def test_a_stop_during_an_ensemble_stream_does_not_wait_out_the_drain_timeout(serving, bigram_repo):
     serve = serving("--drain-timeout", "15")
-    # Seconds of streaming: still under way at the stop.
-    client, results = _ensemble_stream(serve.grpc, 1500)
+    # ~2.5 s of streaming here: still under way when serve, watching every 0.5 s, signals tritonserver
+    # (300 tokens once ended first, and the stop was prompt).
+    client, results = _ensemble_stream(serve.grpc, 2000)
     try:
         for _ in range(5):
             result, error = results.get(timeout=60)
