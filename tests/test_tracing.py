@@ -333,8 +333,7 @@ def test_an_engine_records_its_spans_under_a_sampled_context_and_none_under_an_u
         spans = tracer.start(_Request(None, json.dumps({"traceparent": TP_API})), 20, 16)
         for _ in range(3):
             spans.step(1)
-        tracer._stop.set()  # the builder thread stops: what finish() itself does is seen alone
-        tracer._builder.join(5)
+        tracer.stop_builder()  # what finish() itself does is seen alone
         spans.finish("length")
         assert memory.get_finished_spans() == ()  # the step loop only queued it
         tracer.build_ended()
@@ -366,8 +365,7 @@ def test_the_apis_recorded_spans_are_children_of_its_request_span_in_its_trace()
         traceparent = trace.call("tensorrt_llm")
         trace.response(time.time_ns())
         trace.wrote(1)
-        tracer.recorder._stop.set()  # the builder thread stops: what end() itself does is seen alone
-        tracer.recorder._builder.join(5)
+        tracer.recorder.stop_builder()  # what end() itself does is seen alone
         trace.end(200)
         assert memory.get_finished_spans() == ()  # the event loop only queued its stamps
         tracer.recorder.build_queued()

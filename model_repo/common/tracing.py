@@ -130,10 +130,14 @@ class EngineTracer:
         while not self._stop.wait(BUILD_INTERVAL_S):
             self.build_ended()
 
+    def stop_builder(self) -> None:
+        """Stop the builder thread; what ended then waits for build_ended()."""
+        self._stop.set()
+        self._builder.join(5)
+
     def shutdown(self) -> None:
         if self.provider is not None:
-            self._stop.set()
-            self._builder.join(5)
+            self.stop_builder()
             self.build_ended()
             self.provider.shutdown()
 

@@ -113,7 +113,7 @@ class RequestTrace:
     def call(self, model: str) -> str:
         """A gRPC call to Triton goes out now: the `traceparent` of its span (api.generate), for Triton."""
         root = self.root
-        context = self.tracer.recorder.context(root.trace_id, root.trace_flags, root.trace_state)
+        context = self.tracer.recorder.context(root.trace_id, root.trace_state)
         self.calls.append((time.time_ns(), context, model))
         return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 

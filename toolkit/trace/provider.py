@@ -70,7 +70,7 @@ class SpanRecorder:
 
     BUILD_INTERVAL_S = 0.1
 
-    def __init__(self, provider: Any, processor: Any, scope: str, version: str | None = None):
+    def __init__(self, provider: Any, processor: Any, scope: str, version: str):
         import collections
         import threading
 
@@ -96,13 +96,13 @@ class SpanRecorder:
         )
         self._builder.start()
 
-    def context(self, trace_id: int, trace_flags: Any = None, trace_state: Any = None) -> Any:
-        """A new span's SpanContext in trace `trace_id` (sampled unless `trace_flags` say otherwise)."""
+    def context(self, trace_id: int, trace_state: Any = None) -> Any:
+        """A new span's SpanContext in trace `trace_id` (sampled: only sampled traces are recorded)."""
         return self._context(
             trace_id,
             self.ids.generate_span_id(),
             is_remote=False,
-            trace_flags=self.sampled if trace_flags is None else trace_flags,
+            trace_flags=self.sampled,
             trace_state=trace_state,
         )
 
@@ -121,7 +121,7 @@ class SpanRecorder:
         """A finished span under `parent` (a SpanContext, or None for a trace's root), as `context` (a
         SpanContext from `context()`) or a new child context of `parent`; its SpanContext."""
         if context is None:
-            context = self.context(parent.trace_id, parent.trace_flags, parent.trace_state)
+            context = self.context(parent.trace_id, parent.trace_state)
         span = self._span(
             name=name,
             context=context,
@@ -155,8 +155,12 @@ class SpanRecorder:
         while not self._stop.wait(self.BUILD_INTERVAL_S):
             self.build_queued()
 
-    def shutdown(self) -> None:
-        """Stop the builder and build what it left queued (then shut the provider down: it exports)."""
+    def stop_builder(self) -> None:
+        """Stop the builder thread; what is queued then waits for build_queued()."""
         self._stop.set()
         self._builder.join(5)
+
+    def shutdown(self) -> None:
+        """Stop the builder and build what it left queued (then shut the provider down: it exports)."""
+        self.stop_builder()
         self.build_queued()
