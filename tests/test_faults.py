@@ -690,30 +690,72 @@ def test_a_cancelled_ensemble_stream_leaves_no_ghost_and_the_next_stop_is_prompt
     assert not survivors(serve.processes)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, not fixed: tritonserver 2.51 refuses to enqueue new requests once it is stopping "
-    "(FAILED_ENQUEUE in its verbose log), so an ensemble stream's next postprocessing step fails while "
-    "its decoupled engine step still streams, and such an ensemble is never released: the stop waits "
-    "out the whole drain timeout, and serve still says 'stopped'. The fix would be serve draining the "
-    "engines before it signals tritonserver.",
-)
-def test_a_stop_during_an_ensemble_stream_does_not_wait_out_the_drain_timeout(serving, bigram_repo):
-    serve = serving("--drain-timeout", "15")
-    # ~2.5 s of streaming here: still under way when serve, watching every 0.5 s, signals tritonserver
-    # (300 tokens once ended first, and the stop was prompt).
-    client, results = _ensemble_stream(serve.grpc, 2000)
+def _read_to_the_end(results: queue.Queue, timeout_s: float) -> tuple[int, str | None]:
+    """(responses read, the error that ended the stream or None) up to the stream's final response."""
+    count = 0
+    while True:
+        try:
+            result, error = results.get(timeout=timeout_s)
+        except queue.Empty:
+            return count, f"no response for {timeout_s} s"
+        if error is not None:
+            return count, str(error)
+        count += 1
+        final = result.get_response().parameters.get("triton_final_response")
+        if final is not None and final.bool_param:
+            return count, None
+
+
+def test_an_ensemble_stream_under_way_at_a_stop_gets_every_token_and_the_stop_is_prompt(
+    serving, bigram_repo
+):
+    """tritonserver 2.51 refuses to enqueue anything once it is stopping, and an ensemble enqueues a
+    postprocessing step per response: a stream under way at its SIGTERM stalled (312 of 2000 tokens
+    here), the stop waited out the whole drain, and the client got UNAVAILABLE. serve now drains the
+    engines before it signals tritonserver."""
+    serve = serving("--drain-timeout", "30")
+    client, results = _ensemble_stream(serve.grpc, 2000)  # ~3 s of streaming
     try:
         for _ in range(5):
             result, error = results.get(timeout=60)
             assert error is None, error
-        stopped_at = time.monotonic()
         serve.process.send_signal(signal.SIGTERM)
-        assert serve.wait(60) == 0, serve.output()
+        count, error = _read_to_the_end(results, 30)
+        assert (count, error) == (1995, None), (count, error)  # 5 read above; the last is the final
+    finally:
+        client.stop_stream()  # the client goes once it has its answer, as perf_analyzer does
+    ended_at = time.monotonic()
+    assert serve.wait(60) == 0, serve.output()
+    took = time.monotonic() - ended_at
+    assert took < STOP_BOUND_S, (
+        f"the stop took {took:.1f} s after the stream ended\n{serve.output()}"
+    )
+    assert "drain timeout" not in serve.output()
+    assert not survivors(serve.processes)
+
+
+def test_a_client_holding_an_idle_grpc_stream_does_not_hold_the_stop_for_the_drain(
+    serving, bigram_repo
+):
+    """Triton 2.51 keeps a model loaded while a client's gRPC stream whose last request went to it stays
+    open, and its stop waited for that until its exit timeout (here 60 s) with nothing to run."""
+    from toolkit.serve.drain import PINNED_S
+
+    serve = serving("--drain-timeout", "60")
+    client, results = _ensemble_stream(serve.grpc, 20)
+    try:
+        assert _read_to_the_end(results, 60) == (20, None)  # answered in full
+        stopped_at = time.monotonic()
+        serve.process.send_signal(signal.SIGTERM)  # the client keeps its stream open, idle
+        code = serve.wait(60)
         took = time.monotonic() - stopped_at
-        assert took < STOP_BOUND_S, f"the stop took {took:.1f} s\n{serve.output()}"
     finally:
         client.stop_stream()
+    assert code == 0, serve.output()
+    assert took < PINNED_S + STOP_BOUND_S, f"the stop took {took:.1f} s\n{serve.output()}"
+    assert "idle gRPC streams kept 1 model(s) loaded" in serve.output(), serve.output()
+    assert "drain timeout (" not in serve.output()
+    assert not survivors(serve.processes)
 
 
 def test_kill_9_of_serve_leaves_no_process_and_no_shared_memory(serving, served_repo):
@@ -830,6 +872,8 @@ class _FakeServer:
         self.log_file = tmp_path / "tritonserver.log"
         self.log_file.write_text("")
         self.grpc_url = "127.0.0.1:1"
+        self.drain_outcome: str | None = None
+        self.held_models = 0
 
     def stop(self, timeout_s: float | None = None) -> int | None:
         self.process.terminate()

@@ -15,10 +15,12 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 _GROUP_GONE_POLL_S = 0.1
+_GIVE_UP_POLL_S = 0.5
 
 
 def start_process(
@@ -51,22 +53,33 @@ def _die_with_parent() -> None:
         pass  # not Linux: the session is still stopped on every exit we see
 
 
-def stop_process(process: subprocess.Popen, timeout_s: float = 20.0) -> int | None:
+def stop_process(
+    process: subprocess.Popen,
+    timeout_s: float = 20.0,
+    *,
+    give_up: Callable[[], bool] | None = None,
+) -> int | None:
     """terminate -> wait -> kill, for the whole session the child leads (start_new_session=True).
 
     The session is ended even when the leader is gone already: a tritonserver killed by a signal leaves
-    its stubs behind in it, and they must not outlive us.
+    its stubs behind in it, and they must not outlive us. `give_up`, asked every half second while it
+    is waited for: True kills it then, before `timeout_s` (it waits on nothing worth waiting for).
     """
     if process.poll() is None:
         # SIGTERM once, to the leader's group (tritonserver and its stubs; mpirun, which forwards it to
         # its ranks): a process that gets it twice may take the second as "stop at once".
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            signal_session(process.pid, signal.SIGKILL)
-            process.wait(10)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                process.wait(min(_GIVE_UP_POLL_S, max(0.0, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline or (give_up is not None and give_up()):
+                    signal_session(process.pid, signal.SIGKILL)
+                    process.wait(10)
+                    break
     end_session(process.pid, grace_s=min(timeout_s, 5.0))
     return process.returncode
 

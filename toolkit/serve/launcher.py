@@ -16,6 +16,7 @@ from toolkit.repository import contract as c
 from toolkit.repository.reader import Repository, open_repository
 from toolkit.repository.sources import sources_digest
 from toolkit.serve.binary import TritonBinary, find_tritonserver
+from toolkit.serve.drain import held_by_idle_streams, wait_until_engines_idle
 from toolkit.serve.net import check_port_free, client_host, http_ok
 from toolkit.settings import EXIT_TIMEOUT_S, cache_dir, child_environment
 from toolkit.signals import deferred_interrupts
@@ -53,6 +54,10 @@ class RunningServer:
     log_file: Path
     repository: Repository
     models: tuple[str, ...] = field(default_factory=tuple)
+    # How the last drain's wait for idle engines ended (toolkit.serve.drain), None before any drain.
+    drain_outcome: str | None = None
+    # Models the stopping server kept loaded for idle client streams, and was ended for (0: none).
+    held_models: int = 0
 
     @property
     def pid(self) -> int:
@@ -71,17 +76,55 @@ class RunningServer:
         return f"http://{client_host(self.config.metrics_host or self.config.host)}:{self.config.metrics_port}/metrics"
 
     def stop(self, timeout_s: float | None = None) -> int | None:
-        """Its exit code (None: it could not be waited for, e.g. it was not our child)."""
-        code = stop_process(
-            self.process, self.config.exit_timeout_s + 5 if timeout_s is None else timeout_s
-        )
+        """Its exit code (None: it could not be waited for, e.g. it was not our child).
+
+        With no `timeout_s`, a drain: first wait, up to the drain timeout (`exit_timeout_s`), for the
+        engines to hold nothing (toolkit.serve.drain: a stopping Triton 2.51 strands ensemble streams),
+        then SIGTERM; what is still running then is Triton's to finish or cut, and it is killed 5 s past
+        the drain timeout, or as soon as its log shows it waits only on clients' idle gRPC streams
+        (`held_models`). `drain_outcome` says how the wait ended. With `timeout_s` (after a fault):
+        SIGTERM at once, killed after `timeout_s`.
+        """
+        give_up = None
+        if timeout_s is None:
+            started = time.monotonic()
+            drain_end = started + self.config.exit_timeout_s
+            self.drain_outcome = wait_until_engines_idle(
+                self.metrics_url, drain_end, lambda: self.process.poll() is None
+            )
+            timeout_s = max(drain_end + 5 - time.monotonic(), 1.0)
+            give_up = self._held_by_idle_streams_from(_size(self.log_file))
+        code = stop_process(self.process, timeout_s, give_up=give_up)
         self.release_shared_memory()
         return code
+
+    def _held_by_idle_streams_from(self, offset: int) -> Callable[[], bool]:
+        """For stop_process: whether the stopping server, its log read from `offset`, only waits on
+        clients' idle gRPC streams (toolkit.serve.drain.held_by_idle_streams); records their count."""
+
+        def give_up() -> bool:
+            try:
+                with open(self.log_file, "rb") as log:
+                    log.seek(offset)
+                    since = log.read().decode(errors="replace")
+            except OSError:
+                return False
+            self.held_models = held_by_idle_streams(since)
+            return self.held_models > 0
+
+        return give_up
 
     def release_shared_memory(self) -> None:
         """Unlink what is left of this server's Python-backend regions: a stub killed (by us, past the
         drain, or by a signal) never unlinks its own, and tritonserver unlinks them only on a clean unload."""
         remove_shared_memory(self.config)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def check_repository(

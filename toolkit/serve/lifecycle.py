@@ -128,7 +128,21 @@ class ServeSession:
             server_code, api_code = self.stop()
             if self.forced is not None:
                 raise Stopped(self.forced)
-            if server_code == 1 and _drain_cut(self.server.log_file):
+            if self.server.held_models:
+                on_event(
+                    f"[yellow]tritonserver had finished every request, but clients' idle gRPC streams kept "
+                    f"{self.server.held_models} model(s) loaded (Triton 2.51 keeps a model while a stream "
+                    "whose last request went to it stays open), so it was ended instead of waiting out "
+                    "the drain timeout[/]"
+                )
+            # Triton's exit timeout cut them (it exits 1), or its engines were still busy when the drain
+            # ran out and it was killed 5 s later, still finishing them
+            cut = server_code == 1 and _drain_cut(self.server.log_file)
+            if cut or (
+                self.server.drain_outcome == "timeout"
+                and server_code == -signal.SIGKILL
+                and not self.server.held_models
+            ):
                 on_event(
                     f"[yellow]the drain timeout ({self.server.config.exit_timeout_s:g} s, --drain-timeout) "
                     "ended requests that were still running[/]"
@@ -203,13 +217,14 @@ class ServeSession:
         return time.monotonic() - self.stopped_since.setdefault(pid, time.monotonic())
 
     def stop(self) -> tuple[int | None, int | None]:
-        """Stop both at once, draining: each stops admitting and finishes its streams (the API's as
-        Triton finishes them), within the drain timeout. Returns their exit codes (Triton's, the API's)."""
+        """Stop both at once, draining: the API stops admitting at once and finishes its streams as Triton
+        finishes them; Triton is signalled once its engines hold nothing (RunningServer.stop), all within
+        the drain timeout. Returns their exit codes (Triton's, the API's)."""
         grace = self.server.config.exit_timeout_s + 5
         codes: dict[str, int | None] = {"server": None, "api": None}
 
         def stop_server() -> None:
-            codes["server"] = self.server.stop(grace)
+            codes["server"] = self.server.stop()  # drains the engines, then signals
 
         def stop_api() -> None:
             if self.api is not None:
