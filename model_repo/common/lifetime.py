@@ -9,8 +9,13 @@ The stub is a child of tritonserver. When tritonserver dies without unloading it
 its parent `toolkit serve` killed, its exit timeout running out), a stub busy generating is left
 behind: it was seen parented to init, still generating minutes later, holding GBs and its
 /dev/shm region (which carries prompts and outputs). So every model starts a watcher that polls
-its parent (a getppid() syscall twice a second, no IPC): once the parent has changed, the server
-is gone, and the stub unlinks the shared-memory regions it maps (nobody else will) and kills itself.
+the stub's parent twice a second (/proc, no IPC): once it has changed, the server is gone, and the
+watcher unlinks the shared-memory regions the stub maps (nobody else will) and kills the stub.
+
+The watcher is a process of its own (a POSIX shell loop, a child of the stub), not a thread: a
+stub's Python may never run again. One was seen left behind for minutes, its main thread in the
+stub's exit holding the GIL, and a watcher thread waiting for the GIL for good. The shell ends with
+its stub (a clean unload: the server removes the regions then).
 
 (Not PR_SET_PDEATHSIG: it fires when the *thread* that forked the stub exits, and tritonserver
 forks stubs from its model-loading threads; and SIGKILL on parent death would leave the region.)
@@ -19,9 +24,7 @@ forks stubs from its model-loading threads; and SIGKILL on parent death would le
 from __future__ import annotations
 
 import os
-import signal
-import threading
-import time
+import subprocess
 
 POLL_S = 0.5
 # Region names: toolkit serve's prefix (toolkit/serve/launcher.py shm_prefix), or the backend's default.
@@ -36,19 +39,41 @@ def bind_to_server() -> None:
             os.chmod(path, 0o600)
         except OSError:
             pass  # not ours to change (another user's server): nothing we can do from here
-    parent = os.getppid()
-    threading.Thread(target=_watch, args=(parent,), name="die-with-server", daemon=True).start()
+    subprocess.Popen(
+        [
+            "/bin/sh",
+            "-c",
+            WATCHER,
+            "die-with-server",
+            str(os.getpid()),
+            str(os.getppid()),
+            str(POLL_S),
+        ]
+        + sorted(mapped_regions()),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,  # in tritonserver's session still: its stop ends the watcher too
+    )
 
 
-def _watch(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(POLL_S)
-    for path in mapped_regions():
-        try:
-            os.unlink(path)
-        except OSError:
-            pass  # already gone (the server's own clean-up got there first)
-    os.kill(os.getpid(), signal.SIGKILL)
+# $1 the stub, $2 its server, $3 the poll period, then the regions. Builtins only, but for sleep: the
+# stub's PPid from /proc/<stub>/status until it is another (the server is gone) or the stub is.
+WATCHER = r"""
+stub=$1 server=$2 period=$3
+shift 3
+while :; do
+  parent=
+  { while read -r key value _; do
+      if [ "$key" = "PPid:" ]; then parent=$value; break; fi
+    done < "/proc/$stub/status"; } 2>/dev/null || exit 0
+  [ -n "$parent" ] || exit 0
+  [ "$parent" = "$server" ] || break
+  sleep "$period"
+done
+rm -f -- "$@"
+kill -9 "$stub"
+"""
 
 
 def mapped_regions() -> set[str]:
