@@ -8,11 +8,18 @@ tests/test_faults.py::test_a_stop_during_an_ensemble_stream_does_not_wait_out_th
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from toolkit.serve.drain import IdleWatch, held_by_idle_streams, read, wait_until_engines_idle
+from toolkit.serve.drain import (
+    IdleWatch,
+    clients_connected,
+    held_by_idle_streams,
+    read,
+    wait_until_engines_idle,
+)
 
 SINCE_US = 1_700_000_000_000_000.0
 
@@ -141,10 +148,43 @@ def test_five_seconds_of_the_same_live_models_with_nothing_in_flight_is_a_hold()
         "Timeout 15: Found 0 model versions that have in-flight inferences",
         live(5, left=15),
         "successfully unloaded 'preprocessing' version 1",
-        *(live(1, left=t) for t in range(14, 9, -1)),
+        *(live(1, left=t) for t in range(14, 8, -1)),  # 14 .. 9: five seconds
     )
     assert held_by_idle_streams(log) == 1
     assert held_by_idle_streams(log, seconds=6) == 0  # not that long yet
+
+
+def test_the_seconds_come_from_the_countdown_not_from_lines_of_several_ranks():
+    """An MPI server's ranks write one log: two ranks make two lines a second."""
+    two_ranks = stop_log(
+        "Timeout 15: Found 0 model versions that have in-flight inferences",
+        "Timeout 15: Found 0 model versions that have in-flight inferences",
+        *(live(1, left=t) for t in (15, 15, 14, 14, 13, 13)),
+    )
+    assert held_by_idle_streams(two_ranks) == 0  # 2 s, in 6 lines
+    unequal = stop_log(
+        "Timeout 15: Found 0 model versions that have in-flight inferences",
+        *(line for t in range(15, 8, -1) for line in (live(4, left=t), live(1, left=t))),
+    )
+    assert held_by_idle_streams(unequal) == 0  # rank 0 still has models to unload
+
+
+def test_clients_connected_sees_an_established_connection_to_the_port_only():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        assert not clients_connected(port)  # listening is not connected
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        try:
+            assert clients_connected(port)
+            assert not clients_connected(port + 1 if port < 65535 else port - 1)
+        finally:
+            client.close()
+            accepted.close()
+        deadline = time.monotonic() + 5
+        while clients_connected(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not clients_connected(port)
 
 
 def test_models_still_unloading_or_requests_in_flight_are_no_hold():
@@ -152,7 +192,7 @@ def test_models_still_unloading_or_requests_in_flight_are_no_hold():
         "Timeout 15: Found 0 model versions that have in-flight inferences",
         *(live(3, left=t) for t in range(15, 12, -1)),
         "successfully unloaded 'postprocessing' version 1",
-        *(live(2, left=t) for t in range(12, 8, -1)),  # 4 s since the last unload
+        *(live(2, left=t) for t in range(12, 8, -1)),  # 12 .. 9: 3 s since the last unload
     )
     assert held_by_idle_streams(unloading) == 0
     running = stop_log(

@@ -91,21 +91,66 @@ def test_a_stub_whose_python_cannot_run_still_dies_with_its_server_and_takes_its
             server.wait()
 
 
-def test_the_watcher_ends_with_its_stub_and_leaves_the_region_to_its_server():
-    """A stub that exits on its own (a clean unload) takes its watcher with it, and unlinks nothing:
-    the region is the server's to remove then."""
-    region = Path(f"/dev/shm/toolkit_test_{uuid.uuid4().hex}")
-    server, stub = _stand_ins(region)
-    try:
+def _watcher_of(stub: int) -> int:
+    """The stub's watcher, once it is the shell and ignores stop signals (its first line: a signal in
+    the moments before, while it starts, would end it)."""
+    deadline = time.monotonic() + 10
+    while True:
         watchers = [
             pid
             for pid in (int(p) for p in os.listdir("/proc") if p.isdigit())
             if _ppid(pid) == stub
         ]
         assert len(watchers) == 1, watchers
+        if _ignores(watchers[0], signal.SIGTERM) or time.monotonic() > deadline:
+            return watchers[0]
+        time.sleep(0.05)
+
+
+def _ignores(pid: int, sig: int) -> bool:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) & (1 << (sig - 1)))
+    except OSError:
+        return False
+    return False
+
+
+def test_the_watcher_outlives_the_stop_signal_its_server_group_gets():
+    """serve SIGTERMs tritonserver's group on a stop, watchers included (the stub ignores it; a shell
+    would die). A serve killed during that drain leaves the stubs to their watchers."""
+    region = Path(f"/dev/shm/toolkit_test_{uuid.uuid4().hex}")
+    server, stub = _stand_ins(region)
+    try:
+        watcher = _watcher_of(stub)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            os.kill(watcher, sig)
+        time.sleep(1.0)
+        assert process_alive(watcher), "a stop signal ended the watcher"
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(10)
+        assert _gone_within(stub, 5), "the stub outlived its server"
+        assert not region.exists()
+    finally:
+        if process_alive(stub):
+            os.kill(stub, signal.SIGKILL)
+        region.unlink(missing_ok=True)
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_the_watcher_ends_with_its_stub_and_leaves_the_region_to_its_server():
+    """A stub that exits on its own (a clean unload) takes its watcher with it, and unlinks nothing:
+    the region is the server's to remove then."""
+    region = Path(f"/dev/shm/toolkit_test_{uuid.uuid4().hex}")
+    server, stub = _stand_ins(region)
+    try:
+        watcher = _watcher_of(stub)
         os.kill(stub, signal.SIGKILL)
         server.wait(10)
-        assert _gone_within(watchers[0], 5), "the watcher outlived its stub"
+        assert _gone_within(watcher, 5), "the watcher outlived its stub"
         assert region.exists()
     finally:
         region.unlink(missing_ok=True)

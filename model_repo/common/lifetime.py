@@ -57,20 +57,31 @@ def bind_to_server() -> None:
     )
 
 
-# $1 the stub, $2 its server, $3 the poll period, then the regions. Builtins only, but for sleep: the
-# stub's PPid from /proc/<stub>/status until it is another (the server is gone) or the stub is.
+# $1 the stub, $2 its server, $3 the poll period, then the regions. Builtins only, but for sleep.
+# - Stop signals are ignored (sleep inherits that): serve SIGTERMs tritonserver's group as it drains,
+#   and a serve killed during that drain leaves the stubs to their watchers.
+# - Its own parent first: once that is not the stub, the stub is gone (a clean unload), and its pid may
+#   be another process's soon.
+# - Then the stub's parent: once that is not the server, the server is gone.
 WATCHER = r"""
+trap '' TERM INT HUP
 stub=$1 server=$2 period=$3
 shift 3
-while :; do
+parent_of() {
   parent=
   { while read -r key value _; do
       if [ "$key" = "PPid:" ]; then parent=$value; break; fi
-    done < "/proc/$stub/status"; } 2>/dev/null || exit 0
-  [ -n "$parent" ] || exit 0
+    done < "/proc/$1/status"; } 2>/dev/null
+}
+while :; do
+  parent_of $$
+  [ "$parent" = "$stub" ] || exit 0
+  parent_of "$stub"
   [ "$parent" = "$server" ] || break
   sleep "$period"
 done
+parent_of $$
+[ "$parent" = "$stub" ] || exit 0  # it ended meanwhile: nothing of its to remove
 rm -f -- "$@"
 kill -9 "$stub"
 """

@@ -32,7 +32,8 @@ REQUESTS = "nv_trt_llm_request_metrics"
 GENERAL = "nv_trt_llm_general_metrics"
 POLL_S = 0.25
 READ_TRIES = 3
-QUIET_S = 2.0  # no engine report for this long, while watched: its executor runs no iteration
+QUIET_S = 3.0  # no engine report for this long, while watched: its executor runs no iteration
+IDLE_READINGS = 2  # idle this many readings in a row
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,9 @@ def wait_until_engines_idle(
     stops `running`. Returns "idle", "timeout", "exited", or "unreadable" (no metrics to read: the caller
     signals at once, as before this watch existed)."""
     watch = IdleWatch(since_us=time.time() * 1e6)
-    failures = 0
-    with httpx.Client(timeout=2.0) as client:
+    failures = idle_in_a_row = 0
+    # trust_env off: a proxy in the environment must not stand between serve and its own server
+    with httpx.Client(timeout=2.0, trust_env=False) as client:
         while True:
             if not running():
                 return "exited"
@@ -105,7 +107,7 @@ def wait_until_engines_idle(
                 response.raise_for_status()
                 reading = read(response.text)
                 failures = 0
-            except (httpx.HTTPError, ValueError):
+            except Exception:  # noqa: BLE001 - whatever fails, the stop must go on (signalling at once)
                 # a busy server may miss one scrape; a missing endpoint misses them all
                 failures += 1
                 if failures >= READ_TRIES:
@@ -113,7 +115,8 @@ def wait_until_engines_idle(
                 time.sleep(poll_s)
                 continue
             now = time.monotonic()
-            if watch.idle(reading, now):
+            idle_in_a_row = idle_in_a_row + 1 if watch.idle(reading, now) else 0
+            if idle_in_a_row >= IDLE_READINGS:
                 return "idle"
             if now >= deadline:
                 return "timeout"
@@ -122,7 +125,9 @@ def wait_until_engines_idle(
 
 # tritonserver's stop, in its log (INFO lines, printed at --log-verbose=0): once a second while it waits.
 _IN_FLIGHT = re.compile(r"Found (\d+) model versions that have in-flight inferences")
-_LIVE = re.compile(r"Found (\d+) live models and (\d+) in-flight non-inference requests")
+_LIVE = re.compile(
+    r"Timeout (-?\d+): Found (\d+) live models and (\d+) in-flight non-inference requests"
+)
 _UNLOADED = "successfully unloaded"
 PINNED_S = 5  # seconds of a stopping Triton unloading nothing more, with nothing in flight
 
@@ -140,14 +145,37 @@ def held_by_idle_streams(log_since_signal: str, seconds: int = PINNED_S) -> int:
     in_flight = [int(m.group(1)) for m in _IN_FLIGHT.finditer(log_since_signal)]
     if not in_flight or in_flight[-1] != 0:
         return 0
-    since_unload: list[tuple[int, int]] = []
+    # (seconds left of its exit timeout, live models, in-flight non-inference requests) since the last
+    # unload. Seconds come from the countdown, not from counting lines: an MPI server's ranks write one
+    # log, a line each per second (and their live counts differ, which is no hold here).
+    since_unload: list[tuple[int, int, int]] = []
     for line in log_since_signal.splitlines():
         if _UNLOADED in line:
             since_unload = []
         elif (m := _LIVE.search(line)) is not None:
-            since_unload.append((int(m.group(1)), int(m.group(2))))
-    last = since_unload[-seconds:]
-    if len(last) < seconds or any(requests for _, requests in last):
+            since_unload.append((int(m.group(1)), int(m.group(2)), int(m.group(3))))
+    if not since_unload or any(requests for _, _, requests in since_unload):
         return 0
-    counts = {live for live, _ in last}
-    return counts.pop() if len(counts) == 1 else 0
+    left = [t for t, _, _ in since_unload]
+    counts = {live for _, live, _ in since_unload}
+    if max(left) - min(left) < seconds or len(counts) != 1:
+        return 0
+    return counts.pop()
+
+
+def clients_connected(port: int) -> bool:
+    """Whether any TCP connection to local `port` is established (/proc/net/tcp and tcp6, this network
+    namespace): a model held loaded by an idle stream has a client connected."""
+    wanted = f"{port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as rows:
+                next(rows, None)  # the header
+                for row in rows:
+                    fields = row.split()
+                    # local address hex:port, remote address, state (01: ESTABLISHED)
+                    if len(fields) > 3 and fields[3] == "01" and fields[1].endswith(":" + wanted):
+                        return True
+        except OSError:
+            continue
+    return False

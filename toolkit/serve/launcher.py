@@ -16,7 +16,7 @@ from toolkit.repository import contract as c
 from toolkit.repository.reader import Repository, open_repository
 from toolkit.repository.sources import sources_digest
 from toolkit.serve.binary import TritonBinary, find_tritonserver
-from toolkit.serve.drain import held_by_idle_streams, wait_until_engines_idle
+from toolkit.serve.drain import clients_connected, held_by_idle_streams, wait_until_engines_idle
 from toolkit.serve.net import check_port_free, client_host, http_ok
 from toolkit.settings import EXIT_TIMEOUT_S, cache_dir, child_environment
 from toolkit.signals import deferred_interrupts
@@ -87,11 +87,13 @@ class RunningServer:
         """
         give_up = None
         if timeout_s is None:
-            started = time.monotonic()
-            drain_end = started + self.config.exit_timeout_s
-            self.drain_outcome = wait_until_engines_idle(
-                self.metrics_url, drain_end, lambda: self.process.poll() is None
-            )
+            drain_end = time.monotonic() + self.config.exit_timeout_s
+            try:
+                self.drain_outcome = wait_until_engines_idle(
+                    self.metrics_url, drain_end, lambda: self.process.poll() is None
+                )
+            except Exception as exc:  # noqa: BLE001 - whatever the wait met, the server is stopped
+                self.drain_outcome = f"failed: {type(exc).__name__}: {exc}"
             timeout_s = max(drain_end + 5 - time.monotonic(), 1.0)
             give_up = self._held_by_idle_streams_from(_size(self.log_file))
         code = stop_process(self.process, timeout_s, give_up=give_up)
@@ -109,7 +111,10 @@ class RunningServer:
                     since = log.read().decode(errors="replace")
             except OSError:
                 return False
-            self.held_models = held_by_idle_streams(since)
+            held = held_by_idle_streams(since)
+            # a model still unloading (a slow finalize) looks the same, but no client holds it
+            if held and clients_connected(self.config.grpc_port):
+                self.held_models = held
             return self.held_models > 0
 
         return give_up

@@ -130,19 +130,15 @@ class ServeSession:
                 raise Stopped(self.forced)
             if self.server.held_models:
                 on_event(
-                    f"[yellow]tritonserver had finished every request, but clients' idle gRPC streams kept "
-                    f"{self.server.held_models} model(s) loaded (Triton 2.51 keeps a model while a stream "
-                    "whose last request went to it stays open), so it was ended instead of waiting out "
-                    "the drain timeout[/]"
+                    "[yellow]tritonserver had finished every request but still had "
+                    f"{self.server.held_models} model(s) loaded, with clients connected to its gRPC port "
+                    "(Triton 2.51 keeps a model loaded while a client's stream whose last request went to "
+                    "it stays open), so it was ended instead of waiting out the drain timeout[/]"
                 )
-            # Triton's exit timeout cut them (it exits 1), or its engines were still busy when the drain
-            # ran out and it was killed 5 s later, still finishing them
+            # Triton's exit timeout cut them (it exits 1), or it was killed 5 s past the drain timeout,
+            # still finishing them
             cut = server_code == 1 and _drain_cut(self.server.log_file)
-            if cut or (
-                self.server.drain_outcome == "timeout"
-                and server_code == -signal.SIGKILL
-                and not self.server.held_models
-            ):
+            if cut or (server_code == -signal.SIGKILL and not self.server.held_models):
                 on_event(
                     f"[yellow]the drain timeout ({self.server.config.exit_timeout_s:g} s, --drain-timeout) "
                     "ended requests that were still running[/]"
