@@ -57,8 +57,13 @@ def _stand_ins(region: Path) -> tuple[subprocess.Popen, int]:
         text=True,
         start_new_session=True,
     )
-    stub = int(server.stdout.readline())
-    return server, stub
+    line = server.stdout.readline()
+    if not line.strip().isdigit():  # the stand-in stub failed: leave nothing behind
+        server.kill()
+        server.wait()
+        region.unlink(missing_ok=True)
+        raise AssertionError(f"the stand-in stub did not start: {line!r}")
+    return server, int(line)
 
 
 def _gone_within(pid: int, bound_s: float) -> bool:
