@@ -637,19 +637,15 @@ def _ensemble_stream(url: str, max_tokens: int):
 
 
 def _engine_state(metrics_url: str) -> tuple[float, float]:
-    """The engine's last report: (requests it held, when it reported, us since the epoch). It reports
-    every cancellation check, so a reading is up to that period old."""
-    found = {}
-    for line in httpx.get(metrics_url, timeout=10).text.splitlines():
-        for family, label in (
-            ("nv_trt_llm_request_metrics{", 'request_type="active"'),
-            ("nv_trt_llm_general_metrics{", 'general_type="timestamp"'),
-        ):
-            if line.startswith(family) and label in line:
-                found[label] = float(line.rsplit(" ", 1)[1])
-    if len(found) != 2:
-        raise AssertionError(f"the engine's active requests or report time is missing: {found}")
-    return found['request_type="active"'], found['general_type="timestamp"']
+    """The engine's last report: (requests it held, when it reported, us since the epoch), read as serve's
+    drain reads it (toolkit.serve.drain.read). It reports every cancellation check, so a reading is up
+    to that period old."""
+    from toolkit.serve.drain import read
+
+    engines = read(httpx.get(metrics_url, timeout=10).text).engines
+    if len(engines) != 1 or not next(iter(engines.values()))[1]:
+        raise AssertionError(f"the engine's active requests or report time is missing: {engines}")
+    return next(iter(engines.values()))
 
 
 def _engine_ended_everything(metrics_url: str, since_s: float, timeout_s: float) -> bool:

@@ -17,9 +17,12 @@ import sys
 import textwrap
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.subprocs import process_alive
+import pytest
+
+from toolkit.subprocs import children_of, process_alive
 
 COMMON = Path(__file__).resolve().parents[1] / "model_repo" / "common"
 
@@ -50,7 +53,17 @@ SERVER = textwrap.dedent(
 )
 
 
-def _stand_ins(region: Path) -> tuple[subprocess.Popen, int]:
+@dataclass
+class StandIns:
+    region: Path
+    server: subprocess.Popen
+    stub: int
+
+
+@pytest.fixture
+def stand_ins():
+    """A stand-in server and its bound stand-in stub, mapping a region; none of them outlives the test."""
+    region = Path(f"/dev/shm/toolkit_test_{uuid.uuid4().hex}")
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER, STUB, str(COMMON), str(region)],
         stdout=subprocess.PIPE,
@@ -58,12 +71,17 @@ def _stand_ins(region: Path) -> tuple[subprocess.Popen, int]:
         start_new_session=True,
     )
     line = server.stdout.readline()
-    if not line.strip().isdigit():  # the stand-in stub failed: leave nothing behind
-        server.kill()
-        server.wait()
+    started = StandIns(region, server, int(line)) if line.strip().isdigit() else None
+    try:
+        assert started is not None, f"the stand-in stub did not start: {line!r}"
+        yield started
+    finally:
+        if started is not None and process_alive(started.stub):
+            os.kill(started.stub, signal.SIGKILL)
         region.unlink(missing_ok=True)
-        raise AssertionError(f"the stand-in stub did not start: {line!r}")
-    return server, int(line)
+        if server.poll() is None:
+            server.kill()
+            server.wait()
 
 
 def _gone_within(pid: int, bound_s: float) -> bool:
@@ -75,25 +93,15 @@ def _gone_within(pid: int, bound_s: float) -> bool:
     return False
 
 
-def test_a_stub_whose_python_cannot_run_still_dies_with_its_server_and_takes_its_region():
-    region = Path(f"/dev/shm/toolkit_test_{uuid.uuid4().hex}")
-    server, stub = _stand_ins(region)
-    try:
-        assert region.exists() and process_alive(stub)
-        assert oct(region.stat().st_mode & 0o777) == oct(0o600)  # made owner-only as it bound
-        time.sleep(1.0)
-        assert process_alive(stub), "the stub died while its server ran"
-        os.kill(server.pid, signal.SIGKILL)
-        server.wait(10)
-        assert _gone_within(stub, 5), "the stub outlived its server"
-        assert not region.exists(), "its shared-memory region was left behind"
-    finally:
-        if process_alive(stub):
-            os.kill(stub, signal.SIGKILL)
-        region.unlink(missing_ok=True)
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+def test_a_stub_whose_python_cannot_run_still_dies_with_its_server_and_takes_its_region(stand_ins):
+    assert stand_ins.region.exists() and process_alive(stand_ins.stub)
+    assert oct(stand_ins.region.stat().st_mode & 0o777) == oct(0o600)  # made owner-only as it bound
+    time.sleep(1.0)
+    assert process_alive(stand_ins.stub), "the stub died while its server ran"
+    os.kill(stand_ins.server.pid, signal.SIGKILL)
+    stand_ins.server.wait(10)
+    assert _gone_within(stand_ins.stub, 5), "the stub outlived its server"
+    assert not stand_ins.region.exists(), "its shared-memory region was left behind"
 
 
 def _watcher_of(stub: int) -> int:
@@ -101,11 +109,7 @@ def _watcher_of(stub: int) -> int:
     the moments before, while it starts, would end it)."""
     deadline = time.monotonic() + 10
     while True:
-        watchers = [
-            pid
-            for pid in (int(p) for p in os.listdir("/proc") if p.isdigit())
-            if _ppid(pid) == stub
-        ]
+        watchers = children_of(stub)
         assert len(watchers) == 1, watchers
         if _ignores(watchers[0], signal.SIGTERM) or time.monotonic() > deadline:
             return watchers[0]
@@ -122,53 +126,25 @@ def _ignores(pid: int, sig: int) -> bool:
     return False
 
 
-def test_the_watcher_outlives_the_stop_signal_its_server_group_gets():
+def test_the_watcher_outlives_the_stop_signal_its_server_group_gets(stand_ins):
     """serve SIGTERMs tritonserver's group on a stop, watchers included (the stub ignores it; a shell
     would die). A serve killed during that drain leaves the stubs to their watchers."""
-    region = Path(f"/dev/shm/toolkit_test_{uuid.uuid4().hex}")
-    server, stub = _stand_ins(region)
-    try:
-        watcher = _watcher_of(stub)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            os.kill(watcher, sig)
-        time.sleep(1.0)
-        assert process_alive(watcher), "a stop signal ended the watcher"
-        os.kill(server.pid, signal.SIGKILL)
-        server.wait(10)
-        assert _gone_within(stub, 5), "the stub outlived its server"
-        assert not region.exists()
-    finally:
-        if process_alive(stub):
-            os.kill(stub, signal.SIGKILL)
-        region.unlink(missing_ok=True)
-        if server.poll() is None:
-            server.kill()
-            server.wait()
+    watcher = _watcher_of(stand_ins.stub)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        os.kill(watcher, sig)
+    time.sleep(1.0)
+    assert process_alive(watcher), "a stop signal ended the watcher"
+    os.kill(stand_ins.server.pid, signal.SIGKILL)
+    stand_ins.server.wait(10)
+    assert _gone_within(stand_ins.stub, 5), "the stub outlived its server"
+    assert not stand_ins.region.exists()
 
 
-def test_the_watcher_ends_with_its_stub_and_leaves_the_region_to_its_server():
+def test_the_watcher_ends_with_its_stub_and_leaves_the_region_to_its_server(stand_ins):
     """A stub that exits on its own (a clean unload) takes its watcher with it, and unlinks nothing:
     the region is the server's to remove then."""
-    region = Path(f"/dev/shm/toolkit_test_{uuid.uuid4().hex}")
-    server, stub = _stand_ins(region)
-    try:
-        watcher = _watcher_of(stub)
-        os.kill(stub, signal.SIGKILL)
-        server.wait(10)
-        assert _gone_within(watcher, 5), "the watcher outlived its stub"
-        assert region.exists()
-    finally:
-        region.unlink(missing_ok=True)
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("PPid:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+    watcher = _watcher_of(stand_ins.stub)
+    os.kill(stand_ins.stub, signal.SIGKILL)
+    stand_ins.server.wait(10)
+    assert _gone_within(watcher, 5), "the watcher outlived its stub"
+    assert stand_ins.region.exists()
