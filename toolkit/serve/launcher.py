@@ -24,6 +24,9 @@ from toolkit.subprocs import process_alive, start_process, stop_process, tail_li
 from toolkit.targets import target_for
 from toolkit.trace.config import TracePlan, engine_environment, triton_args
 
+# A drain that ran out with engines busy: how long tritonserver gets after its SIGTERM before it is killed.
+CUT_GRACE_S = 1.0
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -80,8 +83,9 @@ class RunningServer:
 
         With no `timeout_s`, a drain: first wait, up to the drain timeout (`exit_timeout_s`), for the
         engines to hold nothing (toolkit.serve.drain: a stopping Triton 2.51 strands ensemble streams),
-        then SIGTERM; what is still running then is Triton's to finish or cut, and it is killed 5 s past
-        the drain timeout, or as soon as its log shows it waits only on clients' idle gRPC streams
+        then SIGTERM. Engines still busy at the drain timeout: killed CUT_GRACE_S after the SIGTERM (the
+        requests had their drain). Otherwise what is left is Triton's to finish, and it is killed 5 s
+        past the drain timeout, or as soon as its log shows it waits only on clients' idle gRPC streams
         (`held_models`). `drain_outcome` says how the wait ended. With `timeout_s` (after a fault):
         SIGTERM at once, killed after `timeout_s`.
         """
@@ -94,7 +98,12 @@ class RunningServer:
                 )
             except Exception as exc:  # noqa: BLE001 - whatever the wait met, the server is stopped
                 self.drain_outcome = f"failed: {type(exc).__name__}: {exc}"
-            timeout_s = max(drain_end + 5 - time.monotonic(), 1.0)
+            if self.drain_outcome == "timeout":
+                # The drain is spent on requests still running: they are cut now, not given Triton's
+                # exit timeout on top (a 1 s drain let a stream run 2 s and finish).
+                timeout_s = CUT_GRACE_S
+            else:
+                timeout_s = max(drain_end + 5 - time.monotonic(), 1.0)
             give_up = self._held_by_idle_streams_from(_size(self.log_file))
         code = stop_process(self.process, timeout_s, give_up=give_up)
         self.release_shared_memory()

@@ -135,8 +135,8 @@ class ServeSession:
                     "(Triton 2.51 keeps a model loaded while a client's stream whose last request went to "
                     "it stays open), so it was ended instead of waiting out the drain timeout[/]"
                 )
-            # Triton's exit timeout cut them (it exits 1), or it was killed 5 s past the drain timeout,
-            # still finishing them
+            # Triton's exit timeout cut them (it exits 1), or it was killed as the drain ran out (its
+            # engines still busy) or 5 s past it, still finishing them
             cut = server_code == 1 and _drain_cut(self.server.log_file)
             if cut or (server_code == -signal.SIGKILL and not self.server.held_models):
                 on_event(
