@@ -21,6 +21,9 @@ round so that drift on a shared machine hits them alike; the results are medians
             saturation (--streams-workers streams, --workers-step-ms steps) and paced (--streams-tracing
             streams, --tracing-step-ms steps): API CPU us per streamed token, tokens/s, TTFT p50; and the
             largest interval once more with the API holding per-step responses (as on a GPU engine)
+  floor     one API worker beside perf/bare_relay.py (the least a Python relay of one SSE chunk per
+            engine response does), at saturation and paced as interval is: CPU us per streamed token
+            of each, and the API's over the relay's
 
 TTFT added over direct Triton gRPC at 16 streams (goal <= 5 ms p50) is perf/api_overhead.py's (it takes
 --api-workers). Examples:
@@ -303,6 +306,25 @@ class Stack:
         self.apis.append(process)
         return process, f"http://127.0.0.1:{port}"
 
+    def relay(self):
+        """perf/bare_relay.py in its own process: the floor of a Python relay, against this server."""
+        port = free_port()
+        with open(self.work / f"relay-{port}.log", "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("bare_relay.py")),
+                 "--grpc-url", self.server.grpc_url, "--port", str(port)],
+                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+            )  # fmt: skip
+        self.apis.append(process)
+        deadline = time.monotonic() + 60
+        while not port_answers(f"127.0.0.1:{port}"):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(
+                    f"perf/bare_relay.py did not start: see {self.work}/relay-{port}.log"
+                )
+            time.sleep(0.1)
+        return process, f"http://127.0.0.1:{port}"
+
     def close(self) -> None:
         for process in self.apis:
             stop_process(process, 20)
@@ -359,6 +381,12 @@ def run(args) -> dict:
                 ("interval_paced", args.streams_tracing, args.tracing_step_ms),
             ):
                 results[key] = intervals(args, receiver, work, streams, step_ms)
+        if "floor" in args.measure:
+            for key, streams, step_ms in (
+                ("floor", args.streams_workers, args.workers_step_ms),
+                ("floor_paced", args.streams_tracing, args.tracing_step_ms),
+            ):
+                results[key] = floor(args, receiver, work, streams, step_ms)
         if "tracing" in args.measure:
             stack = Stack(build_repository(work, args.tracing_step_ms, args.model), receiver, work)
             try:
@@ -405,6 +433,26 @@ def baseline(args, receiver: Collector, work: Path) -> dict:
             **medians,
             "api_us_per_token_ratio": round(new["api_us_per_token"] / old["api_us_per_token"], 3),
             "tokens_per_s_ratio": round(new["tokens_per_s"] / old["tokens_per_s"], 3),
+        }
+    finally:
+        stack.close()
+
+
+def floor(args, receiver: Collector, work: Path, streams: int, step_ms: float) -> dict:
+    """One API worker beside perf/bare_relay.py on one tritonserver, the same load on each: how far the
+    API's CPU per streamed token is above what any Python relay of one chunk per token pays."""
+    stack = Stack(build_repository(work / f"floor{step_ms:g}", step_ms, args.model), receiver, work)
+    try:
+        sides = {"API (1 worker)": stack.api(1), "bare relay": stack.relay()}
+        medians = compare(stack, sides, streams, args)
+        api, relay = medians["API (1 worker)"], medians["bare relay"]
+        return {
+            "streams": streams,
+            "step_ms": step_ms,
+            **medians,
+            "api_us_per_token_over_relay": round(
+                api["api_us_per_token"] / relay["api_us_per_token"], 3
+            ),
         }
     finally:
         stack.close()
@@ -488,6 +536,20 @@ def write(args, results: dict) -> None:
             "",
             f"This tree / baseline: **{b['api_us_per_token_ratio']}x** API CPU per token, "
             f"{b['tokens_per_s_ratio']}x tokens/s; goal <= {GOALS['api_us_per_token_max']} us per token.",
+            "",
+        ]  # fmt: skip
+    for key in [k for k in results if k.startswith("floor")]:
+        f = results[key]
+        lines += [
+            f"## The API vs a bare relay (perf/bare_relay.py), {f['streams']} streams, engine step "
+            f"{f['step_ms']:g} ms",
+            "",
+            *_cpu_table(f, ("API (1 worker)", "bare relay")),
+            "",
+            f"API / bare relay: **{f['api_us_per_token_over_relay']}x** CPU per streamed token; goal for the "
+            f"API <= {GOALS['api_us_per_token_max']} us. The relay does only what any Python relay of one "
+            "gRPC message in and one SSE chunk out per token must (no validation, tokenizing, "
+            "detokenizing, metrics, cancellation): its figure is the floor of this design.",
             "",
         ]  # fmt: skip
     for key in [k for k in results if k.startswith("interval")]:
@@ -580,7 +642,7 @@ def main() -> None:
     parser.add_argument(
         "--measure",
         default="workers,tracing",
-        help="any of workers, tracing, baseline, interval (comma-separated)",
+        help="any of workers, tracing, baseline, interval, floor (comma-separated)",
     )
     parser.add_argument(
         "--stream-intervals", type=stream_intervals, default=[1, 4, 16],

@@ -1,0 +1,122 @@
+"""The floor of a Python front end: the least an OpenAI-style streaming relay on the toolkit's libraries does.
+
+A bare ASGI app on uvicorn (uvloop, httptools: the API's own server settings) that, per POST, reads the
+JSON body, opens one grpc.aio ModelStreamInfer call to the engine model (the same engine request the API
+sends for a greedy completion with min_tokens, its prompt ids fixed), and writes each engine response
+as one SSE chunk with the token's id as its text, then a usage chunk and `[DONE]`. No validation,
+admission, tokenizing, detokenizing, metrics, tracing, stop strings or cancellation watch: what is left
+is what any Python relay of one gRPC message in and one HTTP chunk out per token pays (grpc's C core
+and its threads, the event loop, uvicorn's framing, the socket writes). perf/api_front_end.py
+`--measure floor` sets the API beside it on one tritonserver, with the same load.
+
+    python perf/bare_relay.py --grpc-url 127.0.0.1:8001 --port 9000
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import grpc
+import numpy as np
+import uvicorn
+from tritonclient.grpc import service_pb2_grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit.api.wire import request_message  # noqa: E402
+
+FINAL_FLAG = "triton_final_response"
+PROMPT_IDS = [16, 28, 216, 17, 28, 216, 18, 28]  # fixed: tokenizing is not part of the floor
+
+
+def engine_request(request_id: str, max_tokens: int, end_id: int):
+    tensors = [
+        ("input_ids", np.array([PROMPT_IDS], np.int32), "INT32"),
+        ("input_lengths", np.array([[len(PROMPT_IDS)]], np.int32), "INT32"),
+        ("request_output_len", np.array([[max_tokens]], np.int32), "INT32"),
+        ("end_id", np.array([[end_id]], np.int32), "INT32"),
+        ("pad_id", np.array([[end_id]], np.int32), "INT32"),
+        ("streaming", np.array([[True]], bool), "BOOL"),
+        ("exclude_input_in_output", np.array([[True]], bool), "BOOL"),
+        ("min_tokens", np.array([[max_tokens]], np.int32), "INT32"),
+        ("runtime_top_k", np.array([[1]], np.int32), "INT32"),
+    ]
+    return request_message("tensorrt_llm", request_id, tensors, ["output_ids", "sequence_length"])
+
+
+def make_app(grpc_url: str, end_id: int):
+    state: dict = {}
+    ids = itertools.count(1)
+
+    async def lifespan(receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                state["channel"] = grpc.aio.insecure_channel(grpc_url)
+                state["stub"] = service_pb2_grpc.GRPCInferenceServiceStub(state["channel"])
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await state["channel"].close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            return await lifespan(receive, send)
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        max_tokens = int(json.loads(body)["max_tokens"])
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        call = state["stub"].ModelStreamInfer()
+        await call.write(engine_request(str(next(ids)), max_tokens, end_id))
+        count = 0
+        while (response := await call.read()) is not grpc.aio.EOF:
+            infer = response.infer_response
+            for output, raw in zip(infer.outputs, infer.raw_output_contents, strict=False):
+                if output.name == "sequence_length":
+                    length = int.from_bytes(raw[:4], "little")
+                    if length:
+                        count += length
+                        chunk = b'data: {"choices":[{"index":0,"text":"%d"}]}\n\n' % length
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if FINAL_FLAG in infer.parameters and infer.parameters[FINAL_FLAG].bool_param:
+                break
+        await call.done_writing()
+        usage = b'data: {"choices":[],"usage":{"completion_tokens":%d}}\n\ndata: [DONE]\n\n' % count
+        await send({"type": "http.response.body", "body": usage})
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--grpc-url", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--end-id", type=int, default=2)
+    args = parser.parse_args()
+    uvicorn.run(
+        make_app(args.grpc_url, args.end_id),
+        host="127.0.0.1",
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+    )
+
+
+if __name__ == "__main__":
+    main()
