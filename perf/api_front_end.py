@@ -21,9 +21,10 @@ round so that drift on a shared machine hits them alike; the results are medians
             saturation (--streams-workers streams, --workers-step-ms steps) and paced (--streams-tracing
             streams, --tracing-step-ms steps): API CPU us per streamed token, tokens/s, TTFT p50; and the
             largest interval once more with the API holding per-step responses (as on a GPU engine)
-  floor     one API worker beside perf/bare_relay.py (the least a Python relay of one SSE chunk per
-            engine response does), at saturation and paced as interval is: CPU us per streamed token
-            of each, and the API's over the relay's
+  floor     one API worker on each engine transport (gRPC; --engine-transport http) beside
+            perf/bare_relay.py (the least a Python relay of one SSE chunk per engine response does) over
+            gRPC and over Triton's HTTP generate_stream, at saturation and paced as interval is: CPU us
+            per streamed token of each, and their ratios
 
 TTFT added over direct Triton gRPC at 16 streams (goal <= 5 ms p50) is perf/api_overhead.py's (it takes
 --api-workers). Examples:
@@ -277,14 +278,17 @@ class Stack:
         tree: Path | None = None,
         interval: int = 1,
         repo: Path | None = None,
+        engine_http: bool = False,
     ):
         """An API of `workers` processes; `tree`: a source tree of the toolkit to run it from (a baseline);
-        `interval`: its --stream-interval; `repo`: the repository it reads, if not the served one's."""
+        `interval`: its --stream-interval; `repo`: the repository it reads, if not the served one's;
+        `engine_http`: it reads the engine over Triton's HTTP generate_stream (--engine-transport http)."""
         port = free_port()
         settings = ApiSettings(
             self.server.grpc_url, repo or self.repo, max_in_flight=1024,
             trace=self.plan if traced else None,
             **({"stream_interval": interval} if interval > 1 else {}),
+            **({"engine_http_url": self.server.http_url} if engine_http else {}),
         )  # fmt: skip
         # The API process imports the toolkit from `tree`: PYTHONSAFEPATH keeps `python -m` from
         # putting the working directory (this checkout, when run from its root) ahead of PYTHONPATH,
@@ -306,13 +310,15 @@ class Stack:
         self.apis.append(process)
         return process, f"http://127.0.0.1:{port}"
 
-    def relay(self):
-        """perf/bare_relay.py in its own process: the floor of a Python relay, against this server."""
+    def relay(self, upstream: str = "grpc"):
+        """perf/bare_relay.py in its own process: the floor of a Python relay, against this server, reading
+        the engine over `upstream` (grpc: ModelStreamInfer as the API does; http: generate_stream)."""
         port = free_port()
+        url = self.server.grpc_url if upstream == "grpc" else self.server.http_url
         with open(self.work / f"relay-{port}.log", "wb") as log:
             process = subprocess.Popen(
                 [sys.executable, str(Path(__file__).with_name("bare_relay.py")),
-                 "--grpc-url", self.server.grpc_url, "--port", str(port)],
+                 "--upstream", upstream, f"--{upstream}-url", url, "--port", str(port)],
                 stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
             )  # fmt: skip
         self.apis.append(process)
@@ -443,15 +449,31 @@ def floor(args, receiver: Collector, work: Path, streams: int, step_ms: float) -
     API's CPU per streamed token is above what any Python relay of one chunk per token pays."""
     stack = Stack(build_repository(work / f"floor{step_ms:g}", step_ms, args.model), receiver, work)
     try:
-        sides = {"API (1 worker)": stack.api(1), "bare relay": stack.relay()}
+        sides = {
+            "API (1 worker)": stack.api(1),
+            "API (1 worker), --engine-transport http": stack.api(1, engine_http=True),
+            "bare relay": stack.relay(),
+            "bare relay, HTTP upstream": stack.relay("http"),
+        }
         medians = compare(stack, sides, streams, args)
         api, relay = medians["API (1 worker)"], medians["bare relay"]
+        http = medians["bare relay, HTTP upstream"]
+        api_http = medians["API (1 worker), --engine-transport http"]
         return {
             "streams": streams,
             "step_ms": step_ms,
             **medians,
             "api_us_per_token_over_relay": round(
                 api["api_us_per_token"] / relay["api_us_per_token"], 3
+            ),
+            "http_relay_us_per_token_over_relay": round(
+                http["api_us_per_token"] / relay["api_us_per_token"], 3
+            ),
+            "api_http_us_per_token_over_api": round(
+                api_http["api_us_per_token"] / api["api_us_per_token"], 3
+            ),
+            "api_http_us_per_token_over_http_relay": round(
+                api_http["api_us_per_token"] / http["api_us_per_token"], 3
             ),
         }
     finally:
@@ -544,12 +566,26 @@ def write(args, results: dict) -> None:
             f"## The API vs a bare relay (perf/bare_relay.py), {f['streams']} streams, engine step "
             f"{f['step_ms']:g} ms",
             "",
-            *_cpu_table(f, ("API (1 worker)", "bare relay")),
+            *_cpu_table(f, tuple(k for k in f if isinstance(f[k], dict))),
             "",
             f"API / bare relay: **{f['api_us_per_token_over_relay']}x** CPU per streamed token; goal for the "
             f"API <= {GOALS['api_us_per_token_max']} us. The relay does only what any Python relay of one "
             "gRPC message in and one SSE chunk out per token must (no validation, tokenizing, "
             "detokenizing, metrics, cancellation): its figure is the floor of this design.",
+            *(
+                [
+                    "",
+                    f"Bare relay with Triton's HTTP generate_stream as its upstream / with gRPC: "
+                    f"**{f['http_relay_us_per_token_over_relay']}x** CPU per streamed token (the same "
+                    "relay, the other transport tritonserver offers).",
+                    "",
+                    f"API with --engine-transport http / with gRPC: **{f['api_http_us_per_token_over_api']}x** "
+                    f"CPU per streamed token; over the bare relay with the same upstream: "
+                    f"{f['api_http_us_per_token_over_http_relay']}x.",
+                ]
+                if "http_relay_us_per_token_over_relay" in f
+                else []
+            ),
             "",
         ]  # fmt: skip
     for key in [k for k in results if k.startswith("interval")]:
@@ -595,8 +631,8 @@ def write(args, results: dict) -> None:
     out.with_suffix(".md").write_text("\n".join(lines))
 
 
-def _cpu_table(section: dict, arms: tuple[str, str]) -> list[str]:
-    """The table of two API arms: tokens/s, API CPU per token, TTFT p50."""
+def _cpu_table(section: dict, arms: tuple[str, ...]) -> list[str]:
+    """The table of API arms: tokens/s, API CPU per token, TTFT p50."""
     return [
         "| API | tokens/s | API CPU us/token | TTFT p50 |",
         "|---|---|---|---|",

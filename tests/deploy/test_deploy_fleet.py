@@ -357,7 +357,9 @@ def test_the_api_container_args_are_flags_toolkit_api_takes_with_the_values_give
     from chart import invoke, write_values
 
     deploy(cpu_repo, tmp_path / "d")
-    cluster = write_values(tmp_path / "c.yaml", {"api": {"streamInterval": 4, "workers": 2}})
+    cluster = write_values(
+        tmp_path / "c.yaml", {"api": {"streamInterval": 4, "workers": 2, "engineTransport": "http"}}
+    )
     docs = render(helm, tmp_path / "d", extra=["-f", cluster])
     args = container(server_deployment(docs)["spec"]["template"]["spec"], "api")["args"]
     keys = tmp_path / "keys"
@@ -368,3 +370,4 @@ def test_the_api_container_args_are_flags_toolkit_api_takes_with_the_values_give
     assert result.exit_code == 0, result.output
     settings = json.loads(result.stdout)
     assert (settings["stream_interval"], settings["workers"]) == (4, 2)
+    assert settings["engine_http_url"] == "127.0.0.1:8000"  # Triton's HTTP port in the pod

@@ -50,6 +50,9 @@ class ApiSettings:
     trace: TracePlan | None = None
     # Engine steps per streamed chunk after the first (--stream-interval): 1 streams every token.
     stream_interval: int = 1
+    # Triton's HTTP address (host:port): engine-contract streams go over its generate_stream instead of
+    # gRPC (--engine-transport http; toolkit.api.engine_http). None: all over gRPC.
+    engine_http_url: str | None = None
 
     def __post_init__(self) -> None:
         value = self.stream_interval
@@ -90,6 +93,7 @@ class ApiState:
             vocab_size=self.vocab_size,
             stream_interval=settings.stream_interval,
             engine_stream_interval=self.capabilities.engine_stream_interval,
+            engine_http_url=settings.engine_http_url,
         )
         self.metrics = ApiMetrics()
         self.tracer = None

@@ -28,6 +28,7 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import InferResult, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from toolkit.api.engine_http import HttpEngineError, HttpEnginePool, request_body
 from toolkit.api.features import Features, TokenLogprob, token_logprobs
 from toolkit.api.wire import output_array, request_message
 from toolkit.errors import ClientError
@@ -210,6 +211,7 @@ class TritonBackend:
         vocab_size: int = 0,
         stream_interval: int = 1,
         engine_stream_interval: bool = False,
+        engine_http_url: str | None = None,
     ):
         self.url = url
         self.vocab_size = vocab_size  # logits per step (embedding_bias is one bias per logit)
@@ -228,6 +230,8 @@ class TritonBackend:
         # gRPC messages); else the API holds that many responses per chunk (`hold`: fewer writes only).
         self.stream_interval = stream_interval
         self.by_engine = self.engine and engine_stream_interval and stream_interval > 1
+        # --engine-transport http: engine-contract streams over Triton's HTTP generate_stream (engine_http).
+        self._http = HttpEnginePool(engine_http_url) if engine_http_url and self.engine else None
         self._client: grpcclient.InferenceServerClient | None = None
         self._channel: grpc.aio.Channel | None = None  # the streams' channel
         self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
@@ -264,6 +268,8 @@ class TritonBackend:
         if self._channel is not None:
             await self._channel.close()
             self._channel = self._stub = None
+        if self._http is not None:
+            await self._http.close()
 
     def _stream_call(self, metadata: tuple[tuple[str, str], ...] | None):
         """A new bidirectional ModelStreamInfer call on the streams' channel (requests written by the caller)."""
@@ -410,7 +416,7 @@ class TritonBackend:
         """Engine responses per chunk the API holds itself: the interval where the engine does not keep it."""
         return 1 if self.engine_interval(stops) > 1 else self.stream_interval
 
-    async def generate(
+    def generate(
         self,
         prompt: str,
         prompt_ids: list[int],
@@ -426,10 +432,115 @@ class TritonBackend:
         """Stream the pieces of one generation; closing the iterator early cancels the request.
 
         `watched`: the watchdog checks the engine when this stream stalls (not for its own check).
-        `traceparent`: the W3C trace context of the caller's span, sent as gRPC metadata (Triton's
-        spans) and as a request parameter (the engines', and an ensemble passes it to its steps).
+        `traceparent`: the W3C trace context of the caller's span, sent as gRPC metadata or an HTTP header
+        (Triton's spans) and as a request parameter (the engines', and an ensemble passes it to its steps).
         `timing`: has `detokenize_ns` summed into it (toolkit.api.tracing.RequestTrace).
-        `stops`: the request has stop strings (the engine then answers every step: engine_interval)."""
+        `stops`: the request has stop strings (the engine then answers every step: engine_interval).
+
+        Over Triton's HTTP generate_stream (--engine-transport http) when the engine contract is served
+        that way and the request needs none of what its JSON cannot carry cheaply (log prob arrays, a
+        vocabulary-long logit bias); over gRPC otherwise."""
+        features = features or Features(cached_tokens=False)
+        if (
+            self._http is not None
+            and self.decoupled
+            and not features.logprobs
+            and not sampling.logit_bias
+        ):
+            return self._generate_http(
+                prompt_ids, max_tokens, sampling, features, watched, traceparent, timing, stops
+            )
+        return self._generate_grpc(
+            prompt, prompt_ids, max_tokens, sampling, features=features, watched=watched,
+            traceparent=traceparent, timing=timing, stops=stops,
+        )  # fmt: skip
+
+    @property
+    def http_engine(self) -> bool:
+        """Whether engine streams go over Triton's HTTP generate_stream (--engine-transport http)."""
+        return self._http is not None
+
+    async def _generate_http(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: Sampling,
+        features: Features,
+        watched: bool,
+        traceparent: str | None,
+        timing,
+        stops: bool,
+    ) -> AsyncGenerator[Piece, None]:
+        """generate() over Triton's HTTP generate_stream: one SSE event per engine response; the end of
+        the HTTP response is the final one; closing the connection before it cancels the request."""
+        assert self._http is not None
+        tensors, _ = self._engine_tensors(prompt_ids, max_tokens, sampling, features)
+        parameters: dict = {}
+        if (interval := self.engine_interval(stops)) > 1:
+            parameters[STREAM_INTERVAL] = interval
+        if traceparent is not None:
+            parameters[TRACEPARENT] = traceparent
+        call = self._http.stream(self.model_name, request_body(tensors, parameters), traceparent)
+        loop = asyncio.get_running_loop()
+        stream = _Stream(call, loop.time())
+        if watched:
+            self._streams.add(stream)
+        total = 0
+        try:
+            async with contextlib.aclosing(call.events()) as events:
+                async for event in events:
+                    stream.last = loop.time()
+                    self._answered(stream.last)
+                    if "error" in event:
+                        raise self._failure(str(event["error"]))
+                    piece = self._json_piece(event, total, timing)
+                    total = piece.output_tokens or total
+                    yield piece
+            self.fault = None  # the engine answered a whole request: it serves again
+            yield Piece(b"", total, True)
+        except asyncio.CancelledError:
+            if stream.failure is None or _cancel_requested():
+                raise
+            raise stream.failure from None  # only the watchdog cancelled the call
+        except HttpEngineError as exc:
+            if stream.failure is not None:
+                raise stream.failure from exc
+            raise TritonUnavailable(f"Triton at {self._http.url}: {exc}") from exc
+        finally:
+            self._streams.discard(stream)
+            if not call.finished:
+                call.cancel()
+
+    def _json_piece(self, event: dict, total: int, timing=None) -> Piece:
+        """One generate_stream event of the engine contract: a one-element output is a bare number."""
+        ids, length = event.get("output_ids"), _first(event.get("sequence_length"))
+        index = _first(event.get("sequence_index")) or 0
+        reused_blocks = _first(event.get("kv_cache_reused_blocks"))
+        if ids is None or not length:
+            return Piece(b"", total, False, (), index, (), reused_blocks)
+        tokens = (ids,) if isinstance(ids, int) else tuple(_flat(ids)[:length])
+        if timing is None:
+            data = self.decoder.decode_bytes(tokens)
+        else:
+            started = time.perf_counter_ns()
+            data = self.decoder.decode_bytes(tokens)
+            timing.detokenize_ns += time.perf_counter_ns() - started
+        return Piece(data, total + len(tokens), False, tokens, index, (), reused_blocks)
+
+    async def _generate_grpc(
+        self,
+        prompt: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: Sampling,
+        *,
+        features: Features | None = None,
+        watched: bool = True,
+        traceparent: str | None = None,
+        timing=None,
+        stops: bool = False,
+    ) -> AsyncGenerator[Piece, None]:
+        """generate() over gRPC: one ModelStreamInfer call, a message per engine response."""
         features = features or Features(cached_tokens=False)
         request = (
             self._engine_request(prompt_ids, max_tokens, sampling, features)
@@ -505,6 +616,12 @@ class TritonBackend:
     def _engine_request(
         self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, features: Features
     ):
+        return self._request(*self._engine_tensors(prompt_ids, max_tokens, sampling, features))
+
+    def _engine_tensors(
+        self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, features: Features
+    ) -> tuple[list[tuple[str, np.ndarray, str]], list[str]]:
+        """The engine contract's inputs for one request, and the outputs it asks for."""
         tensors = [
             ("input_ids", np.array([prompt_ids], np.int32), "INT32"),
             ("input_lengths", np.array([[len(prompt_ids)]], np.int32), "INT32"),
@@ -522,7 +639,7 @@ class TritonBackend:
         stop_ids = self._tokens.stop_ids
         if stop_ids and not sampling.min_tokens:
             tensors.append(("stop_words_list", pack_word_lists([[[i] for i in stop_ids]]), "INT32"))
-        return self._request(tensors, ["output_ids", "sequence_length", *features.outputs()])
+        return tensors, ["output_ids", "sequence_length", *features.outputs()]
 
     def _embedding_bias(self, biases: tuple[tuple[int, float], ...]) -> np.ndarray:
         """[1, vocab] FP32: each biased token's bias, 0 elsewhere (added to the logits before sampling)."""
@@ -604,6 +721,20 @@ def _cancel_requested() -> bool:
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)  # Python 3.11+
     return cancelling is not None and cancelling() > 0
+
+
+def _first(value):
+    """A one-element output of a generate_stream event: a bare number, or the first of a list."""
+    while isinstance(value, list):
+        value = value[0] if value else None
+    return value
+
+
+def _flat(value) -> list[int]:
+    """The token ids of a generate_stream output_ids, however nested."""
+    if not isinstance(value, list):
+        return [value]
+    return [i for v in value for i in _flat(v)]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -8,6 +8,7 @@ import click
 
 from toolkit.cli.options import (
     drain_timeout_option,
+    engine_transport_option,
     host_option,
     json_option,
     openai_api_options,
@@ -42,6 +43,7 @@ from toolkit.serve.net import is_loopback, triton_address
     "--openai-port", default=None, help="Also serve the OpenAI-compatible API on this port."
 )
 @openai_api_options("--api-workers")
+@engine_transport_option
 @click.option(
     "--expose-triton",
     is_flag=True,
@@ -90,6 +92,7 @@ def command(
     api_keys,
     max_in_flight,
     stream_interval,
+    engine_transport,
     limits,
     tool_parser,
     special_tokens_in_messages,
@@ -137,6 +140,7 @@ def command(
         tool_parser=tool_parser,
         special_tokens_in_messages=special_tokens_in_messages,
         stream_interval=stream_interval,
+        engine_transport=engine_transport,
     )
     with stderr_console.status(f"starting tritonserver on {repo} ...") as status:
         session = start_serving(

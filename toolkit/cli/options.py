@@ -142,6 +142,24 @@ def stream_interval_option(function):
     )(function)
 
 
+ENGINE_TRANSPORTS = ("grpc", "http")
+
+
+def engine_transport_option(function):
+    return click.option(
+        "--engine-transport",
+        type=click.Choice(ENGINE_TRANSPORTS),
+        default="grpc",
+        envvar=f"{API_ENV_PREFIX}ENGINE_TRANSPORT",
+        show_envvar=True,
+        show_default=True,
+        help="OpenAI API: how it reads the engine's token stream from tritonserver. http: Triton's "
+        "generate_stream (server-sent events; ~0.4x the API CPU per streamed token of gRPC in "
+        "perf/results/api_floor.md; requests with log probs or a logit bias still go over gRPC); grpc: "
+        "ModelStreamInfer.",
+    )(function)
+
+
 def openai_api_options(*worker_decls: str):
     """The OpenAI API's own options, for `api` and `serve` alike: its worker processes (under the command's
     option names), bearer keys, --max-in-flight, limits, tool-call parsing and special tokens."""

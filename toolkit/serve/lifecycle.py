@@ -66,6 +66,9 @@ class ServeOptions:
     # The OpenAI API trusts special tokens in message content.
     special_tokens_in_messages: bool = False
     stream_interval: int = 1  # the OpenAI API's engine steps per streamed chunk (--stream-interval)
+    engine_transport: str = (
+        "grpc"  # how the OpenAI API reads the engine: grpc, or http (generate_stream)
+    )
 
 
 @dataclass
@@ -322,6 +325,7 @@ def _start_api(session: ServeSession, detached: bool) -> None:
         tool_parser=options.tool_parser,
         special_tokens_in_messages=options.special_tokens_in_messages,
         stream_interval=options.stream_interval,
+        engine_http_url=server.http_url if options.engine_transport == "http" else None,
     )
     session.api, session.api_log = launch_api(
         settings,

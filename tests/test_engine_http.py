@@ -1,0 +1,199 @@
+"""--engine-transport http: the OpenAI API reading the engine over Triton's HTTP generate_stream.
+
+The session's real tritonserver on the CPU repository: the same requests through an API on each transport
+give the same greedy text and usage; a client gone mid-stream cancels the engine request as over gRPC; the
+engine's own errors and an unreachable port come back as they do there; log probs stay on gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+from test_api_openai import COUNTING, _open_stream, engine_metric
+
+from toolkit.api import ApiSettings, run_api_in_background
+from toolkit.api.engine_http import HttpEnginePool, _Response, request_body
+from toolkit.api.triton import InferenceFailed, Sampling, TritonBackend, TritonUnavailable
+from toolkit.repository.reader import open_repository
+from toolkit.serve.net import free_port
+
+from sse_events import chunk_text, sse_events
+
+pytestmark = pytest.mark.server
+
+MESSAGES = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def api_options(served_repo) -> dict:
+    """conftest's `api`, reading the engine over Triton's HTTP port."""
+    return {"engine_http_url": served_repo.http_url}
+
+
+@pytest.fixture(scope="module")
+def grpc_api(served_repo):
+    handle = run_api_in_background(
+        ApiSettings(served_repo.grpc_url, served_repo.repo), port=free_port()
+    )
+    yield handle
+    handle.stop()
+
+
+def _stream(url: str, body: dict) -> tuple[str, dict, int]:
+    """A streamed completion's text, its usage, and how many chunks carried text."""
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200, response.read()
+        events = [e for e in sse_events(response.iter_lines()) if isinstance(e, dict)]
+    chunks = [e for e in events if e.get("choices")]
+    usage = next(e["usage"] for e in events if e.get("usage"))
+    return "".join(chunk_text(e) for e in chunks), usage, sum(1 for e in chunks if chunk_text(e))
+
+
+def test_the_http_transport_answers_as_grpc_does(api, grpc_api, served_repo, model_id):
+    """Greedy: streamed and whole completions, chat, n = 2 (sequence_index) and stop strings give the same
+    text, usage and finish reasons on both transports, and the HTTP one's requests went over HTTP."""
+    stream = {"model": model_id, "prompt": COUNTING, "max_tokens": 24, "temperature": 0, "stream": True,
+              "stream_options": {"include_usage": True}}  # fmt: skip
+    text, usage, chunks = _stream(api.url, stream)
+    assert (text, usage) == _stream(grpc_api.url, stream)[:2]
+    assert (
+        usage["completion_tokens"] == 24 and chunks >= 20
+    )  # one chunk per token, not one at the end
+    bodies = [
+        ("completions", {"prompt": COUNTING, "max_tokens": 16, "temperature": 0}),
+        ("completions", {"prompt": COUNTING, "max_tokens": 16, "temperature": 0, "stop": ["17"]}),
+        ("completions", {"prompt": COUNTING, "max_tokens": 8, "temperature": 0, "n": 2}),
+        ("chat/completions", {"messages": MESSAGES, "max_tokens": 16, "temperature": 0}),
+    ]
+    for path, body in bodies:
+        answers = []
+        for url in (api.url, grpc_api.url):
+            response = httpx.post(f"{url}/v1/{path}", json={"model": model_id, **body}, timeout=120)
+            assert response.status_code == 200, response.text
+            got = response.json()
+            answers.append(
+                (
+                    [
+                        (c.get("text") or c.get("message", {}).get("content"), c["finish_reason"])
+                        for c in got["choices"]
+                    ],
+                    {k: got["usage"][k] for k in ("prompt_tokens", "completion_tokens")},
+                )
+            )
+        assert answers[0] == answers[1], (path, body)
+    assert len(answers[0][0]) == 1 and answers[0][1]["completion_tokens"] == 16
+    # The HTTP transport keeps its connections to Triton's HTTP port open for the next requests.
+    port = int(served_repo.http_url.rsplit(":", 1)[1])
+    kept = [
+        c for c in psutil.Process().net_connections("tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    ]  # fmt: skip
+    assert kept, "no connection to Triton's HTTP port: the requests did not go over generate_stream"
+
+
+def test_a_client_gone_mid_stream_cancels_the_engine_request_over_http(api, served_repo, model_id):
+    """Closing the API's stream closes its generate_stream connection: Triton cancels the request and the
+    engine stops generating for it, as the gRPC transport's cancellation does."""
+    cancelled_before = engine_metric(served_repo, "toolkit_engine_requests_cancelled_total")
+    http, response, _ = _open_stream(api.url, model_id, 200)
+    time.sleep(0.5)
+    assert engine_metric(served_repo, "toolkit_engine_requests_cancelled_total") == cancelled_before
+    response.close()
+    http.close()
+    deadline = time.monotonic() + 20
+    while engine_metric(served_repo, "toolkit_engine_requests_cancelled_total") <= cancelled_before:
+        assert time.monotonic() < deadline, "the engine did not count the request as cancelled"
+        time.sleep(0.2)
+    assert engine_metric(served_repo, "toolkit_engine_requests_in_flight") == 0
+    after = httpx.post(
+        f"{api.url}/v1/completions",
+        json={"model": model_id, "prompt": COUNTING, "max_tokens": 4, "temperature": 0},
+        timeout=60,
+    )
+    assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
+
+
+def test_log_probs_go_over_grpc_and_still_come_back(api, model_id):
+    response = httpx.post(
+        f"{api.url}/v1/completions",
+        json={
+            "model": model_id,
+            "prompt": COUNTING,
+            "max_tokens": 4,
+            "temperature": 0,
+            "logprobs": 2,
+        },
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    logprobs = response.json()["choices"][0]["logprobs"]
+    assert len(logprobs["token_logprobs"]) == 4 and all(v <= 0 for v in logprobs["token_logprobs"])
+
+
+def _backend(served_repo, http_url: str) -> TritonBackend:
+    repository = open_repository(served_repo.repo)
+    from toolkit.api.prompt import PromptCodec
+
+    return TritonBackend(
+        served_repo.grpc_url, decoder=PromptCodec(repository), tokens=repository.tokens,
+        engine_http_url=http_url, vocab_size=repository.manifest.model.facts.vocab_size,
+    )  # fmt: skip
+
+
+def test_the_engines_own_error_and_an_unreachable_port_come_back_as_over_grpc(served_repo):
+    """The engine refusing a request (an SSE error event) is InferenceFailed with its message; a port
+    nobody listens on is TritonUnavailable naming it."""
+
+    async def run(http_url: str, max_tokens: int):
+        backend = _backend(served_repo, http_url)
+        await backend.start()
+        try:
+            return [
+                p async for p in backend.generate("", [16, 28], max_tokens, Sampling(temperature=0))
+            ]
+        finally:
+            await backend.close()
+
+    with pytest.raises(InferenceFailed, match="request_output_len"):
+        asyncio.run(run(served_repo.http_url, 0))
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(TritonUnavailable, match=dead):
+        asyncio.run(run(dead, 2))
+    pieces = asyncio.run(run(served_repo.http_url, 3))
+    assert sum(len(p.tokens) for p in pieces) == 3 and pieces[-1].final
+
+
+def test_events_split_anywhere_across_reads_parse_the_same():
+    """Triton's chunked SSE arrives in arbitrary pieces: any split gives the same events."""
+    body = b'data: {"output_ids":7,"sequence_length":1}\n\ndata: {"output_ids":[8,9],"sequence_length":2}\n\n'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    raw = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunked
+    )
+    for split in range(1, len(raw)):
+        response = _Response()
+        response.parser.feed_data(raw[:split])
+        response.parser.feed_data(raw[split:])
+        assert response.complete and response.status == 200
+        assert [e["output_ids"] for e in response.events] == [7, [8, 9]]
+
+
+def test_a_request_body_carries_each_tensor_by_its_items_shape():
+    tensors = [
+        ("input_ids", np.array([[1, 2, 3]], np.int32), "INT32"),
+        ("streaming", np.array([[True]], bool), "BOOL"),
+        ("stop_words_list", np.array([[[2, 5], [1, 2]]], np.int32), "INT32"),
+        ("guided_decoding_guide", np.array([[b"{}"]], dtype=object), "BYTES"),
+    ]
+    assert request_body(tensors, {"stream_interval": 4}) == (
+        b'{"input_ids":[1,2,3],"streaming":[true],"stop_words_list":[[2,5],[1,2]],'
+        b'"guided_decoding_guide":["{}"],"parameters":{"stream_interval":4}}'
+    )
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        HttpEnginePool("localhost")
