@@ -54,6 +54,23 @@ def engine_request(request_id: str, max_tokens: int, end_id: int):
     return request_message("tensorrt_llm", request_id, tensors, ["output_ids", "sequence_length"])
 
 
+SSE_START = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/event-stream")],
+}
+
+
+async def read_body(receive) -> bytes:
+    """An ASGI request's whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 def generate_body(max_tokens: int, end_id: int) -> bytes:
     """The engine request of engine_request() as the JSON body of Triton's generate extension."""
     return json.dumps(
@@ -102,20 +119,9 @@ def make_http_app(http_url: str, end_id: int):
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             return await send({"type": "lifespan.shutdown.complete"})
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         payload = generate_body(int(json.loads(body)["max_tokens"]), end_id)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")],
-            }
-        )
+        await send(SSE_START)
         reader, writer = idle.pop() if idle else await asyncio.open_connection(host, int(port))
         writer.write(
             b"POST /v2/models/tensorrt_llm/generate_stream HTTP/1.1\r\nHost: triton\r\n"
@@ -167,20 +173,9 @@ def make_app(grpc_url: str, end_id: int):
     async def app(scope, receive, send) -> None:
         if scope["type"] == "lifespan":
             return await lifespan(receive, send)
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         max_tokens = int(json.loads(body)["max_tokens"])
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")],
-            }
-        )
+        await send(SSE_START)
         call = state["stub"].ModelStreamInfer()
         await call.write(engine_request(str(next(ids)), max_tokens, end_id))
         count = 0

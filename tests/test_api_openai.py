@@ -251,9 +251,13 @@ def test_in_flight_bound_answers_429_with_retry_after(served_repo, model_id):
         handle.stop()
 
 
-def test_client_disconnect_cancels_the_engine_request(api, client, model_id, served_repo):
+def disconnect_mid_stream(
+    served_repo, url: str, model_id: str, headers: dict | None = None
+) -> None:
+    """Open a long stream through the API at `url`, close it while it generates, and wait until the engine
+    counts the request cancelled; nothing is left in flight then."""
     cancelled_before = engine_metric(served_repo, "toolkit_engine_requests_cancelled_total")
-    http, response, lines = _open_stream(api.url, model_id, 200, {"Authorization": f"Bearer {KEY}"})
+    http, response, _lines = _open_stream(url, model_id, 200, headers)
     time.sleep(1.0)
     # still generating
     assert engine_metric(served_repo, "toolkit_engine_requests_cancelled_total") == cancelled_before
@@ -263,8 +267,12 @@ def test_client_disconnect_cancels_the_engine_request(api, client, model_id, ser
     while engine_metric(served_repo, "toolkit_engine_requests_cancelled_total") <= cancelled_before:
         assert time.monotonic() < deadline, "the engine did not count the request as cancelled"
         time.sleep(0.2)
-    # Generation stopped: the engine's token counter stays flat and nothing is left in flight.
     assert engine_metric(served_repo, "toolkit_engine_requests_in_flight") == 0
+
+
+def test_client_disconnect_cancels_the_engine_request(api, client, model_id, served_repo):
+    disconnect_mid_stream(served_repo, api.url, model_id, {"Authorization": f"Bearer {KEY}"})
+    # Generation stopped: the engine's token counter stays flat and nothing is left in flight.
     tokens = engine_metric(served_repo, "toolkit_engine_generated_tokens_total")
     time.sleep(1.0)
     assert engine_metric(served_repo, "toolkit_engine_generated_tokens_total") == tokens

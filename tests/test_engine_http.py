@@ -8,13 +8,12 @@ engine's own errors and an unreachable port come back as they do there; log prob
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import numpy as np
 import psutil
 import pytest
-from test_api_openai import COUNTING, _open_stream, engine_metric
+from test_api_openai import COUNTING, disconnect_mid_stream
 
 from toolkit.api import ApiSettings, run_api_in_background
 from toolkit.api.engine_http import HttpEnginePool, _Response, request_body
@@ -99,17 +98,7 @@ def test_the_http_transport_answers_as_grpc_does(api, grpc_api, served_repo, mod
 def test_a_client_gone_mid_stream_cancels_the_engine_request_over_http(api, served_repo, model_id):
     """Closing the API's stream closes its generate_stream connection: Triton cancels the request and the
     engine stops generating for it, as the gRPC transport's cancellation does."""
-    cancelled_before = engine_metric(served_repo, "toolkit_engine_requests_cancelled_total")
-    http, response, _ = _open_stream(api.url, model_id, 200)
-    time.sleep(0.5)
-    assert engine_metric(served_repo, "toolkit_engine_requests_cancelled_total") == cancelled_before
-    response.close()
-    http.close()
-    deadline = time.monotonic() + 20
-    while engine_metric(served_repo, "toolkit_engine_requests_cancelled_total") <= cancelled_before:
-        assert time.monotonic() < deadline, "the engine did not count the request as cancelled"
-        time.sleep(0.2)
-    assert engine_metric(served_repo, "toolkit_engine_requests_in_flight") == 0
+    disconnect_mid_stream(served_repo, api.url, model_id)
     after = httpx.post(
         f"{api.url}/v1/completions",
         json={"model": model_id, "prompt": COUNTING, "max_tokens": 4, "temperature": 0},

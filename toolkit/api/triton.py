@@ -451,9 +451,8 @@ class TritonBackend:
                 prompt_ids, max_tokens, sampling, features, watched, traceparent, timing, stops
             )
         return self._generate_grpc(
-            prompt, prompt_ids, max_tokens, sampling, features=features, watched=watched,
-            traceparent=traceparent, timing=timing, stops=stops,
-        )  # fmt: skip
+            prompt, prompt_ids, max_tokens, sampling, features, watched, traceparent, timing, stops
+        )
 
     @property
     def http_engine(self) -> bool:
@@ -519,13 +518,17 @@ class TritonBackend:
         if ids is None or not length:
             return Piece(b"", total, False, (), index, (), reused_blocks)
         tokens = (ids,) if isinstance(ids, int) else tuple(_flat(ids)[:length])
-        if timing is None:
-            data = self.decoder.decode_bytes(tokens)
-        else:
-            started = time.perf_counter_ns()
-            data = self.decoder.decode_bytes(tokens)
-            timing.detokenize_ns += time.perf_counter_ns() - started
+        data = self._decode(tokens, timing)
         return Piece(data, total + len(tokens), False, tokens, index, (), reused_blocks)
+
+    def _decode(self, tokens: tuple[int, ...], timing=None) -> bytes:
+        """The tokens' bytes; `timing`: the time it took summed into its detokenize_ns."""
+        if timing is None:
+            return self.decoder.decode_bytes(tokens)
+        started = time.perf_counter_ns()
+        data = self.decoder.decode_bytes(tokens)
+        timing.detokenize_ns += time.perf_counter_ns() - started
+        return data
 
     async def _generate_grpc(
         self,
@@ -533,15 +536,13 @@ class TritonBackend:
         prompt_ids: list[int],
         max_tokens: int,
         sampling: Sampling,
-        *,
-        features: Features | None = None,
-        watched: bool = True,
-        traceparent: str | None = None,
-        timing=None,
-        stops: bool = False,
+        features: Features,
+        watched: bool,
+        traceparent: str | None,
+        timing,
+        stops: bool,
     ) -> AsyncGenerator[Piece, None]:
         """generate() over gRPC: one ModelStreamInfer call, a message per engine response."""
-        features = features or Features(cached_tokens=False)
         request = (
             self._engine_request(prompt_ids, max_tokens, sampling, features)
             if self.engine
@@ -696,12 +697,7 @@ class TritonBackend:
         else:
             tokens = tuple(np.frombuffer(ids, "<i4")[:length].tolist())
         logprobs = token_logprobs(extras, list(tokens), features.top_logprobs) if extras else ()
-        if timing is None:
-            data = self.decoder.decode_bytes(tokens)
-        else:
-            started = time.perf_counter_ns()
-            data = self.decoder.decode_bytes(tokens)
-            timing.detokenize_ns += time.perf_counter_ns() - started
+        data = self._decode(tokens, timing)
         return Piece(data, total + len(tokens), final, tokens, index, logprobs, reused_blocks)
 
 
