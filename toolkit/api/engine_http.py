@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import httptools
@@ -105,7 +105,7 @@ class HttpStream:
         if self.connection is not None:
             self.connection[1].transport.abort()
 
-    async def events(self) -> AsyncIterator[dict]:
+    async def events(self) -> AsyncGenerator[dict, None]:
         response = await self._send()
         reader, writer = self.connection  # type: ignore[misc]
         try:
