@@ -26,6 +26,9 @@ round so that drift on a shared machine hits them alike; the results are medians
             gRPC and over Triton's HTTP generate_stream, at saturation and paced as interval is: CPU us
             per streamed token of each, and their ratios
 
+--engine-transport http: the APIs of workers, interval and baseline's "this tree" read the engine over
+Triton's HTTP generate_stream (`toolkit serve --engine-transport http`) instead of gRPC.
+
 TTFT added over direct Triton gRPC at 16 streams (goal <= 5 ms p50) is perf/api_overhead.py's (it takes
 --api-workers). Examples:
 
@@ -368,12 +371,17 @@ def run(args) -> dict:
                 work,
             )
             try:
-                sides = {"1 worker": stack.api(1), "2 workers": stack.api(2)}
+                http = args.engine_transport == "http"
+                sides = {
+                    "1 worker": stack.api(1, engine_http=http),
+                    "2 workers": stack.api(2, engine_http=http),
+                }
                 medians = compare(stack, sides, args.streams_workers, args)
                 one, two = medians["1 worker"], medians["2 workers"]
                 results["workers"] = {
                     "streams": args.streams_workers,
                     "step_ms": args.workers_step_ms,
+                    "engine_transport": args.engine_transport,
                     **medians,
                     "tokens_per_s_ratio": round(two["tokens_per_s"] / one["tokens_per_s"], 3),
                 }
@@ -429,13 +437,17 @@ def baseline(args, receiver: Collector, work: Path) -> dict:
     repo = args.repo or build_repository(work, args.workers_step_ms, args.model)
     stack = Stack(repo, receiver, work)
     try:
-        sides = {"baseline": stack.api(1, tree=args.baseline_tree), "this tree": stack.api(1)}
+        sides = {
+            "baseline": stack.api(1, tree=args.baseline_tree),
+            "this tree": stack.api(1, engine_http=args.engine_transport == "http"),
+        }
         medians = compare(stack, sides, args.streams_workers, args)
         old, new = medians["baseline"], medians["this tree"]
         return {
             "streams": args.streams_workers,
             "step_ms": args.workers_step_ms,
             "baseline_tree": str(args.baseline_tree),
+            "engine_transport": args.engine_transport,
             **medians,
             "api_us_per_token_ratio": round(new["api_us_per_token"] / old["api_us_per_token"], 3),
             "tokens_per_s_ratio": round(new["tokens_per_s"] / old["tokens_per_s"], 3),
@@ -487,17 +499,21 @@ def intervals(args, receiver: Collector, work: Path, streams: int, step_ms: floa
     repo = build_repository(work / f"step{step_ms:g}", step_ms, args.model)
     stack = Stack(repo, receiver, work)
     try:
-        sides = {f"interval {n}": stack.api(interval=n) for n in args.stream_intervals}
+        http = args.engine_transport == "http"
+        sides = {
+            f"interval {n}": stack.api(interval=n, engine_http=http) for n in args.stream_intervals
+        }
         largest = max(args.stream_intervals)
         if largest > 1:
             sides[f"interval {largest} (API hold)"] = stack.api(
-                interval=largest, repo=api_hold_copy(repo)
+                interval=largest, repo=api_hold_copy(repo), engine_http=http
             )
         medians = compare(stack, sides, streams, args)
         first = medians[f"interval {args.stream_intervals[0]}"]
         return {
             "streams": streams,
             "step_ms": step_ms,
+            "engine_transport": args.engine_transport,
             **medians,
             "api_us_per_token_ratio": {
                 name: round(m["api_us_per_token"] / first["api_us_per_token"], 3)
@@ -539,7 +555,8 @@ def write(args, results: dict) -> None:
     if "workers" in results:
         w = results["workers"]
         lines += [
-            f"## 1 vs 2 API workers, {w['streams']} streams, engine step {w['step_ms']:g} ms",
+            f"## 1 vs 2 API workers, {w['streams']} streams, engine step {w['step_ms']:g} ms"
+            f"{_transport(w)}",
             "",
             *_cpu_table(w, ("1 worker", "2 workers")),
             "",
@@ -552,7 +569,7 @@ def write(args, results: dict) -> None:
         b = results["baseline"]
         lines += [
             f"## This tree vs {b['baseline_tree']}, 1 API worker each, {b['streams']} streams, "
-            f"engine step {b['step_ms']:g} ms",
+            f"engine step {b['step_ms']:g} ms{_transport(b)} (this tree)",
             "",
             *_cpu_table(b, ("baseline", "this tree")),
             "",
@@ -571,7 +588,8 @@ def write(args, results: dict) -> None:
             f"API / bare relay: **{f['api_us_per_token_over_relay']}x** CPU per streamed token; goal for the "
             f"API <= {GOALS['api_us_per_token_max']} us. The relay does only what any Python relay of one "
             "gRPC message in and one SSE chunk out per token must (no validation, tokenizing, "
-            "detokenizing, metrics, cancellation): its figure is the floor of this design.",
+            "detokenizing, metrics, cancellation): its figure is the floor of a Python front end "
+            "reading the engine over gRPC.",
             *(
                 [
                     "",
@@ -593,7 +611,8 @@ def write(args, results: dict) -> None:
         names = [name for name in t if name.startswith("interval ")]
         held = [name for name in names if name.endswith("(API hold)")]
         lines += [
-            f"## --stream-interval, 1 API worker, {t['streams']} streams, engine step {t['step_ms']:g} ms",
+            f"## --stream-interval, 1 API worker, {t['streams']} streams, engine step {t['step_ms']:g} ms"
+            f"{_transport(t)}",
             "",
             "| API | tokens/s | API CPU us/token | TTFT p50 | CPU per token / the first |",
             "|---|---|---|---|---|",
@@ -629,6 +648,12 @@ def write(args, results: dict) -> None:
             "",
         ]  # fmt: skip
     out.with_suffix(".md").write_text("\n".join(lines))
+
+
+def _transport(section: dict) -> str:
+    """A heading's note of the engine transport, when not gRPC (results before it existed were gRPC)."""
+    transport = section.get("engine_transport", "grpc")
+    return "" if transport == "grpc" else f", --engine-transport {transport}"
 
 
 def _cpu_table(section: dict, arms: tuple[str, ...]) -> list[str]:
@@ -700,6 +725,11 @@ def main() -> None:
     parser.add_argument(
         "--collector", choices=("sink", "toolkit"), default="sink",
         help="where spans go: a sink that reads and drops them, or toolkit trace collect (parses all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--engine-transport", choices=("grpc", "http"), default="grpc",
+        help="workers, interval, baseline (this tree): how the APIs read the engine (toolkit serve "
+        "--engine-transport)",
     )  # fmt: skip
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--requests-per-stream", type=int, default=3)

@@ -982,3 +982,26 @@ def test_python_m_toolkit_api_prints_invalid_limits_as_an_error_not_a_traceback(
     err = capsys.readouterr().err
     assert err.startswith("Error: ") and "\n  fix: " in err and "--body-read-budget-mib" in err
     assert "Traceback" not in err
+
+
+def test_cli_refuses_an_engine_http_address_that_is_not_host_port(tiny_repo):
+    """--engine-http-url is checked when parsed (before: accepted, then a traceback when the API started),
+    the error naming the value and the form; a good one goes through."""
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    for bad in ("localhost", "127.0.0.1:99999", "http://127.0.0.1:8000/v2", ":8000"):
+        result = CliRunner().invoke(
+            cli, ["api", "--repo", str(tiny_repo), "--engine-http-url", bad, "--dry-run"]
+        )
+        assert result.exit_code != 0 and repr(bad) in result.output, result.output
+        assert "HOST:PORT" in result.output and "--engine-http-url" in result.output
+    result = CliRunner().invoke(
+        cli,
+        ["api", "--repo", str(tiny_repo), "--engine-http-url", "http://[::1]:8000", "--dry-run"],
+    )
+    assert (
+        result.exit_code == 0
+        and json.loads(result.output)["engine_http_url"] == "http://[::1]:8000"
+    )

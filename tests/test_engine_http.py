@@ -8,6 +8,7 @@ engine's own errors and an unreachable port come back as they do there; log prob
 from __future__ import annotations
 
 import asyncio
+import re
 
 import httpx
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 from test_api_openai import COUNTING, disconnect_mid_stream
 
 from toolkit.api import ApiSettings, run_api_in_background
-from toolkit.api.engine_http import HttpEnginePool, _Response, request_body
+from toolkit.api.engine_http import HttpEngineError, HttpEnginePool, _Response, request_body
 from toolkit.api.triton import InferenceFailed, Sampling, TritonBackend, TritonUnavailable
 from toolkit.repository.reader import open_repository
 from toolkit.serve.net import free_port
@@ -186,3 +187,86 @@ def test_a_request_body_carries_each_tensor_by_its_items_shape():
     )
     with pytest.raises(ValueError, match="HOST:PORT"):
         HttpEnginePool("localhost")
+
+
+EVENT = b'data: {"output_ids":7,"sequence_length":1}\n\n'
+SSE_ANSWER = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"%x\r\n%s\r\n0\r\n\r\n" % (len(EVENT), EVENT)
+)
+
+
+def test_a_kept_connection_triton_closed_is_retried_once_on_a_fresh_one():
+    """Triton may close an idle kept-alive connection just as the pool sends a request on it: the request
+    never reached the model, so it goes again on a new connection. A new connection closed unanswered
+    is Triton's failure: HttpEngineError, not a retry loop."""
+
+    async def run(close_on: set[int]) -> tuple[list, list, int]:
+        seen: list[int] = []  # the connection each request came on
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connection = max(seen, default=-1) + 1
+            while not reader.at_eof():
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return  # the client closed it
+                request = len(seen)
+                seen.append(connection)
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                await reader.readexactly(int(length.group(1)))
+                if request in close_on:
+                    writer.transport.abort()
+                    return
+                writer.write(SSE_ANSWER)
+                await writer.drain()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        pool = HttpEnginePool(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        answers, failures = [], 0
+        try:
+            for _ in range(3):
+                try:
+                    answers.append([e async for e in pool.stream("m", b"{}").events()])
+                except HttpEngineError:
+                    failures += 1
+        finally:
+            await pool.close()
+            server.close()
+        return answers, seen, failures
+
+    # the second request lands on the kept connection, which Triton closes: it goes again on a new one
+    answers, seen, failures = asyncio.run(run({1}))
+    assert answers == [[{"output_ids": 7, "sequence_length": 1}]] * 3 and failures == 0
+    assert seen == [0, 0, 1, 1]
+    # the very first connection closes unanswered: no retry, an error; the next request is served
+    answers, seen, failures = asyncio.run(run({0}))
+    assert failures == 1 and len(answers) == 2 and seen == [0, 1, 1]
+
+
+def test_a_malformed_answer_is_an_engine_error_naming_it():
+    """What is not HTTP (a proxy's garbage, a broken chunk) ends the stream as HttpEngineError, which
+    the API answers as Triton unavailable, not as an unhandled parser exception."""
+
+    async def run(answer: bytes) -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer)
+            await writer.drain()
+            await reader.read()  # until the client closes it
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        pool = HttpEnginePool(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        try:
+            [e async for e in pool.stream("m", b"").events()]
+        finally:
+            await pool.close()
+            server.close()
+
+    for answer in (
+        b"SSH-2.0-OpenSSH_9.6\r\n",
+        SSE_ANSWER.replace(b"0\r\n\r\n", b"zz\r\n"),
+        SSE_ANSWER.replace(b'{"output_ids":7', b'{"output_ids":?'),  # an event that is not JSON
+    ):
+        with pytest.raises(HttpEngineError, match="not a valid HTTP answer"):
+            asyncio.run(run(answer))

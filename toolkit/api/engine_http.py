@@ -86,6 +86,15 @@ class _Response:
             self.buffer.clear()
 
 
+def _feed(response: _Response, data: bytes) -> None:
+    try:
+        response.parser.feed_data(data)
+    except httptools.HttpParserError as exc:
+        raise HttpEngineError(
+            f"not a valid HTTP answer ({exc}): is the Triton HTTP address right? It starts {data[:40]!r}"
+        ) from exc
+
+
 class HttpStream:
     """One generate_stream request: `events()` yields its events (dicts); `cancel()` closes its connection,
     which cancels the request in Triton and ends `events()` with asyncio.CancelledError."""
@@ -116,8 +125,7 @@ class HttpStream:
                         yield event
                 if response.complete:
                     break
-                data = await self._read(reader)
-                response.parser.feed_data(data)
+                _feed(response, await self._read(reader))
             self.finished = True
         finally:
             self.connection = None
@@ -144,7 +152,7 @@ class HttpStream:
                 if reused:
                     continue  # an idle connection Triton had closed: it never got the request
                 raise
-            response.parser.feed_data(data)
+            _feed(response, data)
             return response
 
     async def _read(self, reader: asyncio.StreamReader) -> bytes:
@@ -161,14 +169,23 @@ class HttpStream:
         return data
 
 
+def http_address(url: str) -> tuple[str, int]:
+    """HOST:PORT (an http:// in front is taken) as (host, port); ValueError naming the value otherwise."""
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in host:
+        raise ValueError(
+            f"a Triton HTTP address is HOST:PORT (e.g. 127.0.0.1:8000, tritonserver's --http-port), "
+            f"not {url!r}"
+        )
+    return host.strip("[]"), int(port)
+
+
 class HttpEnginePool:
     """Kept-alive connections to one tritonserver's HTTP port, for generate_stream requests."""
 
     def __init__(self, url: str):
-        host, _, port = url.removeprefix("http://").rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"a Triton HTTP address is HOST:PORT, not {url!r}")
-        self.url, self.host, self.port = url, host, int(port)
+        self.url = url
+        self.host, self.port = http_address(url)
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     def stream(self, model: str, body: bytes, traceparent: str | None = None) -> HttpStream:

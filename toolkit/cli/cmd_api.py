@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import click
 
+from toolkit.api.engine_http import http_address
 from toolkit.api.reasoning import CHOICES as REASONING_CHOICES
 from toolkit.cli.options import (
     drain_timeout_option,
@@ -64,6 +65,15 @@ def refuse_missing_accelerators(chosen: dict[str, str]) -> None:
             )
 
 
+def _http_address(param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            http_address(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param=param) from None
+    return value
+
+
 @click.command("api")
 @triton_url_option("-t", "--triton-url", help="Triton's gRPC address, host:port.")
 @repo_option(
@@ -80,6 +90,7 @@ def refuse_missing_accelerators(chosen: dict[str, str]) -> None:
     metavar="HOST:PORT",
     envvar="TOOLKIT_API_ENGINE_HTTP_URL",
     show_envvar=True,
+    callback=lambda _ctx, param, value: _http_address(param, value),
     help="Triton's HTTP address: read the engine's token stream from its generate_stream (server-sent "
     "events; ~0.4x the CPU per streamed token of gRPC) instead of gRPC; requests with log probs or a "
     "logit bias still go over gRPC. (`toolkit serve --engine-transport http` sets it.)",
