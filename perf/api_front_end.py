@@ -87,7 +87,7 @@ async def closed_loop(
         "model": model, "prompt": PROMPT, "max_tokens": output_tokens, "min_tokens": output_tokens,
         "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
     }  # fmt: skip
-    ttfts, tokens = [], [0]
+    ttfts, tokens, short = [], [0], [0]
 
     async def stream(index: int) -> None:
         client = LeanStreamClient(url, "/v1/completions", body)
@@ -99,12 +99,16 @@ async def closed_loop(
                 if first is not None:
                     ttfts.append(first)
                 tokens[0] += count or 0
+                short[0] += (count or 0) != output_tokens
         finally:
             client.close()
 
     start = time.perf_counter()
     await asyncio.gather(*(stream(index) for index in range(streams)))
-    return {"wall_s": time.perf_counter() - start, "tokens": tokens[0], "ttfts": ttfts}
+    return {
+        "wall_s": time.perf_counter() - start, "tokens": tokens[0], "ttfts": ttfts,
+        "short_requests": short[0],
+    }  # fmt: skip
 
 
 def api_cpu_s(process: subprocess.Popen) -> float:
@@ -145,6 +149,8 @@ def phase(
     tokens = max(1, result["tokens"])
     measures = {
         "tokens": result["tokens"],
+        # requests whose usage said fewer than --output-tokens (min_tokens asks for them all): 0 expected
+        "short_requests": result["short_requests"],
         "tokens_per_s": result["tokens"] / result["wall_s"],
         "ttft_p50_ms": 1000 * statistics.median(result["ttfts"]),
         "api_us_per_token": 1e6 * cpu / tokens,
@@ -345,7 +351,7 @@ def served_model(repo: Path) -> str:
 
 
 def compare(stack: Stack, sides: dict, streams: int, args, think_ms: float = 0.0) -> dict:
-    """Each side in turn, --rounds times; the median of each measure per side."""
+    """Each side in turn, --rounds times; the median of each measure per side (short_requests: the sum)."""
     model = served_model(stack.repo)
     for _, url in sides.values():  # warm-up: channels, allocator pools, first-request paths
         asyncio.run(closed_loop(url, model, min(streams, 8), 1, args.output_tokens))
@@ -355,7 +361,12 @@ def compare(stack: Stack, sides: dict, streams: int, args, think_ms: float = 0.0
             rounds[name].append(phase(api, url, model, streams, args, think_ms, stack.server.pid))
             print(f"round {index + 1} {name}: {json.dumps(rounds[name][-1])}", flush=True)
     return {
-        name: {key: round(statistics.median(r[key] for r in results), 3) for key in results[0]}
+        name: {
+            key: sum(r[key] for r in results)  # every round's, not the median
+            if key == "short_requests"
+            else round(statistics.median(r[key] for r in results), 3)
+            for key in results[0]
+        }
         for name, results in rounds.items()
     }
 
@@ -665,6 +676,12 @@ def _cpu_table(section: dict, arms: tuple[str, ...]) -> list[str]:
             f"| {k} | {section[k]['tokens_per_s']} | {section[k]['api_us_per_token']} | "
             f"{section[k]['ttft_p50_ms']} ms |"
             for k in arms
+        ),
+        *(
+            f"\n{k}: **{section[k]['short_requests']} requests came back short** of --output-tokens "
+            "(their usage said fewer; min_tokens asked for all)."
+            for k in arms
+            if section[k].get("short_requests")
         ),
     ]
 

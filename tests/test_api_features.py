@@ -37,7 +37,10 @@ def served(tmp_path_factory):
     checkpoint = make_tiny_checkpoint(root / "checkpoint")
     repo = write_test_repository(checkpoint, root / "repo", kv_block_size=16)
     server = launch_on_free_ports(repo, root / "server.log", 300)
-    api = run_api_in_background(ApiSettings(server.grpc_url, repo), port=free_port())
+    # as `toolkit serve` runs it: engine streams over HTTP (log probs and logit bias go over gRPC)
+    api = run_api_in_background(
+        ApiSettings(server.grpc_url, repo, engine_http_url=server.http_url), port=free_port()
+    )
     yield checkpoint, repo, server, api
     api.stop()
     server.stop()

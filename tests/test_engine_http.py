@@ -125,12 +125,13 @@ def test_log_probs_go_over_grpc_and_still_come_back(api, model_id):
     assert len(logprobs["token_logprobs"]) == 4 and all(v <= 0 for v in logprobs["token_logprobs"])
 
 
-def _backend(served_repo, http_url: str) -> TritonBackend:
+def _backend(served_repo, http_url: str | None, tokens=None) -> TritonBackend:
+    """A backend on the served repository (its TokenFacts, or `tokens`); over HTTP with `http_url`."""
     repository = open_repository(served_repo.repo)
     from toolkit.api.prompt import PromptCodec
 
     return TritonBackend(
-        served_repo.grpc_url, decoder=PromptCodec(repository), tokens=repository.tokens,
+        served_repo.grpc_url, decoder=PromptCodec(repository), tokens=tokens or repository.tokens,
         engine_http_url=http_url, vocab_size=repository.manifest.model.facts.vocab_size,
     )  # fmt: skip
 
@@ -174,7 +175,7 @@ def test_events_split_anywhere_across_reads_parse_the_same():
         assert [e["output_ids"] for e in response.events] == [7, [8, 9]]
 
 
-def test_a_request_body_carries_each_tensor_by_its_items_shape():
+def test_a_request_body_carries_each_tensor_as_its_items_values_flat():
     tensors = [
         ("input_ids", np.array([[1, 2, 3]], np.int32), "INT32"),
         ("streaming", np.array([[True]], bool), "BOOL"),
@@ -182,7 +183,7 @@ def test_a_request_body_carries_each_tensor_by_its_items_shape():
         ("guided_decoding_guide", np.array([[b"{}"]], dtype=object), "BYTES"),
     ]
     assert request_body(tensors, {"stream_interval": 4}) == (
-        b'{"input_ids":[1,2,3],"streaming":[true],"stop_words_list":[[2,5],[1,2]],'
+        b'{"input_ids":[1,2,3],"streaming":[true],"stop_words_list":[2,5,1,2],'
         b'"guided_decoding_guide":["{}"],"parameters":{"stream_interval":4}}'
     )
     with pytest.raises(ValueError, match="HOST:PORT"):
@@ -270,3 +271,31 @@ def test_a_malformed_answer_is_an_engine_error_naming_it():
     ):
         with pytest.raises(HttpEngineError, match="not a valid HTTP answer"):
             asyncio.run(run(answer))
+
+
+def test_stop_words_of_several_tokens_stop_the_engine_as_over_grpc(served_repo):
+    """The model's end tokens go to the engine as stop_words_list ([1, 2, N]). Triton's generate
+    extension counts a tensor's elements by its JSON array's top-level length, so a nested [2, N] of
+    more than one stop token was refused ("Shape does not match"; the bigram repositories' two end
+    tokens hit it): both transports stop at the same token, on two stop ids."""
+    from dataclasses import replace
+
+    repository = open_repository(served_repo.repo)
+
+    async def run(http_url: str | None, stop_ids: tuple[int, ...]) -> list[int]:
+        backend = _backend(served_repo, http_url, replace(repository.tokens, stop_ids=stop_ids))
+        await backend.start()
+        try:
+            pieces = [
+                p async for p in backend.generate("", [16, 28, 17], 16, Sampling(temperature=0))
+            ]
+        finally:
+            await backend.close()
+        return [t for p in pieces for t in p.tokens]
+
+    free = asyncio.run(run(None, ()))
+    assert len(free) == 16
+    stops = (free[6], free[9])
+    over_grpc = asyncio.run(run(None, stops))
+    assert len(over_grpc) < 16  # the engine stopped early on the stop ids
+    assert asyncio.run(run(served_repo.http_url, stops)) == over_grpc

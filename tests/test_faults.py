@@ -871,6 +871,7 @@ class _FakeServer:
         self.log_file = tmp_path / "tritonserver.log"
         self.log_file.write_text("")
         self.grpc_url = "127.0.0.1:1"
+        self.http_url = "127.0.0.1:2"
         self.drain_outcome: str | None = None
         self.held_models = 0
 

@@ -236,7 +236,10 @@ def test_the_text_models_pass_the_task_id_on(server, built, reference, tokenizer
 @pytest.fixture(scope="module")
 def client(server, built):
     _, _, repo = built
-    handle = run_api_in_background(ApiSettings(server.grpc_url, Path(repo)), port=free_port())
+    # as `toolkit serve` runs it: engine streams over Triton's HTTP generate_stream
+    handle = run_api_in_background(
+        ApiSettings(server.grpc_url, Path(repo), engine_http_url=server.http_url), port=free_port()
+    )
     yield openai.OpenAI(base_url=f"{handle.url}/v1", api_key="none", max_retries=0, timeout=120)
     handle.stop()
 

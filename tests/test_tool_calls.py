@@ -114,7 +114,10 @@ def scripted(request, tmp_path_factory):
         kv_cache_tokens=4096,
     )
     server = launch_on_free_ports(repo, root / "server.log", 180)
-    api = run_api_in_background(ApiSettings(server.grpc_url, repo), port=free_port())
+    # as `toolkit serve` runs it: engine streams over Triton's HTTP generate_stream
+    api = run_api_in_background(
+        ApiSettings(server.grpc_url, repo, engine_http_url=server.http_url), port=free_port()
+    )
     model = httpx.get(f"{api.url}/v1/models").json()["data"][0]["id"]
     yield family, api.url, model
     api.stop()

@@ -448,9 +448,13 @@ def traced_stack(tmp_path_factory):
         followed = TracePlan(
             plan.traces_url, 1e-12, plan.service_name
         )  # in effect: never on its own
+        # The first reads the engine over HTTP (serve's default), the second over gRPC: a trace
+        # crosses both transports.
         apis = [
-            run_api_in_background(ApiSettings(server.grpc_url, repo, trace=p), port=free_port())
-            for p in (plan, followed)
+            run_api_in_background(
+                ApiSettings(server.grpc_url, repo, trace=p, engine_http_url=http), port=free_port()
+            )
+            for p, http in ((plan, server.http_url), (followed, None))
         ]
         try:
             yield receiver, *apis

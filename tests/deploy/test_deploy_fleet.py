@@ -357,9 +357,7 @@ def test_the_api_container_args_are_flags_toolkit_api_takes_with_the_values_give
     from chart import invoke, write_values
 
     deploy(cpu_repo, tmp_path / "d")
-    cluster = write_values(
-        tmp_path / "c.yaml", {"api": {"streamInterval": 4, "workers": 2, "engineTransport": "http"}}
-    )
+    cluster = write_values(tmp_path / "c.yaml", {"api": {"streamInterval": 4, "workers": 2}})
     docs = render(helm, tmp_path / "d", extra=["-f", cluster])
     args = container(server_deployment(docs)["spec"]["template"]["spec"], "api")["args"]
     keys = tmp_path / "keys"
@@ -370,4 +368,14 @@ def test_the_api_container_args_are_flags_toolkit_api_takes_with_the_values_give
     assert result.exit_code == 0, result.output
     settings = json.loads(result.stdout)
     assert (settings["stream_interval"], settings["workers"]) == (4, 2)
-    assert settings["engine_http_url"] == "127.0.0.1:8000"  # Triton's HTTP port in the pod
+    assert (
+        settings["engine_http_url"] == "127.0.0.1:8000"
+    )  # by default, Triton's HTTP port in the pod
+    grpc = write_values(tmp_path / "g.yaml", {"api": {"engineTransport": "grpc"}})
+    args = container(
+        server_deployment(render(helm, tmp_path / "d", extra=["-f", grpc]))["spec"]["template"][
+            "spec"
+        ],
+        "api",
+    )["args"]
+    assert "--engine-http-url" not in args

@@ -1,12 +1,13 @@
 """The engine's responses over Triton's HTTP generate_stream (the generate extension's server-sent events).
 
-`toolkit serve --engine-transport http`: the OpenAI API sends engine-contract requests to
+`toolkit serve --engine-transport http` (its default): the OpenAI API sends engine-contract requests to
 `POST /v2/models/tensorrt_llm/generate_stream` and reads one SSE event per engine response, on kept-alive
 connections it pools, instead of one grpc.aio ModelStreamInfer message per response. grpc.aio's receive is
-most of a Python relay's cost per streamed token: the same bare relay costs 0.41x the CPU per token with this
-transport (perf/results/api_floor.md). The extension is Triton's own ("provisional"): its JSON carries the
-request's tensors by the model's declared shapes, the request parameters under "parameters", and each
-response's outputs by name, a one-element output as a bare number.
+most of a Python relay's cost per streamed token: the same bare relay costs 0.35-0.44x the CPU per token
+with this transport (perf/results/api_floor.md). The extension is Triton's own ("provisional"): its JSON
+carries each of the request's tensors flat (Triton fills the model's declared shape from them), the
+request parameters under "parameters", and each response's outputs by name, a one-element output as a
+bare number.
 
 A stream ends when the HTTP response does (the final response); closing its connection first cancels the
 request in Triton, as cancelling the gRPC call does. Log prob outputs (arrays whose shapes the JSON drops)
@@ -32,15 +33,17 @@ class HttpEngineError(Exception):
 
 
 def request_body(tensors: list[tuple[str, np.ndarray, str]], parameters: dict[str, Any]) -> bytes:
-    """A generate request: each tensor (batch-first, batch 1) as its one item's JSON value, and the
-    parameters. BYTES tensors go as text."""
+    """A generate request: each tensor (batch-first, batch 1) as its one item's values, flat in row-major
+    order, and the parameters. BYTES tensors go as text.
+
+    Flat, because Triton's generate extension takes a JSON array's top-level length as its element count
+    and fills the model's declared shape from that: a nested [2, N] stop_words_list of N > 1 was refused
+    ("Shape does not match true shape of 'data' field")."""
     body: dict[str, Any] = {}
     for name, array, datatype in tensors:
-        item = array[0]
+        item = array[0].reshape(-1)
         if datatype == "BYTES":
-            body[name] = [
-                v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in item.reshape(-1)
-            ]
+            body[name] = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in item]
         else:
             body[name] = item.tolist()
     if parameters:

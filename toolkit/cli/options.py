@@ -149,14 +149,14 @@ def engine_transport_option(function):
     return click.option(
         "--engine-transport",
         type=click.Choice(ENGINE_TRANSPORTS),
-        default="grpc",
+        default="http",
         envvar=f"{API_ENV_PREFIX}ENGINE_TRANSPORT",
         show_envvar=True,
         show_default=True,
         help="OpenAI API: how it reads the engine's token stream from tritonserver. http: Triton's "
         "generate_stream (server-sent events; ~0.4x the API CPU per streamed token of gRPC in "
         "perf/results/api_floor.md; requests with log probs or a logit bias still go over gRPC); grpc: "
-        "ModelStreamInfer.",
+        "ModelStreamInfer for every request (the transport before 2026-12).",
     )(function)
 
 

@@ -66,9 +66,8 @@ class ServeOptions:
     # The OpenAI API trusts special tokens in message content.
     special_tokens_in_messages: bool = False
     stream_interval: int = 1  # the OpenAI API's engine steps per streamed chunk (--stream-interval)
-    engine_transport: str = (
-        "grpc"  # how the OpenAI API reads the engine: grpc, or http (generate_stream)
-    )
+    # How the OpenAI API reads the engine: http (generate_stream; log probs, logit bias over gRPC), grpc.
+    engine_transport: str = "http"
 
 
 @dataclass
