@@ -26,9 +26,13 @@ GENERATION_OPS = ("/v1/chat/completions", "/v1/completions")
 
 @pytest.fixture(scope="module")
 def fuzz_api(served_repo):
-    handle = run_api_in_background(
-        ApiSettings(served_repo.grpc_url, served_repo.repo, max_in_flight=64), port=free_port()
-    )
+    # as `toolkit serve` runs it: engine streams over Triton's HTTP generate_stream (log probs and
+    # logit bias over gRPC), so fuzzed sampling values reach the engine through both transports
+    settings = ApiSettings(
+        served_repo.grpc_url, served_repo.repo, max_in_flight=64,
+        engine_http_url=served_repo.http_url,
+    )  # fmt: skip
+    handle = run_api_in_background(settings, port=free_port())
     yield handle
     handle.stop()
 
@@ -105,6 +109,46 @@ def test_no_request_gets_a_5xx(api_schema, fuzz_api, operation):
         )
         if response.status_code >= 400 and case.path.startswith("/v1/"):
             assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+    check()
+
+
+@pytest.fixture(scope="module")
+def grpc_fuzz_api(served_repo):
+    handle = run_api_in_background(
+        ApiSettings(served_repo.grpc_url, served_repo.repo, max_in_flight=64), port=free_port()
+    )
+    yield handle
+    handle.stop()
+
+
+@pytest.mark.parametrize("operation", ["POST /v1/chat/completions", "POST /v1/completions"])
+def test_each_body_gets_the_same_status_over_either_engine_transport(
+    api_schema, fuzz_api, grpc_fuzz_api, operation
+):
+    """The same fuzzed body to an API reading the engine over HTTP and to one over gRPC: the same status
+    (what reaches the engine goes as JSON on one and protobuf on the other: odd values must not part
+    them), and the same error code when refused."""
+
+    @given(case=_operations(api_schema)[operation].as_strategy())
+    @settings(
+        max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+        phases=[Phase.explicit, Phase.generate],
+    )  # fmt: skip
+    def check(case):
+        if isinstance(case.body, dict) and not (
+            case.body.get("max_tokens") or case.body.get("max_completion_tokens")
+        ):
+            case.body["max_tokens"] = MAX_TOKENS_CAP
+        answers = [case.call(base_url=api.url, timeout=60) for api in (fuzz_api, grpc_fuzz_api)]
+        statuses = [a.status_code for a in answers]
+        assert statuses[0] == statuses[1] and statuses[0] < 500, (
+            f"{case.body!r} -> HTTP transport {statuses[0]} {answers[0].text[:200]}, "
+            f"gRPC {statuses[1]} {answers[1].text[:200]}"
+        )
+        if statuses[0] >= 400:
+            codes = [a.json()["error"]["code"] for a in answers]
+            assert codes[0] == codes[1], (case.body, codes)
 
     check()
 

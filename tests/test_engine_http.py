@@ -269,7 +269,7 @@ def test_a_malformed_answer_is_an_engine_error_naming_it():
         SSE_ANSWER.replace(b"0\r\n\r\n", b"zz\r\n"),
         SSE_ANSWER.replace(b'{"output_ids":7', b'{"output_ids":?'),  # an event that is not JSON
     ):
-        with pytest.raises(HttpEngineError, match="not a valid HTTP answer"):
+        with pytest.raises(HttpEngineError, match="not a valid generate_stream answer"):
             asyncio.run(run(answer))
 
 

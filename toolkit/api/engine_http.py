@@ -93,8 +93,12 @@ def _feed(response: _Response, data: bytes) -> None:
     try:
         response.parser.feed_data(data)
     except httptools.HttpParserError as exc:
+        cause = (
+            exc.__context__ or exc
+        )  # a callback's own error (an event that is not JSON) is the context
         raise HttpEngineError(
-            f"not a valid HTTP answer ({exc}): is the Triton HTTP address right? It starts {data[:40]!r}"
+            f"not a valid generate_stream answer ({cause}): is the Triton HTTP address right? "
+            f"The bytes read: {data[:60]!r}"
         ) from exc
 
 

@@ -156,7 +156,7 @@ def engine_transport_option(function):
         help="OpenAI API: how it reads the engine's token stream from tritonserver. http: Triton's "
         "generate_stream (server-sent events; ~0.4x the API CPU per streamed token of gRPC in "
         "perf/results/api_floor.md; requests with log probs or a logit bias still go over gRPC); grpc: "
-        "ModelStreamInfer for every request (the transport before 2026-12).",
+        "ModelStreamInfer for every request.",
     )(function)
 
 
