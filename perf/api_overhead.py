@@ -152,7 +152,7 @@ def start_api(args):
     """The API as `toolkit serve --openai-port` starts it (python -m toolkit.api), on its own port."""
     settings = ApiSettings(
         args.triton_url, args.repo, model_name=args.model_name, max_in_flight=256,
-        stream_interval=args.stream_interval,
+        stream_interval=args.stream_interval, engine_http_url=args.engine_http_url,
     )  # fmt: skip
     process, _log = launch_api(
         settings, host="127.0.0.1", port=args.api_port, workers=args.api_workers
@@ -263,6 +263,7 @@ def write_results(args, results: dict, manifest: dict) -> None:
         "think_ms": args.think_ms,
         "api_workers": args.api_workers,
         "stream_interval": args.stream_interval,
+        "api_engine_transport": "http" if args.engine_http_url else "grpc",
         "machine": machine(),
         "targets": {"tokens_per_s_lost_pct_max": 5.0, "ttft_p50_added_ms_max": 5.0},
     }
@@ -302,7 +303,13 @@ def write_results(args, results: dict, manifest: dict) -> None:
         "requests per stream, "
         f"{args.rounds} alternating rounds per side; API-side client: {args.client}; "
         f"think time before each request: uniform 0..{args.think_ms} ms; stream interval "
-        f"{args.stream_interval} (both sides).",
+        f"{args.stream_interval} (both sides); the API reads the engine over "
+        + (
+            f"Triton's HTTP generate_stream ({args.engine_http_url})"
+            if args.engine_http_url
+            else "gRPC"
+        )
+        + ".",
         "",
         *rows,
         "",
@@ -352,6 +359,11 @@ def main() -> None:
         help="the API's --stream-interval; direct requests ask the engine for the same (its stream_interval "
         "parameter: the synthetic and CPU engines honour it)",
     )
+    parser.add_argument(
+        "--engine-http-url", default=None, metavar="HOST:PORT",
+        help="the API reads the engine over Triton's HTTP generate_stream at this address (toolkit serve's "
+        "default, --engine-transport http); unset: over gRPC at --triton-url. The direct side is gRPC either way",
+    )  # fmt: skip
     parser.add_argument("--out", default="perf/results/api_overhead")
     args = parser.parse_args()
     manifest = open_repository(args.repo).manifest.to_dict()
