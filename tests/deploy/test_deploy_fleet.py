@@ -314,24 +314,64 @@ def test_prefix_affinity_only_where_the_engine_reuses_kv_blocks(
 
 
 # --- the front end's size, and tracing --------------------------------------------------------------
-def test_api_workers_and_cpu_come_from_the_plans_estimated_tokens_per_s(
-    gpu_render, cpu_repo, tmp_path
-):
-    repo, values, docs, _ = gpu_render
+def _api_cores(repo, transport: str) -> float:
+    """The API's cores for a replica of `repo` at full batch: the plan's estimated tokens/s at its upper
+    tolerance, each token the API's measured CPU over `transport`, with headroom."""
     repository = open_repository(repo)
     plan = repository.memory_plan
     slots = plan.max_batch_size * plan.pp_size
     tokens_per_s = estimate_for_plan(
         repository.manifest.model.facts, plan, slots
     ).output_tokens_per_s
-    # the estimate's upper tolerance, each token the API's measured CPU, with headroom
-    cores = tokens_per_s * 1.25 * sizing.API_US_PER_TOKEN / 1e6 * sizing.API_CPU_HEADROOM
-    assert values["api"]["workers"] == math.ceil(cores) > 1
+    us = sizing.API_US_PER_TOKEN[transport]
+    return tokens_per_s * 1.25 * us / 1e6 * sizing.API_CPU_HEADROOM
+
+
+def test_api_workers_and_cpu_come_from_the_plans_estimated_tokens_per_s(
+    gpu_render, cpu_repo, tmp_path
+):
+    repo, values, docs, _ = gpu_render
+    # the chart reads the engine over Triton's HTTP generate_stream by default
+    assert values["api"]["workers"] == math.ceil(_api_cores(repo, "http")) > 1
     assert values["api"]["resources"]["requests"]["cpu"] == str(values["api"]["workers"])
     api = container(server_deployment(docs)["spec"]["template"]["spec"], "api")
     assert flag(api["args"], "--workers") == str(values["api"]["workers"])
     assert api["resources"]["requests"]["cpu"] == str(values["api"]["workers"])
     assert deploy(cpu_repo, tmp_path / "cpu")["api"]["workers"] == 1  # a CPU engine's few tokens/s
+
+
+def test_the_api_is_sized_for_the_engine_transport_a_cluster_file_chooses(gpu_render, tmp_path):
+    """At a GPU engine's pace the API spends about twice the CPU per token reading the engine over gRPC as
+    over Triton's HTTP generate_stream (perf/results/api_front_end_gpu_pace.md): a cluster file that sets
+    api.engineTransport to grpc gets the workers and CPU for gRPC (one figure sized both before), and the
+    note says which transport it sized for."""
+    from chart import IMAGE, invoke, write_values
+
+    repo, values, _, _ = gpu_render
+    grpc_file = write_values(tmp_path / "grpc.yaml", {"api": {"engineTransport": "grpc"}})
+    grpc = deploy(repo, tmp_path / "g", "-f", grpc_file)
+    assert grpc["api"]["workers"] > values["api"]["workers"]
+    assert grpc["api"]["workers"] == math.ceil(_api_cores(repo, "grpc"))
+    assert grpc["api"]["resources"]["requests"]["cpu"] == str(grpc["api"]["workers"])
+    result = invoke(
+        "deploy",
+        "--repo",
+        repo,
+        "-o",
+        tmp_path / "n",
+        "--image",
+        IMAGE,
+        "-f",
+        grpc_file,
+        "--dry-run",
+    )
+    assert result.exit_code == 0, result.output
+    assert f"{sizing.API_US_PER_TOKEN['grpc']:g} us of API CPU per token over grpc" in result.output
+    bad = write_values(tmp_path / "bad.yaml", {"api": {"engineTransport": "websocket"}})
+    result = invoke("deploy", "--repo", repo, "-o", tmp_path / "b", "--image", IMAGE, "-f", bad)
+    assert result.exit_code == 1
+    assert f"api.engineTransport=websocket in {bad} is not an engine transport" in result.output
+    assert "grpc, http" in result.output and not (tmp_path / "b").exists()
 
 
 def test_tracing_goes_to_the_otlp_endpoint_from_every_layer(helm, cpu_repo, tmp_path, gpu_render):

@@ -1,7 +1,8 @@
 """`--api-workers N`: the OpenAI API as N processes on one port, with one set of metrics and one bound.
 
-One Python process relays at most ~9.5k streamed tokens/s (its own histograms: ~106 us of CPU per
-token, perf/results/stack_ceiling.md), a fraction of what one H100 produces. So the API runs as N
+At a GPU engine's pace one Python process relays ~10k streamed tokens/s over Triton's HTTP
+generate_stream, ~5k over gRPC (~100 and ~190 us of CPU per token, perf/results/api_front_end_gpu_pace.md),
+a fraction of what one H100 produces. So the API runs as N
 worker processes forked from a supervisor (this module), each its own uvicorn server, event loop,
 GIL and gRPC channel to Triton.
 

@@ -1,7 +1,7 @@
 """The fleet's front: how many API workers a replica needs, how the endpoint picker scores it, and
 the route and tracing values the flags set.
 
-    api_values(repository, stages)  -> the api workers and their CPU, from the plan's estimate
+    api_values(repository, stages, transport)  -> the api workers and their CPU, from the plan's estimate
     picker_values(repository)       -> the picker's prefix weight, from whether the engine reuses KV
     front_flag_values(request)      -> routing.httpRoute hostnames/headers, routing.gke, tracing
 """
@@ -22,12 +22,12 @@ HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")  # an HTTP token (RF
 HOSTNAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-def api_values(repository: Repository, stages: int = 1) -> tuple[dict, str]:
-    """api.workers and api.resources for the tokens/s one replica streams at full batch, and a note
-    saying where the number came from."""
+def api_values(repository: Repository, stages: int, transport: str) -> tuple[dict, str]:
+    """api.workers and api.resources for the tokens/s one replica streams at full batch, read from the
+    engine over `transport` (api.engineTransport), and a note saying where the number came from."""
     slots = sizing.batch_slots(repository, stages)
     rate = target_for(repository).replica_tokens_per_s(repository, slots)
-    workers = sizing.api_workers(rate)
+    workers = sizing.api_workers(rate, transport)
     source = (
         "no bound on a replica's tokens/s (the synthetic engine at step 0)"
         if rate is None
@@ -35,7 +35,8 @@ def api_values(repository: Repository, stages: int = 1) -> tuple[dict, str]:
     )
     note = (
         f"the OpenAI API: {workers} worker process(es), {workers} CPU, for {source} at "
-        f"{sizing.API_US_PER_TOKEN:g} us of API CPU per token (x{sizing.API_CPU_HEADROOM:g}); "
+        f"{sizing.API_US_PER_TOKEN[transport]:g} us of API CPU per token over {transport} "
+        f"(x{sizing.API_CPU_HEADROOM:g}); "
         "override with --set api.workers=N,api.resources.requests.cpu=N"
     )
     return {"workers": workers, "resources": sizing.api_resources(workers)}, note

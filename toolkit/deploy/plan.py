@@ -166,7 +166,8 @@ def plan_deployment(request: DeployRequest) -> DeploymentPlan:
         cluster = merge(cluster, data)
     name = _release_name(request, repository)
     shm_bytes = _shm_bytes(cluster, files)
-    derived = _derived_values(request, repository, info, cluster, shm_bytes)
+    transport = _engine_transport(cluster, files)
+    derived = _derived_values(request, repository, info, cluster, shm_bytes, transport)
     flags = _flag_values(request)
     # What follows from the load and drain times, from the ones that hold after the cluster values
     # and flags (and the chart's defaults under them all, as helm merges them).
@@ -180,7 +181,7 @@ def plan_deployment(request: DeployRequest) -> DeploymentPlan:
         fingerprint=values["model"]["fingerprint"],
         values=values,
         base_image=values["model"]["tritonImage"] or None,
-        notes=_notes(values, repository, request, files),
+        notes=_notes(values, repository, request, files, transport),
     )
 
 
@@ -266,12 +267,26 @@ def _shm_bytes(cluster: dict, files: list[tuple[str, dict]]) -> int:
     return found
 
 
+def _engine_transport(cluster: dict, files: list[tuple[str, dict]]) -> str:
+    """How the API reads the engine (api.engineTransport, the cluster files' over the chart's default):
+    its CPU per token, and so the workers it needs, depend on it."""
+    transport = lookup(merge(chart_defaults(), cluster), "api.engineTransport")
+    if transport not in sizing.API_US_PER_TOKEN:
+        raise DeployError(
+            f"{_given('api.engineTransport', None, None, files, transport)} is not an engine transport",
+            hint=f"set api.engineTransport to one of {', '.join(sorted(sizing.API_US_PER_TOKEN))} "
+            "(http: Triton's generate_stream, the default)",
+        )
+    return transport
+
+
 def _derived_values(
     request: DeployRequest,
     repository: Repository,
     info: EngineInfo | None,
     cluster: dict,
     shm_bytes: int,
+    transport: str,
 ) -> dict:
     """Every value the manifest (and the engine files) decide; `shm_bytes` goes into the memory."""
     manifest = repository.manifest
@@ -282,7 +297,7 @@ def _derived_values(
     startup_s = sizing.startup_seconds(repository, load_bytes, sizing.repository_bytes(repository))
     drain_s = sizing.drain_seconds(repository)
     limits = repository.limits
-    api, _ = fleet.api_values(repository, stages)
+    api, _ = fleet.api_values(repository, stages, transport)
     values: dict[str, Any] = {
         "replicas": 1,
         "storage": {"mountPath": DEFAULT_MOUNT_PATH},
@@ -607,7 +622,11 @@ def _check_on_volume(repository: Repository, info: EngineInfo | None, mount_path
 
 
 def _notes(
-    values: dict, repository: Repository, request: DeployRequest, files: list[tuple[str, dict]]
+    values: dict,
+    repository: Repository,
+    request: DeployRequest,
+    files: list[tuple[str, dict]],
+    transport: str,
 ) -> list[str]:
     notes = []
     if not values["api"]["auth"].get("enabled", True):
@@ -615,7 +634,9 @@ def _notes(
     notes += target_for(repository).deploy_notes(repository, values["drain"]["timeoutSeconds"])
     if not any(lookup(data, "api.workers") is not None for _, data in files):
         notes.append(
-            fleet.api_values(repository, int(lookup(values, "model.pipelineStages", 1)))[1]
+            fleet.api_values(repository, int(lookup(values, "model.pipelineStages", 1)), transport)[
+                1
+            ]
         )
     scaling = values["autoscaling"]
     if scaling.get("enabled"):

@@ -160,9 +160,12 @@ def max_in_flight(repository: Repository, pipeline_stages: int = 1) -> int:
     )
 
 
-# The OpenAI API's CPU per streamed token: 105.8 us in perf/results/stack_ceiling.md (the `api`
-# process in its openai phase; perf/api_front_end.py measures it again), rounded up.
-API_US_PER_TOKEN = 106.0
+# The OpenAI API's CPU per streamed token, by how it reads the engine (the chart's api.engineTransport),
+# where each engine response is an event of its own, as a GPU engine answers every step:
+# perf/results/api_front_end_gpu_pace.md (32 and 64 streams at 20 ms steps) read 96.8-99.3 us over
+# Triton's HTTP generate_stream and 186.4-188.8 us over gRPC; rounded up. (A single gRPC figure, 106 us
+# from perf/results/stack_ceiling.md's busier load, sized the API before: half what gRPC costs at this pace.)
+API_US_PER_TOKEN = {"http": 100.0, "grpc": 190.0}
 # Spare CPU on top, for admission bursts and the event loop's own latency (a loop near 100 % queues
 # every stream behind every other).
 API_CPU_HEADROOM = 1.25
@@ -173,12 +176,12 @@ API_MEMORY_BYTES = 1024 * MIB
 API_WORKER_MEMORY_BYTES = 384 * MIB
 
 
-def api_workers(tokens_per_s: float | None) -> int:
+def api_workers(tokens_per_s: float | None, transport: str) -> int:
     """API processes for a replica streaming `tokens_per_s`: one core relays 1e6 / API_US_PER_TOKEN
-    tokens/s, with API_CPU_HEADROOM to spare (None: unknown, one)."""
+    tokens/s over `transport`, with API_CPU_HEADROOM to spare (None: unknown, one)."""
     if tokens_per_s is None:
         return 1
-    cores = tokens_per_s * API_US_PER_TOKEN / 1e6 * API_CPU_HEADROOM
+    cores = tokens_per_s * API_US_PER_TOKEN[transport] / 1e6 * API_CPU_HEADROOM
     return clamp(cores, 1, API_MAX_WORKERS)
 
 
