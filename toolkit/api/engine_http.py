@@ -93,9 +93,8 @@ def _feed(response: _Response, data: bytes) -> None:
     try:
         response.parser.feed_data(data)
     except httptools.HttpParserError as exc:
-        cause = (
-            exc.__context__ or exc
-        )  # a callback's own error (an event that is not JSON) is the context
+        # a callback's own error (an event that is not JSON) is the parser error's context
+        cause = exc.__context__ or exc
         raise HttpEngineError(
             f"not a valid generate_stream answer ({cause}): is the Triton HTTP address right? "
             f"The bytes read: {data[:60]!r}"

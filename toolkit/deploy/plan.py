@@ -633,11 +633,8 @@ def _notes(
         notes.append("no API keys (--no-auth): anyone who reaches the API can generate")
     notes += target_for(repository).deploy_notes(repository, values["drain"]["timeoutSeconds"])
     if not any(lookup(data, "api.workers") is not None for _, data in files):
-        notes.append(
-            fleet.api_values(repository, int(lookup(values, "model.pipelineStages", 1)), transport)[
-                1
-            ]
-        )
+        stages = int(lookup(values, "model.pipelineStages", 1))
+        notes.append(fleet.api_values(repository, stages, transport)[1])
     scaling = values["autoscaling"]
     if scaling.get("enabled"):
         set_in = [path for path, data in files if lookup(data, "replicas") is not None]
