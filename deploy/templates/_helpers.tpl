@@ -246,6 +246,13 @@ routing.httpRoute sets rules[].timeouts, which the Gateway API's standard CRDs c
 {{- $matched = false -}}
 {{- end -}}
 {{- end -}}
+{{- range (dig "allowedRoutes" "namespaces" "selector" "matchExpressions" list .) -}}
+{{- $present := hasKey $have .key -}}
+{{- $listed := and $present (has (get $have .key) (.values | default list)) -}}
+{{- if or (and (eq .operator "In") (not $listed)) (and (eq .operator "NotIn") $listed) (and (eq .operator "Exists") (not $present)) (and (eq .operator "DoesNotExist") $present) -}}
+{{- $matched = false -}}
+{{- end -}}
+{{- end -}}
 {{- if $matched -}}
 {{- $admitted = true -}}
 {{- end -}}
@@ -279,12 +286,17 @@ the Gateway {{ $gatewayNs }}/{{ $gateway.name }} admits no route from namespace 
 {{- range (dig "spec" "rules" list .) -}}
 {{- range (.matches | default (list dict)) -}}
 {{- $path := dig "path" "value" "/" . -}}
+{{- $type := dig "path" "type" "PathPrefix" . -}}
+{{- /* Gateway API precedence: an exact path, then the longest prefix, wins; an equal match goes to the
+oldest route. So a match on /v1, or on a path under it, takes this release's requests (all, or those
+under it); a shorter prefix (/, a catch-all) does not. */ -}}
+{{- $takes := or (hasPrefix "/v1/" $path) (and (eq $type "PathPrefix") (eq (trimSuffix "/" $path) "/v1")) -}}
 {{- $headers := list -}}
 {{- range (.headers | default list) -}}
 {{- $headers = append $headers (dict "name" .name "value" .value) -}}
 {{- end -}}
-{{- if and (or (hasPrefix $path "/v1") (hasPrefix "/v1" $path)) (eq (toJson $headers) (toJson $mine.headers)) -}}
-{{- printf "the HTTPRoute %s on the Gateway %s/%s already matches %s requests with these hostnames and headers: its requests would all go to the older route; give this release routing.httpRoute.hostnames or routing.httpRoute.headers of its own (toolkit deploy --route-hostname / --route-header)" $other $gatewayNs $gateway.name $path -}}
+{{- if and $takes (eq (toJson $headers) (toJson $mine.headers)) -}}
+{{- printf "the HTTPRoute %s on the Gateway %s/%s already matches %s %s requests with these hostnames and headers, which the Gateway API gives to it (the same match goes to the older route, a longer path to the longer): give this release routing.httpRoute.hostnames or routing.httpRoute.headers of its own (toolkit deploy --route-hostname / --route-header)" $other $gatewayNs $gateway.name $type $path -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -170,10 +170,13 @@ def _crd(version: str, channel: str = "standard") -> str:
     )
 
 
-def _gateway(namespace: str, source: str, selector: str = "") -> str:
-    namespaces = f'"from" "{source}"' + (
-        f' "selector" (dict "matchLabels" (dict {selector}))' if selector else ""
+def _gateway(namespace: str, source: str, selector: str = "", expressions: str = "") -> str:
+    """A Gateway whose listener admits routes `from` source; `selector`: its matchLabels' pairs,
+    `expressions`: its matchExpressions, as template expressions."""
+    parts = (f'"matchLabels" (dict {selector})' if selector else "") + (
+        f' "matchExpressions" (list {expressions})' if expressions else ""
     )
+    namespaces = f'"from" "{source}"' + (f' "selector" (dict {parts})' if parts else "")
     return (
         f'"gateway" (dict "metadata" (dict "name" "inference-gateway" "namespace" "{namespace}") "spec" '
         f'(dict "listeners" (list (dict "name" "http" "allowedRoutes" (dict "namespaces" (dict {namespaces}))))))'
@@ -186,6 +189,7 @@ def test_the_route_needs_gateway_api_v1_2_and_a_gateway_that_admits_it(helm, cpu
     deploy(cpu_repo, out)
     other = '"namespace" (dict "metadata" (dict "labels" (dict "team" "ml")))'
     ml, web = '"team" "ml"', '"team" "web"'
+    tier = '(dict "key" "tier" "operator" "Exists")'  # the namespace has no tier label
     data = _route_problems(helm, out, {
         "old": f"dict {_crd('v1.1.0')}",
         "new": f"dict {_crd('v1.2.0')}",
@@ -195,18 +199,46 @@ def test_the_route_needs_gateway_api_v1_2_and_a_gateway_that_admits_it(helm, cpu
         "selected": f'dict {_gateway("gateways", "Selector", ml)} {other}',
         "not-selected": f'dict {_gateway("gateways", "Selector", web)} {other}',
         "nothing": "dict",
+        # matchExpressions count too (they were ignored: a listener selecting only by them admitted all)
+        **{
+            f"expression-{name}": f'dict {_gateway("gateways", "Selector", expressions=e)} {other}'
+            for name, e in {
+                "in": '(dict "key" "team" "operator" "In" "values" (list "ml" "data"))',
+                "exists": '(dict "key" "team" "operator" "Exists")',
+                "not-in-other": '(dict "key" "team" "operator" "NotIn" "values" (list "web"))',
+                "absent-other": '(dict "key" "tier" "operator" "DoesNotExist")',
+                "in-other": '(dict "key" "team" "operator" "In" "values" (list "web"))',
+                "not-in": '(dict "key" "team" "operator" "NotIn" "values" (list "ml"))',
+                "absent": '(dict "key" "team" "operator" "DoesNotExist")',
+                "missing": '(dict "key" "tier" "operator" "Exists")',
+            }.items()
+        },
+        "labels-and-expression": f'dict {_gateway("gateways", "Selector", ml, tier)} {other}',
     }, extra=("--set", "routing.gateway.namespace=gateways"))  # fmt: skip
     assert "v1.2.0" in data["old"] and "v1.1.0" in data["old"]
     assert data["new"] == data["experimental"] == data["all"] == data["selected"] == ""
     assert data["nothing"] == ""  # helm template: nothing to check against
+    for case in ("in", "exists", "not-in-other", "absent-other"):
+        assert data[f"expression-{case}"] == "", case
+    for case in ("expression-in-other", "expression-not-in", "expression-absent", "expression-missing",
+                 "labels-and-expression"):  # fmt: skip
+        assert "allowedRoutes" in data[case], case
     for case in ("same", "not-selected"):
         assert "allowedRoutes" in data[case] and "gateways/inference-gateway" in data[case]
     docs = (DATA.parent.parent / "docs" / "deploy.md").read_text()
     assert "v1.2.0" in docs and "allowedRoutes" in docs
 
 
-def _route(name: str, namespace: str = "other", hostnames=(), header: str | None = None) -> str:
-    match = '(dict "path" (dict "type" "PathPrefix" "value" "/v1")'
+def _route(
+    name: str,
+    namespace: str = "other",
+    hostnames=(),
+    header: str | None = None,
+    path: tuple[str, str] | None = ("PathPrefix", "/v1"),
+) -> str:
+    """An HTTPRoute on this release's Gateway with one match: `path` (type, value; None: no path match,
+    which the Gateway API reads as PathPrefix /), `header` x-model's value."""
+    match = f'(dict "path" (dict "type" "{path[0]}" "value" "{path[1]}")' if path else "(dict"
     if header:
         match += f' "headers" (list (dict "type" "Exact" "name" "x-model" "value" "{header}"))'
     match += ")"
@@ -230,10 +262,32 @@ def test_two_releases_cannot_both_match_every_v1_request_on_one_gateway(helm, cp
         "own-hostname": f'dict "routes" (dict "items" (list {_route("older", hostnames=("a.example.com",))}))',
         "own-header": f'dict "routes" (dict "items" (list {_route("older", header="other-model")}))',
         "itself": f'dict "routes" (dict "items" (list {_route(RELEASE, namespace=NAMESPACE)}))',
+        # Gateway API precedence: an exact path, then the longest prefix wins. A path under /v1 takes the
+        # requests under it; a shorter prefix (a default backend on /) takes none of this release's
+        # (those were refused: every install beside a catch-all route failed)
+        **{
+            name: f'dict "routes" (dict "items" (list {_route("older", path=path)}))'
+            for name, path in {
+                "under": ("PathPrefix", "/v1/chat"),
+                "exact-under": ("Exact", "/v1/models"),
+                "trailing-slash": ("PathPrefix", "/v1/"),
+                "catch-all": None,
+                "root": ("PathPrefix", "/"),
+                "sibling": ("PathPrefix", "/v10"),
+                "exact-v1": ("Exact", "/v1"),
+            }.items()
+        },
     }  # fmt: skip
     data = _route_problems(helm, out, cases)
     assert "other/older" in data["collides"] and "routing.httpRoute.hostnames" in data["collides"]
     assert data["own-hostname"] == data["own-header"] == data["itself"] == ""
+    for case in ("under", "exact-under", "trailing-slash"):
+        assert "other/older" in data[case], case
+    for case in ("catch-all", "root", "sibling", "exact-v1"):
+        assert data[case] == "", case
+    assert ["Exact path match", "Prefix path match with the largest number of characters"] == (
+        GATEWAY_API["route_precedence"]["across_rules"][:2]
+    )
     # with a header of its own, this release no longer collides with the older route
     deploy(cpu_repo, out, "--route-header", "x-model=tiny", "--route-hostname", "Tiny.Example.com")
     assert _route_problems(helm, out, {"collides": cases["collides"]})["collides"] == ""
