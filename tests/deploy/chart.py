@@ -76,17 +76,24 @@ def chart_schema_errors(values: dict) -> list[str]:
 
 
 def helm_template(
-    helm, out: Path, *, apis=CRD_APIS, kube=KUBE_VERSIONS[0], extra=()
+    helm,
+    out: Path,
+    *,
+    apis=CRD_APIS,
+    kube=KUBE_VERSIONS[0],
+    extra=(),
+    release: str = RELEASE,
+    namespace: str = NAMESPACE,
 ) -> subprocess.CompletedProcess:
     argv = [
         helm,
         "template",
-        RELEASE,
+        release,
         out / "chart",
         "-f",
         out / "values.yaml",
         "--namespace",
-        NAMESPACE,
+        namespace,
     ]
     argv += ["--kube-version", kube, *(f"--api-versions={api}" for api in apis), *extra]
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True)

@@ -13,7 +13,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from toolkit.api.metrics import ApiMetrics
 
-from chart import DATA, RELEASE, deploy, find, render
+from chart import DATA, NAMESPACE, RELEASE, deploy, find, render
 from k8s_checks import GIE, TARGET_LABELS
 from promql import promql_selectors
 
@@ -125,12 +125,55 @@ def test_every_query_reads_metrics_and_labels_that_exist():
                 assert any(label in KNOWN[m] | set(TARGET_LABELS) for m in owners), (title, label)
 
 
+def test_the_release_variable_lists_the_releases_the_api_metrics_come_from():
+    """The panels select `job="$namespace/$release"` (the chart's PodMonitor); the variable offers every
+    release whose API is scraped in the namespace, by that job's name after the namespace."""
+    release = {v["name"]: v for v in DASHBOARD["templating"]["list"]}["release"]
+    assert release["type"] == "query" and release["datasource"]["uid"] == "${datasource}"
+    query = release["query"]["query"]
+    assert query.startswith("label_values(") and query.endswith(", job)")
+    [(metric, labels)] = promql_selectors(query)
+    assert metric in _api_series() and labels == {"namespace": "$namespace"}
+    pattern = re.compile(
+        release["regex"].strip("/").replace("\\/", "/")
+    )  # Grafana's /.../ JS regex
+    assert pattern.fullmatch(f"{NAMESPACE}/{RELEASE}").group(1) == RELEASE
+    assert pattern.fullmatch(f"{NAMESPACE}/tiny-model").group(1) == "tiny-model"
+
+
+def _shipped(docs: list[dict], release: str) -> dict:
+    configmap = find(docs, "ConfigMap", f"{release}-dashboard")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    return json.loads(configmap["data"]["toolkit.json"])
+
+
 def test_the_chart_ships_it_as_a_configmap_grafanas_sidecar_loads(helm, cpu_repo, tmp_path):
     deploy(cpu_repo, tmp_path / "d")
-    docs = render(helm, tmp_path / "d", extra=("--set", "monitoring.grafanaDashboard.enabled=true"))
-    configmap = find(docs, "ConfigMap", f"{RELEASE}-dashboard")
-    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert json.loads(configmap["data"]["toolkit.json"]) == DASHBOARD
+    on = ("--set", "monitoring.grafanaDashboard.enabled=true")
+    board = _shipped(render(helm, tmp_path / "d", extra=on), RELEASE)
+    # the file as it is, but for what makes it this release's (the next test)
+    for key in ("uid", "title"):
+        board[key] = DASHBOARD[key]
+    for variable in board["templating"]["list"]:
+        variable.pop("current", None)
+    assert board == DASHBOARD
     assert not [
         d for d in render(helm, tmp_path / "d") if d["metadata"]["name"].endswith("-dashboard")
     ]
+
+
+def test_each_release_ships_a_dashboard_of_its_own_that_opens_on_it(helm, cpu_repo, tmp_path):
+    """The dashboard's release was a constant, `llm` (these tests' release name): under any other name
+    every panel was empty, and every release's dashboard had one uid, of which Grafana keeps one."""
+    deploy(cpu_repo, tmp_path / "d")
+    on = ("--set", "monitoring.grafanaDashboard.enabled=true")
+    uids = set()
+    for release, namespace in ((RELEASE, NAMESPACE), ("tiny-model", NAMESPACE), (RELEASE, "other")):
+        docs = render(helm, tmp_path / "d", extra=on, release=release, namespace=namespace)
+        board = _shipped(docs, release)
+        chosen = {v["name"]: v.get("current", {}).get("value") for v in board["templating"]["list"]}
+        assert (chosen["namespace"], chosen["release"]) == (namespace, release)
+        assert board["title"] == f"{DASHBOARD['title']} ({namespace}/{release})"
+        assert re.fullmatch(r"[A-Za-z0-9_-]{1,40}", board["uid"]), board["uid"]  # Grafana's uid
+        uids.add(board["uid"])
+    assert len(uids) == 3

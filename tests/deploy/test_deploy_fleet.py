@@ -285,9 +285,10 @@ def test_two_releases_cannot_both_match_every_v1_request_on_one_gateway(helm, cp
         assert "other/older" in data[case], case
     for case in ("catch-all", "root", "sibling", "exact-v1"):
         assert data[case] == "", case
-    assert ["Exact path match", "Prefix path match with the largest number of characters"] == (
-        GATEWAY_API["route_precedence"]["across_rules"][:2]
-    )
+    assert (GATEWAY_API["route_precedence"]["across_rules"][:2]) == [
+        "Exact path match",
+        "Prefix path match with the largest number of characters",
+    ]
     # with a header of its own, this release no longer collides with the older route
     deploy(cpu_repo, out, "--route-header", "x-model=tiny", "--route-hostname", "Tiny.Example.com")
     assert _route_problems(helm, out, {"collides": cases["collides"]})["collides"] == ""
