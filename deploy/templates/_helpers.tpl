@@ -229,7 +229,7 @@ tests/data/k8s/gateway-api_v1.2.0.json. */}}
 {{- $bundle := get $annotations "gateway.networking.k8s.io/bundle-version" | default "" -}}
 {{- $channel := get $annotations "gateway.networking.k8s.io/channel" | default "standard" -}}
 {{- if and $bundle (eq $channel "standard") (semverCompare "<1.2.0" $bundle) -}}
-routing.httpRoute sets rules[].timeouts, which the Gateway API's standard CRDs carry from v1.2.0 on; this cluster has {{ $bundle }}: install Gateway API v1.2.0 or newer (its standard-install.yaml), or set routing.httpRoute.enabled=false
+routing.httpRoute sets rules[].timeouts, which the Gateway API's standard CRDs carry from v1.2.0 on; this cluster has {{ $bundle }}: {{ if $v.routing.gke.enabled }}GKE manages these CRDs (they cannot be replaced): upgrade the cluster to GKE 1.32.2-gke.1475000 or newer, which brings v1.2.0{{ else }}install Gateway API v1.2.0 or newer (its standard-install.yaml){{ end }}, or set routing.httpRoute.enabled=false
 {{- else if and .gateway (ne $gatewayNs $ns) -}}
 {{- $admitted := false -}}
 {{- range (dig "spec" "listeners" list .gateway) -}}
