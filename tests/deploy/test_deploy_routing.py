@@ -160,6 +160,39 @@ def test_autoscaling_scales_on_the_apis_requests_in_flight_and_on_queueing(
     )
 
 
+def test_a_target_the_apis_cap_never_lets_the_fleet_reach_is_refused(cpu_repo, tmp_path):
+    """Requests in flight per replica stop at the API's cap (429 past it, and the picker sends a full
+    replica nothing), and the HPA acts 10 % past its target: a target at or near the cap never adds a
+    replica (toolkit deploy wrote such a target and exited 0, the fleet sitting at its floor answering
+    429s). Refused, naming both values and the largest target that scales, and nothing is written."""
+    from chart import IMAGE, invoke, write_values
+
+    def run(out, *args):
+        return invoke("deploy", "--repo", cpu_repo, "-o", tmp_path / out, "--image", IMAGE, *args)
+
+    cap = deploy(cpu_repo, tmp_path / "d", "--max-replicas", "4")["api"]["maxInFlight"]
+    highest = max(t for t in range(1, cap) if t * 1.1 < cap)
+    for target in (cap + 80, cap, highest + 1):
+        result = run(
+            f"over{target}", "--max-replicas", "4", "--concurrency-per-replica", str(target)
+        )
+        assert result.exit_code == 1, (target, result.output)
+        assert f"--concurrency-per-replica {target}" in result.output
+        assert f"api.maxInFlight={cap}" in result.output
+        assert f"pass --concurrency-per-replica {highest} or less" in result.output
+        assert not (tmp_path / f"over{target}").exists()
+    assert (
+        run("ok", "--max-replicas", "4", "--concurrency-per-replica", str(highest)).exit_code == 0
+    )
+    # a cap a cluster file lowers is held against the default target (0.8 x the slots), and named
+    small = write_values(tmp_path / "small.yaml", {"api": {"maxInFlight": 10}})
+    result = run("small", "--max-replicas", "4", "-f", small)
+    assert result.exit_code == 1 and f"api.maxInFlight=10 in {small}" in result.output
+    assert "pass --concurrency-per-replica 9 or less" in result.output
+    # without autoscaling there is no target to reach
+    assert run("fixed", "-f", small).exit_code == 0
+
+
 def test_the_triggers_see_requests_queued_beyond_the_batch_slots(gpu_render):
     """The rendered queries over what a GPU replica exports when its batch slots are full and 300
     more requests queue: the backend's gauges say `active` = scheduled = max_batch_size and `waiting`

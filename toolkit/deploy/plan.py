@@ -11,6 +11,7 @@ overridden: a repository that cannot run where asked is refused with the value a
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -482,6 +483,7 @@ def _check_values(
     files: list[tuple[str, dict]],
 ) -> None:
     _check_replicas(request, values, files)
+    _check_scaling_target(request, values, files)
     _fill_image(values, repository, info)
     if info is not None and int(lookup(values, "gpu.count", 0)) != info.world_size:
         raise DeployError(
@@ -582,6 +584,42 @@ def _check_replicas(request: DeployRequest, values: dict, files: list[tuple[str,
             hint="pass 1 <= --min-replicas <= --max-replicas (no scale to zero: a replica takes minutes "
             "to load)",
         )
+
+
+def _check_scaling_target(
+    request: DeployRequest, values: dict, files: list[tuple[str, dict]]
+) -> None:
+    """A replica's requests in flight never pass the API's cap (it answers 429 past it, and the picker
+    sends a full replica nothing), and the HPA acts only HPA_TOLERANCE past its target: a target that
+    close to the cap, or past it, never adds a replica, and the fleet answers 429s at its floor."""
+    scaling = values["autoscaling"]
+    target, cap = scaling.get("concurrencyPerReplica"), lookup(values, "api.maxInFlight")
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (target, cap))
+    if not scaling.get("enabled") or not numbers or target * (1 + sizing.HPA_TOLERANCE) < cap:
+        return
+    target_given = _given(
+        "autoscaling.concurrencyPerReplica", "--concurrency-per-replica",
+        request.concurrency_per_replica, files, target,
+    )  # fmt: skip
+    cap_given = (
+        _given("api.maxInFlight", None, None, files, cap)
+        if any(lookup(data, "api.maxInFlight") is not None for _, data in files)
+        else f"api.maxInFlight={cap} (the engine's batch slots and queue)"
+    )
+    highest = math.floor(cap / (1 + sizing.HPA_TOLERANCE))
+    if highest * (1 + sizing.HPA_TOLERANCE) >= cap:
+        highest -= 1
+    raise DeployError(
+        f"the autoscaler's target of requests in flight per replica ({target_given}) is beyond what "
+        f"one replica ever holds: the API answers 429 past {cap_given}, and the HPA adds a replica only "
+        f"{sizing.HPA_TOLERANCE:.0%} past its target, so the fleet would never grow",
+        hint=(
+            f"pass --concurrency-per-replica {highest} or less (toolkit bench measures what one "
+            "replica serves within your latency targets), or raise api.maxInFlight"
+            if highest >= 1
+            else "raise api.maxInFlight (or leave it to toolkit deploy: the engine's batch slots and queue)"
+        ),
+    )
 
 
 def _fill_image(values: dict, repository: Repository, info: EngineInfo | None) -> None:

@@ -27,6 +27,9 @@ IMAGE_PULL_S = 600
 DRAIN_MIN_S, DRAIN_MAX_S = 30, 900
 # The autoscaler holds a replica's requests in flight at this fraction of its batch slots.
 SLOTS_TARGET = 0.8
+# The HPA (KEDA's too) changes the count only when a metric is this far past its target (Kubernetes'
+# --horizontal-pod-autoscaler-tolerance, 0.1 by default).
+HPA_TOLERANCE = 0.1
 # Beyond preStop + drain: toolkit serve's own 5 s past Triton's exit timeout, and slack.
 GRACE_MARGIN_S = 15
 # Checkpoints on the hub are bf16, 2 bytes per parameter (the memory plan counts the parameters).
