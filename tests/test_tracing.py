@@ -112,6 +112,32 @@ def test_the_traces_url_follows_the_otlp_exporters_rules():
     )
 
 
+@pytest.mark.parametrize(
+    "endpoint, variable",
+    [
+        ("http://otel:4318/v1/traces", None),  # the traces URL where the base goes
+        ("http://otel:4318/v1/traces/", None),
+        ("http://otel:4318 x", None),  # a space: what the shell split badly
+        ("http://:4318", None),  # no host
+        (None, "http://otel:4318/otlp/v1/traces"),  # OTEL_EXPORTER_OTLP_ENDPOINT, likewise
+    ],
+)
+def test_an_otlp_base_url_that_would_lose_every_span_is_refused(endpoint, variable):
+    """Each was taken and spans went to …/v1/traces/v1/traces (a 404 the exporters only log) or to no
+    host. The error names where the value came from; the traces variable stays a whole URL."""
+    with pytest.raises(TraceError) as caught:
+        plan_tracing(1, endpoint, OtelEnvironment(endpoint=variable))
+    given = "--otlp-endpoint" if endpoint else "OTEL_EXPORTER_OTLP_ENDPOINT"
+    assert caught.value.message.startswith(given), caught.value.message
+    if "/v1/traces" in (endpoint or variable):
+        assert "drop /v1/traces" in caught.value.hint
+        assert "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" in caught.value.hint
+    whole = OtelEnvironment(traces_endpoint="http://otel:4318/v1/traces")
+    assert plan_tracing(1, None, whole).traces_url == "http://otel:4318/v1/traces"
+    prefixed = plan_tracing(1, "http://gw.example.com/otlp", OtelEnvironment())  # a proxy's path
+    assert prefixed.traces_url == "http://gw.example.com/otlp/v1/traces"
+
+
 @pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan")])
 def test_a_rate_that_is_no_fraction_is_refused(rate):
     with pytest.raises(TraceError, match="--trace-rate"):

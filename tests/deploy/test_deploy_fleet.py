@@ -318,6 +318,8 @@ def test_route_flags_that_the_gateway_api_refuses_are_refused(cpu_repo, tmp_path
         (("--route-header", "x-model"), "NAME=VALUE"),
         (("--route-hostname", "not a host"), "not a hostname"),
         (("--otlp-endpoint", "collector:4318"), "not an http(s) URL"),
+        (("--otlp-endpoint", "http://otel:4318/v1/traces"), "drop /v1/traces"),
+        (("--otlp-endpoint", "http://otel:4318 x"), "not an http(s) URL of a host"),
     ):
         result = invoke("deploy", "--repo", cpu_repo, "-o", tmp_path / "d", *args)
         assert result.exit_code == 1 and message in result.output, result.output

@@ -15,6 +15,7 @@ from toolkit.deploy import sizing
 from toolkit.errors import DeployError
 from toolkit.repository.reader import Repository
 from toolkit.targets import target_for
+from toolkit.trace.config import base_endpoint
 
 # The picker's default weight for prefix affinity (its own default profile, v1.5.0 defaults.go).
 PREFIX_WEIGHT = 3
@@ -74,7 +75,7 @@ def front_flag_values(
                 f"--otlp-endpoint {shlex.quote(otlp_endpoint)} is not an http(s) URL",
                 hint="pass the OTLP/HTTP base URL, e.g. --otlp-endpoint http://otel-collector.monitoring:4318",
             )
-        tracing["otlpEndpoint"] = otlp_endpoint
+        tracing["otlpEndpoint"] = base_endpoint(otlp_endpoint, "--otlp-endpoint")
     if trace_rate is not None:
         tracing["rate"] = trace_rate
     if tracing:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from toolkit.errors import TraceError
 from toolkit.settings import (
@@ -92,21 +93,48 @@ def traces_url(endpoint: str | None, env: OtelEnvironment) -> str | None:
     """The traces URL as the OTLP exporters build it: a base endpoint gets /v1/traces appended, the
     traces-specific variable is used as it is."""
     if endpoint:
-        return _with_scheme(endpoint).rstrip("/") + TRACES_PATH
+        return base_endpoint(endpoint, "--otlp-endpoint").rstrip("/") + TRACES_PATH
     if env.traces_endpoint:
-        return _with_scheme(env.traces_endpoint)
+        return _with_scheme(env.traces_endpoint, OTEL_TRACES_ENDPOINT)
     if env.endpoint:
-        return _with_scheme(env.endpoint).rstrip("/") + TRACES_PATH
+        return base_endpoint(env.endpoint, OTEL_ENDPOINT).rstrip("/") + TRACES_PATH
     return None
 
 
-def _with_scheme(url: str) -> str:
+def base_endpoint(url: str, given_as: str) -> str:
+    """An OTLP/HTTP base URL (`given_as`: the flag or variable it came from), to which /v1/traces is
+    appended: one that already ends in it would send every span to …/v1/traces/v1/traces, a 404 that
+    the exporters only log."""
+    url = _with_scheme(url, given_as)
+    if url.rstrip("/").endswith(TRACES_PATH):
+        raise TraceError(
+            f"{_shown(given_as, url)} is a traces URL, but it takes the collector's base URL: "
+            f"{TRACES_PATH} is appended to it",
+            hint=f"drop {TRACES_PATH} ({url.rstrip('/')[: -len(TRACES_PATH)] or url}), or set the whole "
+            f"traces URL in {OTEL_TRACES_ENDPOINT} instead",
+            value=url,
+        )
+    return url
+
+
+def _shown(given_as: str, value: str) -> str:
+    """A value as the person wrote it: `--flag VALUE`, or `VARIABLE=VALUE`."""
+    return f"{given_as}={value}" if given_as.isupper() else f"{given_as} {value}"
+
+
+def _with_scheme(url: str, given_as: str) -> str:
     url = url.strip()
     if "://" not in url:
-        return f"http://{url}"
-    if not url.startswith(("http://", "https://")):
+        url = f"http://{url}"
+    parsed = urlsplit(url)
+    if (
+        parsed.scheme not in ("http", "https")
+        or not parsed.hostname
+        or any(c.isspace() for c in url)
+    ):
         raise TraceError(
-            f"OTLP endpoint {url!r} is not an http(s) URL: the toolkit exports OTLP over HTTP",
+            f"{_shown(given_as, repr(url))} is not an http(s) URL of a host: the toolkit exports OTLP "
+            "over HTTP",
             hint="pass a URL such as http://127.0.0.1:4318 (OTLP/gRPC on 4317 is not used)",
             value=url,
         )
