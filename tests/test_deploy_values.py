@@ -105,6 +105,38 @@ def test_a_cluster_string_holding_a_newline_is_refused_naming_its_key(cpu_repo, 
     assert "priorityClassName" in result.output and "fix:" in result.output, result.output
 
 
+@pytest.mark.parametrize(
+    ("values", "key", "says"),
+    [
+        ({"notakey": 1}, "notakey", "Additional properties are not allowed"),
+        ({"nodeSelector": {"pool": ["a"]}}, "nodeSelector.pool", "is not of type 'string'"),
+        ({"api": {"workers": "two"}}, "api.workers", "is not of type 'integer'"),
+    ],
+)
+def test_cluster_values_the_charts_schema_refuses_are_refused_before_anything_is_written(
+    helm, cpu_repo, tmp_path, values, key, says
+):
+    """toolkit deploy wrote them and exited 0; the `helm upgrade` it printed then failed on the chart's
+    values.schema.json. Now the same refusal comes first, naming the key and the file."""
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(values))
+    out = tmp_path / "out"
+    result = _deploy(cpu_repo, out, "--image", IMAGE, "-f", str(cluster))
+    assert result.exit_code == 1, result.output
+    assert f"{key} in {cluster}" in result.output and says in result.output, result.output
+    assert "values.schema.json" in result.output and "fix:" in result.output
+    assert not out.exists()
+    # helm refuses the same values
+    fine = _deploy(cpu_repo, tmp_path / "fine", "--image", IMAGE)
+    assert fine.exit_code == 0, fine.output
+    refused = subprocess.run(
+        [helm, "template", "llm", str(tmp_path / "fine" / "chart"), "-f",
+         str(tmp_path / "fine" / "values.yaml"), "-f", str(cluster), *CRDS],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "values don't meet the specifications" in refused.stderr
+
+
 def test_a_repository_path_with_a_newline_writes_no_key(helm, cpu_repo, tmp_path):
     odd = tmp_path / "repo\nmodel: {injected: true}\nimage: {repository: evil}"
     shutil.copytree(cpu_repo, odd, symlinks=True)

@@ -30,6 +30,7 @@ from toolkit.deploy.values import (
     load_values_file,
     lookup,
     merge,
+    schema_problems,
 )
 from toolkit.engine.info import EngineInfo
 from toolkit.engine.layout import rank_engine_files
@@ -496,8 +497,31 @@ def _check_values(
         auth["existingSecret"] = f"{name}-api-keys"
     _check_cluster_settings(values, request, files)
     check_strings(values, files)  # every string helm will paste into the objects
+    _check_schema(values, files)
     if not request.build:
         _check_on_volume(repository, info, values["storage"]["mountPath"])
+
+
+SCHEMA_PROBLEMS_SHOWN = 5
+
+
+def _check_schema(values: dict, files: list[tuple[str, dict]]) -> None:
+    """What the chart's values.schema.json refuses (an unknown key, a wrong type), said before anything
+    is written: helm would refuse the install that toolkit deploy printed."""
+    problems = schema_problems(merge(chart_defaults(), values))
+    if not problems:
+        return
+    said = []
+    for key, message in problems[:SCHEMA_PROBLEMS_SHOWN]:
+        where = [path for path, data in files if lookup(data, key) is not None]
+        said.append(f"{key or 'the values'}{f' in {where[-1]}' if where else ''} ({message})")
+    more = len(problems) - len(said)
+    raise DeployError(
+        "the chart's values.schema.json refuses "
+        + "; ".join(said)
+        + (f"; and {more} more" if more else ""),
+        hint="fix or remove each (deploy/values.yaml documents every key the chart takes)",
+    )
 
 
 def _check_cluster_settings(

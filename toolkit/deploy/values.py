@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from pathlib import Path
 
 import yaml
@@ -72,6 +73,30 @@ def merge(base: dict, override: dict) -> dict:
         else:
             merged[key] = copy.deepcopy(value)
     return merged
+
+
+@functools.cache
+def _chart_schema() -> dict:
+    return json.loads((chart_source() / "values.schema.json").read_text(encoding="utf-8"))
+
+
+def schema_problems(values: dict) -> list[tuple[str, str]]:
+    """(dotted key, message) for what the chart's values.schema.json refuses in `values` (merged over
+    the chart's defaults, as helm validates them), in a stable order: helm would refuse the install."""
+    import jsonschema  # the draft helm validates values.schema.json with
+
+    validator = jsonschema.Draft7Validator(_chart_schema())
+    problems = []
+    for error in sorted(
+        validator.iter_errors(values), key=lambda e: list(map(str, e.absolute_path))
+    ):
+        key = ".".join(str(part) for part in error.absolute_path)
+        if error.validator == "additionalProperties":
+            known = set(error.schema.get("properties", {}))
+            extra = sorted(set(error.instance) - known)
+            key = ".".join(filter(None, (key, extra[0] if extra else "")))
+        problems.append((key, error.message))
+    return problems
 
 
 def lookup(values: dict, dotted: str, default=None):
