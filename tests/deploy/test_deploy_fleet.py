@@ -407,6 +407,23 @@ def test_api_workers_and_cpu_come_from_the_plans_estimated_tokens_per_s(
     assert deploy(cpu_repo, tmp_path / "cpu")["api"]["workers"] == 1  # a CPU engine's few tokens/s
 
 
+def test_workers_a_cluster_file_sets_get_their_own_cpu_and_memory(gpu_render, tmp_path):
+    """api.workers: 2 in a cluster file kept the CPU derived for 4 workers (and the note was gone); its
+    resources now follow the workers it sets, and resources it sets itself are kept as they are."""
+    from chart import write_values
+
+    repo, values, _, _ = gpu_render
+    assert values["api"]["workers"] != 2
+    two = deploy(
+        repo, tmp_path / "two", "-f", write_values(tmp_path / "w.yaml", {"api": {"workers": 2}})
+    )
+    assert two["api"]["workers"] == 2
+    assert two["api"]["resources"] == sizing.api_resources(2)
+    own = {"api": {"workers": 2, "resources": {"requests": {"cpu": "3", "memory": "2Gi"}}}}
+    kept = deploy(repo, tmp_path / "own", "-f", write_values(tmp_path / "o.yaml", own))
+    assert kept["api"]["resources"]["requests"] == {"cpu": "3", "memory": "2Gi"}
+
+
 def test_the_api_is_sized_for_the_engine_transport_a_cluster_file_chooses(gpu_render, tmp_path):
     """At a GPU engine's pace the API spends about twice the CPU per token reading the engine over gRPC as
     over Triton's HTTP generate_stream (perf/results/api_front_end_gpu_pace.md): a cluster file that sets

@@ -175,6 +175,7 @@ def plan_deployment(request: DeployRequest) -> DeploymentPlan:
     # and flags (and the chart's defaults under them all, as helm merges them).
     timing = merge(merge(merge(chart_defaults(), derived), cluster), flags)
     values = merge(merge(merge(derived, _timing_values(timing, repository)), cluster), flags)
+    _fit_api_resources(values, files)
     _check_values(values, request, repository, info, name, files)
     return DeploymentPlan(
         request=request,
@@ -267,6 +268,16 @@ def _shm_bytes(cluster: dict, files: list[tuple[str, dict]]) -> int:
             hint="write it as e.g. 16Gi (binary suffixes Ki, Mi, Gi, Ti) or 16G (decimal)",
         )
     return found
+
+
+def _fit_api_resources(values: dict, files: list[tuple[str, dict]]) -> None:
+    """A cluster file that sets api.workers but not the API's resources gets them for its workers (a
+    core each, memory per process), not for the count toolkit deploy derived."""
+    workers = lookup(values, "api.workers")
+    set_workers = any(lookup(data, "api.workers") is not None for _, data in files)
+    set_resources = any(lookup(data, "api.resources") is not None for _, data in files)
+    if set_workers and not set_resources and isinstance(workers, int) and workers >= 1:
+        values["api"]["resources"] = sizing.api_resources(workers)
 
 
 def _engine_transport(cluster: dict, files: list[tuple[str, dict]]) -> str:
