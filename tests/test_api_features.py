@@ -198,6 +198,33 @@ def test_n_choices_have_their_own_seeds_and_indexes_streamed_or_not(served, mode
     assert single["choices"][0]["message"]["content"] == texts[0]
 
 
+def test_n_choices_of_a_one_token_prompt_are_answered_and_harm_no_other_request(served, model_id):
+    """transformers forks a request's n choices from its prompt less one token, so a one-token prompt
+    was prefilled with nothing: the engine's whole generation step failed (`cannot reshape tensor of 0
+    elements`, a 502 for this request and for every other one in the step, and a loop restart). The
+    engine now adds such a request's choices as requests of their own, with the fork's ids and seeds."""
+    import concurrent.futures
+
+    tokens = post(served, "/tokenize", model=model_id, prompt="a").json()["tokens"]
+    assert len(tokens) == 1, tokens
+    common = dict(model=model_id, prompt="a", max_tokens=6, min_tokens=6, temperature=1.0, seed=3)
+    alone = post(served, "/v1/completions", n=3, **common)  # an idle engine: a step of its own
+    assert alone.status_code == 200, alone.text
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        others = [pool.submit(post, served, "/v1/completions", model=model_id, prompt="Hello",
+                              max_tokens=24, min_tokens=24) for _ in range(3)]  # fmt: skip
+        several = post(served, "/v1/completions", n=3, **common)
+        assert several.status_code == 200, several.text
+        for other in others:
+            assert other.result().status_code == 200, other.result().text
+    assert several.json()["choices"] == alone.json()["choices"]
+    choices = several.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2] and len({c["text"] for c in choices}) == 3
+    assert several.json()["usage"]["completion_tokens"] == 18
+    single = post(served, "/v1/completions", **common).json()
+    assert single["choices"][0]["text"] == choices[0]["text"]  # choice 0 keeps the request's seed
+
+
 def test_logit_bias_and_penalties_reach_the_engine(served, model_id):
     forced = chat(served, model_id, max_tokens=6, temperature=0, logit_bias={"77": 100}).json()
     detok = post(served, "/detokenize", model=model_id, tokens=[77] * 6).json()["prompt"]

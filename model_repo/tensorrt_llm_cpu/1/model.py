@@ -271,23 +271,31 @@ class TritonPythonModel:
             self._cancel(stream)
 
     def _add(self, stream: Stream, decoding):
-        """Hand the request to the manager, forked into its n choices (transformers reads n from itself)."""
+        """Hand the request to the manager, forked into its n choices (transformers reads n from itself).
+        transformers forks the choices from the prompt less its last token, so a one-token prompt would
+        be prefilled with nothing (a tensor of 0 elements fails the whole generation step, every request
+        in it): its choices go in as requests of their own, with the ids (and so the seeds) of forks."""
         # A guided request ends where its grammar does: min_tokens gives way (it would force tokens past
         # the end). Otherwise, with min_tokens we stop at end_id ourselves.
         eos = stream.end_id if stream.min_tokens == 0 else -1
+        forked = len(stream.prompt) > 1
         with self._add_lock:
-            self.manager.num_return_sequences = stream.n
+            self.manager.num_return_sequences = stream.n if forked else 1
             try:
-                return self.manager.add_request(
-                    stream.prompt,
-                    request_id=stream.request_id,
-                    max_new_tokens=stream.max_tokens,
-                    streaming=True,
-                    eos_token_id=eos,
-                    decoding=decoding,
-                )
+                added = [
+                    self.manager.add_request(
+                        stream.prompt,
+                        request_id=choice.request_id,
+                        max_new_tokens=stream.max_tokens,
+                        streaming=True,
+                        eos_token_id=eos,
+                        decoding=decoding,
+                    )
+                    for choice in (stream.choices[:1] if forked else stream.choices)
+                ]
             finally:
                 self.manager.num_return_sequences = 1
+        return None if None in added else added[0]
 
     def _register(self, stream: Stream) -> None:
         """Under the lock: the stream, and each of its choices by the manager's id."""
