@@ -182,6 +182,52 @@ def test_a_dead_worker_is_replaced_and_its_requests_stop_counting(workers):
     assert "starting it again" in log.read_text()
 
 
+def test_a_worker_killed_again_while_it_starts_again_is_started_again(workers):
+    """The rule that stops the API when a worker dies before it served is for the first workers (a bad
+    setting, a taken port). A worker killed again in the ~0.5 s its restart takes (the OOM killer at
+    work, say) stopped the whole API, the healthy worker with it."""
+    process, url, port, log = workers
+    first = _worker_pids(process)
+    _until_each_served(url, port, first)
+    os.kill(first[0], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not (fresh := set(_worker_pids(process)) - set(first)):
+        assert time.monotonic() < deadline, "the worker was not started again"
+        time.sleep(0.02)
+    os.kill(fresh.pop(), signal.SIGKILL)  # before it serves: it takes ~0.5 s to
+    while len(set(_worker_pids(process)) - set(first)) < 1 or "again in 2 s" not in log.read_text():
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    assert "before it served: stopping the API" not in log.read_text()
+    with ThreadPoolExecutor(4) as pool:
+        assert set(pool.map(lambda _: _complete(url), range(8))) == {200}
+
+
+def _until_each_served(url: str, port: int, pids: list[int]) -> None:
+    """Requests until every worker in `pids` has answered one (the API answers once the first does)."""
+    deadline = time.monotonic() + 30
+    while not all(_served_by(port).get(pid) for pid in pids):
+        assert time.monotonic() < deadline, _served_by(port)
+        assert _complete(url) == 200
+
+
+def test_a_kill_9_of_the_supervisor_leaves_no_worker_serving(workers):
+    """Under `toolkit serve` the workers are stopped with the API; `toolkit api --workers N` alone left
+    both serving the port, parented to init, after a kill -9 of its supervisor."""
+    process, url, port, _ = workers
+    pids = _worker_pids(process)
+    assert len(pids) == 2 and _complete(url) == 200
+    process.kill()
+    process.wait(10)
+    deadline = time.monotonic() + 20
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids):
+        assert time.monotonic() < deadline, "a worker outlived its supervisor"
+        time.sleep(0.2)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health", timeout=5)
+
+
 def test_sigterm_drains_every_worker_and_exits_0(workers):
     process, url, _, _ = workers
     pids = _worker_pids(process)

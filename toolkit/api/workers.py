@@ -17,8 +17,10 @@ GIL and gRPC channel to Triton.
   shared memory; a worker that dies has its slot zeroed, so its requests do not hold the bound.
 - Stop: SIGTERM/SIGINT/SIGHUP go once to every worker, which drains as one API does; a worker still
   running past the drain timeout is killed. A worker that dies on its own is started again (after a
-  pause that grows); one that dies before it first served (a bad setting, a taken port) stops the
-  whole API, as a lone API would.
+  pause that grows, and starts over once a worker has lived RESPAWN_RESET_S); one of the first
+  workers that dies before it ever served (a bad setting, a taken port) stops the whole API, as a
+  lone API would, but a worker started again that dies (killed again while it starts) is started
+  again. A worker whose supervisor dies (kill -9) gets SIGTERM from the kernel and drains.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from toolkit.settings import EXIT_TIMEOUT_S, cache_dir
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 RESPAWN_PAUSE_S = (1.0, 30.0)  # first pause before starting a dead worker again, and the longest
+RESPAWN_RESET_S = 60.0  # a worker that lived this long before it died is started again after the first pause
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 POLL_S = 0.2
 BACKLOG = 2048
 
@@ -55,6 +59,7 @@ def metrics_dir(port: int) -> Path:
 class Worker:
     slot: int
     pid: int
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ class Supervisor:
     ready: Any = None  # multiprocessing.Array of c_bool: the worker in that slot has served
     running: dict[int, Worker] = field(default_factory=dict)
     stop_signal: int | None = None
+    served: set[int] = field(default_factory=set)  # slots whose worker has served at least once
 
     def serve(self) -> int:
         _empty_metrics_dir()
@@ -101,10 +107,12 @@ class Supervisor:
     def _spawn(self, slot: int) -> None:
         sock = listening_socket(self.host, self.port)
         self.ready[slot] = False
+        supervisor = os.getpid()
         pid = os.fork()
         if pid == 0:  # the worker
             for sig in _STOPS:
                 signal.signal(sig, signal.SIG_DFL)
+            _die_with(supervisor)
             code = 1
             try:
                 code = self.serve_one(sock, WorkerSlot(self.slots, self.ready, slot))
@@ -133,7 +141,9 @@ class Supervisor:
             if self.stop_signal is not None:
                 continue
             code = os.waitstatus_to_exitcode(status)
-            if not self.ready[worker.slot]:
+            if self.ready[worker.slot]:
+                self.served.add(worker.slot)
+            elif worker.slot not in self.served:
                 print(
                     f"API worker {worker.slot} (pid {pid}) exited with code {code} before it served: "
                     "stopping the API",
@@ -142,7 +152,9 @@ class Supervisor:
                 )
                 self._stop_all()
                 return 1
-            pause = min(RESPAWN_PAUSE_S[1], max(RESPAWN_PAUSE_S[0], 2 * pauses.get(worker.slot, 0)))
+            lived = time.monotonic() - worker.started
+            earlier = 0.0 if lived >= RESPAWN_RESET_S else pauses.get(worker.slot, 0.0)
+            pause = min(RESPAWN_PAUSE_S[1], max(RESPAWN_PAUSE_S[0], 2 * earlier))
             pauses[worker.slot] = pause
             print(
                 f"API worker {worker.slot} (pid {pid}) exited with code {code}; starting it again in "
@@ -198,6 +210,18 @@ class Supervisor:
 
 
 _STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _die_with(supervisor: int) -> None:
+    """In a worker: SIGTERM (a drain) from the kernel when the supervisor dies, so that a kill -9 of it
+    leaves no worker serving the port; and at once if it already died between the fork and this."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the supervisor's own stop still reaches it
+        return
+    if os.getppid() != supervisor:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _kill(pid: int, sig: int) -> None:
