@@ -159,6 +159,28 @@ def test_the_engines_own_error_and_an_unreachable_port_come_back_as_over_grpc(se
     assert sum(len(p.tokens) for p in pieces) == 3 and pieces[-1].final
 
 
+def test_health_says_so_when_the_http_port_the_streams_go_over_does_not_answer(served_repo):
+    """Every completion was a 503 naming the HTTP port while /health answered ok: it checked gRPC
+    only. Now the port the streams are read over is checked too (Triton's own readiness check)."""
+
+    async def health(http_url: str) -> str | None:
+        backend = _backend(served_repo, http_url)
+        await backend.start()
+        try:
+            return await backend.health()
+        finally:
+            await backend.close()
+
+    assert asyncio.run(health(served_repo.http_url)) is None
+    dead = f"127.0.0.1:{free_port()}"
+    said = asyncio.run(health(dead))
+    assert said is not None and dead in said and "takes no connection" in said
+    # a port that answers, but not as Triton: its readiness check is no 200
+    grpc_port = served_repo.grpc_url
+    said = asyncio.run(health(grpc_port))
+    assert said is not None and grpc_port in said
+
+
 def test_events_split_anywhere_across_reads_parse_the_same():
     """Triton's chunked SSE arrives in arbitrary pieces: any split gives the same events."""
     body = b'data: {"output_ids":7,"sequence_length":1}\n\ndata: {"output_ids":[8,9],"sequence_length":2}\n\n'

@@ -213,6 +213,30 @@ class HttpEnginePool:
             ) from exc
         return reader, writer, False
 
+    async def ready(self, timeout_s: float) -> str | None:
+        """None when the port answers Triton's readiness check (GET /v2/health/ready) with 200; else what
+        it did. A connection of its own, closed after: the pool's are for streams."""
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port), timeout_s
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            return f"takes no connection ({exc or 'no answer in time'})"
+        try:
+            writer.write(
+                b"GET /v2/health/ready HTTP/1.1\r\nHost: triton\r\nConnection: close\r\n\r\n"
+            )
+            line = await asyncio.wait_for(reader.readline(), timeout_s)
+        except (OSError, asyncio.TimeoutError) as exc:
+            return f"does not answer ({exc or 'no answer in time'})"
+        finally:
+            writer.transport.abort()
+        status = line.split()[1:2]
+        if status != [b"200"]:
+            shown = line.decode("latin-1").strip()[:80] or "nothing"
+            return f"answered its readiness check with {shown!r}, not 200"
+        return None
+
     def give_back(self, reader, writer) -> None:
         if len(self._idle) >= IDLE_KEPT or writer.is_closing():
             writer.transport.abort()

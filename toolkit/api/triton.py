@@ -296,6 +296,11 @@ class TritonBackend:
                 return f"Triton at {self.url} has no ready model `{self.model_name}`."
         except (InferenceServerException, grpc.RpcError, asyncio.TimeoutError) as exc:
             return f"Triton at {self.url} does not answer ({_first_line(exc)})."
+        if self._http is not None and (problem := await self._http.ready(timeout_s)):
+            return (
+                f"Triton's HTTP port {self._http.url}, which the engine's streams are read over, "
+                f"{problem}."
+            )
         if self.fault is not None or self.stalled is not None:
             await self.check_engine()  # has it come back?
         if self.fault is not None:

@@ -43,7 +43,9 @@ from toolkit.settings import EXIT_TIMEOUT_S, cache_dir
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 RESPAWN_PAUSE_S = (1.0, 30.0)  # first pause before starting a dead worker again, and the longest
-RESPAWN_RESET_S = 60.0  # a worker that lived this long before it died is started again after the first pause
+RESPAWN_RESET_S = (
+    60.0  # a worker that lived this long before it died is started again after the first pause
+)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 POLL_S = 0.2
 BACKLOG = 2048
