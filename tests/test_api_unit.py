@@ -441,6 +441,42 @@ def test_generation_counts_tokens_and_finish_reason(count_reported):
     assert generation.finish_reason == "stop"  # the engine ended early: end of sequence
 
 
+def test_a_traced_call_ends_with_the_engines_last_response_one_without_a_token_too():
+    """The engine's final response after the end token carries no token: the call's span ended at the
+    last token instead, leaving the end token's step (58 ms on SmolLM2) outside it."""
+    import asyncio
+
+    class Stamps:
+        """The RequestTrace calls a generation makes, with a clock of its own."""
+
+        model_name = "tensorrt_llm"
+
+        def __init__(self):
+            self.responses = 0
+
+        def call(self, model):
+            return "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+
+        def response(self, now_ns):
+            self.responses += 1
+
+        def usage(self, *args):
+            pass
+
+    class Traced(_FakeBackend):
+        model_name = "tensorrt_llm"
+
+        async def generate(self, prompt, prompt_ids, max_tokens, sampling, **options):
+            for piece in self.pieces:
+                yield piece
+
+    stamps = Stamps()
+    pieces = [Piece(b"a", 1, False), Piece(b"b", 2, False), Piece(b"", 2, True)]
+    text, generation = asyncio.run(_run(_job(max_tokens=10, trace=stamps), Traced(pieces)))
+    assert text == "ab" and generation.finish_reason == "stop"
+    assert stamps.responses == 3  # the last one, without a token, counted
+
+
 def test_the_text_models_answers_are_counted_with_the_tokenizer_when_they_end():
     """The pinned release's ensemble and BLS return no token count: the text is counted at the end."""
     import asyncio

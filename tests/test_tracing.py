@@ -572,6 +572,38 @@ def test_one_request_is_one_trace_from_the_api_through_triton_to_the_engine(trac
     assert sum(counts) == usage["completion_tokens"]
 
 
+END_ID = 2  # the tiny checkpoint's eos_token_id
+
+
+@pytest.mark.server
+def test_a_stream_that_ends_on_the_end_token_keeps_every_span_inside_its_parent(traced_stack):
+    """The engine's last step, the one that draws the end token, gives the client no token: the API's
+    call span ended at the last token and the engine's decode span at the last token shown, so that
+    step (58 ms on SmolLM2) fell outside both, and the breakdown gave it to Triton."""
+    receiver, api, _ = traced_stack
+    before = {r.trace_id for r in receiver.records}
+    body = {
+        "model": "tensorrt_llm", "prompt": "The capital of France is", "max_tokens": 6,
+        "min_tokens": 3, "logit_bias": {str(END_ID): 100}, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    with httpx.stream("POST", f"{api.url}/v1/completions", json=body, timeout=60) as r:
+        events = [e for e in sse_events(r.iter_lines()) if isinstance(e, dict)]
+    finishes = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+    assert finishes == ["stop"]
+    usage = next(e["usage"] for e in events if e.get("usage"))
+    assert usage["completion_tokens"] == 3  # the end token, at the first step it may come
+    spans = _whole_trace(receiver, _wait_root(receiver, before).trace_id)
+    by_name = {s.name: s for s in spans}
+    engine, decode = by_name["engine.request"], by_name["engine.decode"]
+    assert engine.attributes["engine.decode_steps"] == 3 + 1  # the end token's step counts
+    phases = [s for s in spans if s.name.startswith("engine.") and s is not engine]
+    assert decode.end_ns == max(s.end_ns for s in phases)
+    # the call ends with the final response, which the engine sends as it ends the request (Triton's
+    # own span ends a little after it: its release of the request)
+    assert engine.end_ns <= by_name["api.generate"].end_ns
+
+
 def _wait_root(receiver: SpanReceiver, before: set[str], timeout_s: float = 15.0):
     def arrived(records) -> bool:
         return any(r.name.startswith("POST ") and r.trace_id not in before for r in records)

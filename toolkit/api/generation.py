@@ -260,6 +260,8 @@ class Generation:
         older engine may give the running count of a one-choice request instead; the text contract
         neither (a piece counts one, until the text is counted at the end)."""
         now = time.perf_counter()
+        if self.job.trace is not None:  # every response, the last one (no token: the end) too
+            self.job.trace.response(time.time_ns())
         before = choice.completion_tokens
         if piece.tokens:
             choice.completion_tokens = before + len(piece.tokens)
@@ -270,8 +272,6 @@ class Generation:
         new = choice.completion_tokens - before
         if not new:
             return
-        if self.job.trace is not None:
-            self.job.trace.response(time.time_ns())
         if self._last is None:
             self.metrics.ttft.observe(now - self.job.arrival)
             self.metrics.engine_first.observe(now - self._sent)

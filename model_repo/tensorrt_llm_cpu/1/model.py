@@ -505,12 +505,13 @@ class TritonPythonModel:
         if choice.done:
             return
         ended, appended = take_tokens(stream, choice, result.generated_tokens, result.logprobs)
+        finished = ended or result.is_finished()
         if appended:
             stream.timing.on_tokens()
             self._unreported_tokens += appended
-            if stream.spans is not None:
-                stream.spans.step(appended)
-        if ended or result.is_finished():
+        if stream.spans is not None and (appended or finished):
+            stream.spans.step(appended)  # the step that drew the end token gives none, but was one
+        if finished:
             if not result.is_finished():
                 self.manager.cancel_request(choice.request_id)
             self._choice_done(stream, choice)
