@@ -125,6 +125,13 @@ def test_breakdown_needs_the_api_and_the_spans_and_concurrency_points(tmp_path):
                    traces=tmp_path / "s.jsonl")  # fmt: skip
 
 
+def test_a_timeout_that_is_no_time_is_refused_when_parsed():
+    """--timeout -1 ran the point and then blamed the API: 'did not finish within -1 s'."""
+    for value in ("-1", "0"):
+        result = CliRunner().invoke(cli, ["bench", "-u", "h:1", "--timeout", value])
+        assert result.exit_code == 1 and "--timeout" in result.output, result.output
+
+
 # --- served: the synthetic engine at a known step time --------------------------------------------
 WORDS = [
     "river", "table", "garden", "window", "yellow", "planet", "silver", "orange", "forest", "bridge",
@@ -231,6 +238,29 @@ def test_the_command_reads_the_collectors_file_and_writes_the_plot(traced_synthe
     recorded = json.loads((out / "sweep.json").read_text())
     assert recorded["points"][0]["breakdown"]["dominant_itl"] == "decode"
     assert (out / "breakdown.png").stat().st_size > 10_000
+
+
+@pytest.mark.server
+def test_a_point_none_of_whose_requests_was_traced_fails_naming_the_spans_file(
+    traced_synthetic, monkeypatch
+):
+    """It printed an empty table ("0 traced requests") and exited 0: what a user sees who forgot to
+    start the receiver, or pointed --traces at another file."""
+    from toolkit.bench import traced_load
+
+    monkeypatch.setattr(traced_load, "SPANS_WAIT_S", 1.0)
+    server, api, _, repo, root = traced_synthetic
+    plan = plan_sweep(
+        server.grpc_url, (LoadPoint("concurrency", 1),), input_tokens=8, output_tokens=4,
+        out_dir=root / "untraced", prompts=2, requests=2, repo=repo, metrics_url=server.metrics_url,
+        api_url=api.url, traces=root / "elsewhere.jsonl",
+    )  # fmt: skip
+    with pytest.raises(BenchError, match="none of its 2 requests was traced") as refused:
+        run_sweep(plan, spans=lambda: [])
+    assert "elsewhere.jsonl" in str(refused.value) and "toolkit trace collect" in refused.value.hint
+    # and a spans file that does not exist is refused before any request is sent
+    with pytest.raises(BenchError, match="elsewhere.jsonl does not exist"):
+        run_sweep(plan)
 
 
 def test_the_engine_step_comes_from_its_iteration_counter():

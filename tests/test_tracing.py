@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -119,6 +120,7 @@ def test_the_traces_url_follows_the_otlp_exporters_rules():
         ("http://otel:4318/v1/traces/", None),
         ("http://otel:4318 x", None),  # a space: what the shell split badly
         ("http://:4318", None),  # no host
+        ("http://127.0.0.1:99999", None),  # no port
         (None, "http://otel:4318/otlp/v1/traces"),  # OTEL_EXPORTER_OTLP_ENDPOINT, likewise
     ],
 )
@@ -136,6 +138,86 @@ def test_an_otlp_base_url_that_would_lose_every_span_is_refused(endpoint, variab
     assert plan_tracing(1, None, whole).traces_url == "http://otel:4318/v1/traces"
     prefixed = plan_tracing(1, "http://gw.example.com/otlp", OtelEnvironment())  # a proxy's path
     assert prefixed.traces_url == "http://gw.example.com/otlp/v1/traces"
+
+
+@pytest.mark.parametrize(
+    "sampler, arg, says",
+    [
+        ("bogus", None, "OTEL_TRACES_SAMPLER=bogus is not a sampler"),
+        ("traceidratio", "lots", "OTEL_TRACES_SAMPLER_ARG=lots is not a fraction"),
+        ("parentbased_traceidratio", None, "OTEL_TRACES_SAMPLER_ARG=(unset)"),
+        ("traceidratio", "1.5", "OTEL_TRACES_SAMPLER_ARG=1.5"),
+    ],
+)
+def test_a_sampler_the_sdk_would_read_as_trace_everything_is_refused(sampler, arg, says):
+    """The SDK takes an unknown OTEL_TRACES_SAMPLER, or a ratio sampler without a ratio, as tracing every
+    request (a log line says so): a misspelt sampler traced 100 % of production traffic."""
+    env = OtelEnvironment(endpoint="http://otel:4318", sampler=sampler, sampler_arg=arg)
+    with pytest.raises(TraceError, match=re.escape(says)):
+        plan_tracing(None, None, env)
+    fine = OtelEnvironment(
+        endpoint="http://otel:4318", sampler="ParentBased_TraceIdRatio", sampler_arg="0.01"
+    )
+    assert plan_tracing(None, None, fine) is not None
+    assert (
+        plan_tracing(0.5, None, env) is not None
+    )  # --trace-rate decides: the variable is not read
+
+
+def _span_line(trace_id: str = "ab" * 16) -> str:
+    return json.dumps({
+        "trace_id": trace_id, "span_id": "c" * 16, "parent_id": "", "name": "POST /v1/completions",
+        "service": "toolkit", "start_ns": 1, "end_ns": 2, "attributes": {}, "events": [],
+    })  # fmt: skip
+
+
+def test_trace_show_says_what_is_wrong_with_a_file_or_a_trace_id(tmp_path):
+    """A file that is not UTF-8 gave a traceback; one of no spans, or an empty --trace-id (which matched
+    every trace), or an upper-case one (which matched none), said nothing useful."""
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    def show(*args):
+        return CliRunner().invoke(cli, ["trace", "show", *map(str, args)])
+
+    binary, other, spans = tmp_path / "b.jsonl", tmp_path / "o.jsonl", tmp_path / "s.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00bin")
+    other.write_text("[1, 2]\nnot json\n")
+    spans.write_text(_span_line() + "\n")
+    result = show(binary)
+    assert result.exit_code == 1 and "is not a spans file" in result.output, result.output
+    result = show(other)
+    assert result.exit_code == 1 and "no span in" in result.output, result.output
+    for bad in ("", "xyz", "a" * 33):
+        result = show(spans, "--trace-id", bad)
+        assert result.exit_code == 1 and "is not a trace id" in result.output, (bad, result.output)
+    assert show(spans, "--trace-id", "ABAB").exit_code == 0  # hex in any case
+    result = show(spans, "--trace-id", "ff")
+    assert (
+        result.exit_code == 1 and "no trace ff" in result.output and "1 trace(s)" in result.output
+    )
+
+
+def test_trace_collect_refuses_an_out_it_cannot_write_and_a_forward_that_is_no_url(tmp_path):
+    """Both started and listened: every batch then failed with a traceback (its spans lost), or the
+    forwarding thread died on the first batch."""
+    from click.testing import CliRunner
+
+    from toolkit.cli.main import cli
+
+    def collect(*args):
+        return CliRunner().invoke(
+            cli, ["trace", "collect", "-p", str(free_port()), *map(str, args)]
+        )
+
+    result = collect("-o", tmp_path / "missing" / "spans.jsonl")
+    assert result.exit_code == 1 and "cannot write spans to" in result.output, result.output
+    result = collect("-o", "")
+    assert result.exit_code == 1 and "is a folder" in result.output, result.output
+    for forward in ("notaurl", "http://", "ftp://collector/v1/traces"):
+        result = collect("-o", tmp_path / "s.jsonl", "--forward", forward)
+        assert result.exit_code == 1 and "is not an http(s) URL" in result.output, result.output
 
 
 @pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan")])

@@ -431,6 +431,12 @@ def _run_traced_sweep(plan: SweepPlan, on_point: OnPoint, spans) -> SweepResult:
 
     if plan.api_url is None or plan.traces is None:
         raise BenchError("a traced sweep needs --api-url and --traces", hint="pass both")
+    if spans is None and not plan.traces.is_file():
+        raise BenchError(
+            f"--traces {plan.traces} does not exist: no receiver writes the stack's spans there",
+            hint=f"start `toolkit trace collect -o {plan.traces}` and serve with --trace-rate 1 "
+            "--otlp-endpoint pointing at it, then run the sweep",
+        )
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     clock = _started()
     model = served_model(plan.api_url)
@@ -480,6 +486,13 @@ def run_traced_point(
     metrics = point_metrics(experiment(point.value, done))
     server = scraper.summary()
     breakdown = breakdown_of(done, spans, server.engine_step_ms)
+    if done and not breakdown.requests:
+        raise BenchError(
+            f"point {point.label}: none of its {len(done)} requests was traced: their spans never "
+            f"arrived in {plan.traces}",
+            hint="is `toolkit trace collect` writing that file, and does the stack export to it "
+            "(toolkit serve --trace-rate 1 --otlp-endpoint http://HOST:PORT of the receiver)?",
+        )
     return compared(
         replace(PointResult(point, metrics, server, export), breakdown=breakdown), expected
     )

@@ -101,7 +101,7 @@ from toolkit.serve.launcher import read_server_record
     default=None,
     help="--breakdown: the spans file `toolkit trace collect -o` writes while the stack exports to it.",
 )
-@timeout_option("Seconds one point may take.", default=600.0)
+@timeout_option("Seconds one point may take.", default=600.0, minimum=1)
 @click.option("--seed", type=int, default=0, help="Prompt sampling seed.")
 @click.option(
     "--lora-mix",

@@ -45,6 +45,9 @@ def command() -> None:
 def collect(host, port, out, forward, phoenix, phoenix_port):
     """Receive OTLP/HTTP traces (JSON or protobuf) until Ctrl-C; point the stack at it with
     OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:PORT."""
+    _check_out(out)
+    if forward:
+        forward = _traces_url(forward)
     viewer = None
     if phoenix:
         from toolkit.serve.phoenix import plan_phoenix, start_phoenix
@@ -67,7 +70,10 @@ def collect(host, port, out, forward, phoenix, phoenix_port):
             f"receiving OTLP/HTTP traces on {receiver.url}/v1/traces -> {out}"
             + (f", forwarding to {forward}" if forward else "")
         )
-        note(f"export to it with: OTEL_EXPORTER_OTLP_ENDPOINT={receiver.url}")
+        note(
+            f"export to it with: --otlp-endpoint {receiver.url} (or OTEL_EXPORTER_OTLP_ENDPOINT="
+            f"{receiver.url}): the base URL, /v1/traces is appended"
+        )
         try:
             receiver.serve_forever()
         except KeyboardInterrupt:
@@ -81,17 +87,81 @@ def collect(host, port, out, forward, phoenix, phoenix_port):
 
 @command.command("show")
 @click.argument("spans", type=click.Path(path_type=Path, dir_okay=False, exists=True))
-@click.option("--trace-id", default=None, help="Only this trace (its 32 hex digits, or a prefix).")
+@click.option(
+    "--trace-id",
+    default=None,
+    callback=lambda _ctx, _param, value: _trace_id(value),
+    help="Only this trace (its 32 hex digits, or a prefix).",
+)
 @click.option("-n", "--last", type=click.IntRange(min=1), default=5, help="The last N traces.")
 def show(spans, trace_id, last):
     """Print the span trees of the traces in SPANS (a file `toolkit trace collect` wrote)."""
-    grouped = traces(read_jsonl(spans))
+    records = read_jsonl(spans)
+    if not records:
+        raise TraceError(
+            f"no span in {spans}: it is empty, or no line of it is a span as `toolkit trace collect` "
+            "writes them",
+            hint="pass the file `toolkit trace collect --out` writes, once the stack has exported to it",
+            value=str(spans),
+        )
+    grouped = traces(records)
     chosen = [spans for tid, spans in grouped.items() if tid.startswith(trace_id or "")]
     chosen.sort(key=lambda group: group[0].start_ns)
     if not chosen:
         raise TraceError(
-            f"no trace{' ' + trace_id if trace_id else ''} in {spans}",
-            hint="export to `toolkit trace collect` first, or pass another --trace-id",
+            f"no trace {trace_id} in {spans} ({len(grouped)} trace(s) there)",
+            hint="pass another --trace-id (toolkit trace show without it lists the last ones)",
         )
     for group in chosen[-last:]:
         click.echo("\n".join(format_trace(group)))
+
+
+def _trace_id(value: str | None) -> str | None:
+    """--trace-id: hex digits (any case), 1 to 32 of them."""
+    if value is None:
+        return None
+    wanted = value.strip().lower()
+    if not wanted or len(wanted) > 32 or any(c not in "0123456789abcdef" for c in wanted):
+        raise click.BadParameter(
+            f"{value!r} is not a trace id: 1 to 32 hex digits (a prefix of the 32 `toolkit trace show` "
+            "prints)"
+        )
+    return wanted
+
+
+def _check_out(out: Path) -> None:
+    """--out must be a file this process can append to, said before it listens (else every batch
+    failed with a traceback and its spans were lost)."""
+    if out.is_dir() or not out.name:
+        raise TraceError(
+            f"--out {out} is a folder",
+            hint="pass a file name, e.g. --out spans.jsonl",
+            value=str(out),
+        )
+    try:
+        with out.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise TraceError(
+            f"cannot write spans to {out}: {exc.strerror}",
+            hint="pass a file in a folder that exists and that you can write to",
+            value=str(out),
+        ) from exc
+
+
+def _traces_url(url: str) -> str:
+    """--forward: an http(s) URL of a host (a collector's traces URL, used as it is)."""
+    from urllib.parse import urlsplit
+
+    parsed = urlsplit(url.strip())
+    try:
+        parsed.port  # noqa: B018 - raises on a port that is none
+    except ValueError:
+        parsed = parsed._replace(netloc="")
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise TraceError(
+            f"--forward {url!r} is not an http(s) URL of a host",
+            hint="pass a collector's OTLP/HTTP traces URL, e.g. --forward http://127.0.0.1:4319/v1/traces",
+            value=url,
+        )
+    return url.strip()

@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 from toolkit.errors import TraceError
 from toolkit.settings import (
     OTEL_ENDPOINT,
+    OTEL_SAMPLER,
+    OTEL_SAMPLER_ARG,
     OTEL_SERVICE_NAME,
     OTEL_TRACES_ENDPOINT,
     OtelEnvironment,
@@ -79,6 +81,8 @@ def plan_tracing(
         )
     if env.sdk_disabled or rate == 0 or (rate is None and env.sampler is None):
         return None
+    if rate is None:
+        _check_sampler(env)
     url = traces_url(endpoint, env)
     if url is None:
         raise TraceError(
@@ -87,6 +91,38 @@ def plan_tracing(
             "collect` runs a receiver there",
         )
     return TracePlan(url, rate, env.service_name or DEFAULT_SERVICE)
+
+
+# The SDK's own samplers by OTEL_TRACES_SAMPLER's value (opentelemetry.sdk.trace.sampling); the ratio
+# ones read OTEL_TRACES_SAMPLER_ARG. The SDK takes any other name as parentbased_always_on, with a log
+# line: a misspelt sampler traced every request.
+SAMPLERS = (
+    "always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+    "parentbased_traceidratio",
+)  # fmt: skip
+
+
+def _check_sampler(env: OtelEnvironment) -> None:
+    name = (env.sampler or "").strip().lower()
+    if name not in SAMPLERS:
+        raise TraceError(
+            f"{OTEL_SAMPLER}={env.sampler} is not a sampler the OpenTelemetry SDK knows (it would trace "
+            "every request instead)",
+            hint=f"set it to one of {', '.join(SAMPLERS)}, or pass --trace-rate R instead",
+            value=env.sampler,
+        )
+    if name.endswith("traceidratio"):
+        try:
+            ratio = float(env.sampler_arg or "")
+        except ValueError:
+            ratio = math.nan
+        if not (math.isfinite(ratio) and 0 <= ratio <= 1):
+            raise TraceError(
+                f"{OTEL_SAMPLER_ARG}={env.sampler_arg or '(unset)'} is not a fraction of requests, which "
+                f"{OTEL_SAMPLER}={env.sampler} reads (the SDK would trace every request instead)",
+                hint=f"set {OTEL_SAMPLER_ARG} to a number from 0 to 1, e.g. 0.01",
+                value=env.sampler_arg,
+            )
 
 
 def traces_url(endpoint: str | None, env: OtelEnvironment) -> str | None:
@@ -127,6 +163,10 @@ def _with_scheme(url: str, given_as: str) -> str:
     if "://" not in url:
         url = f"http://{url}"
     parsed = urlsplit(url)
+    try:
+        parsed.port  # noqa: B018 - raises on a port that is none (99999, abc)
+    except ValueError:
+        parsed = parsed._replace(netloc="")
     if (
         parsed.scheme not in ("http", "https")
         or not parsed.hostname

@@ -168,6 +168,12 @@ def read_jsonl(path: Path) -> list[SpanRecord]:
             hint="pass the file `toolkit trace collect --out` writes",
             value=str(path),
         ) from exc
+    except UnicodeDecodeError as exc:
+        raise TraceError(
+            f"{path} is not a spans file: byte {exc.start} is not UTF-8 text",
+            hint="pass the file `toolkit trace collect --out` writes (one JSON object per line)",
+            value=str(path),
+        ) from exc
     return list(_parsed(lines))
 
 
