@@ -228,6 +228,57 @@ def test_a_kill_9_of_the_supervisor_leaves_no_worker_serving(workers):
         httpx.get(f"{url}/health", timeout=5)
 
 
+def test_every_worker_says_the_engine_died_when_one_saw_it(tmp_path):
+    """Each worker kept the fault it saw itself: after the engine's stub was killed under a stream,
+    /health answered 503 from the worker that served the stream and 200 from the other, by connection,
+    until a request happened to reach it. A fault found by one is every worker's now."""
+    from toolkit.serve.lifecycle import python_stubs
+
+    repo = write_test_repository(
+        make_tiny_checkpoint(tmp_path / "checkpoint"), tmp_path / "repo", synthetic=True,
+        step_time_ms=50.0, max_output_len=LONG_TOKENS + 6, max_seq_len=512,
+    )  # fmt: skip
+    server = launch_on_free_ports(repo, tmp_path / "server.log", 120)
+    port = free_port()
+    process, log = launch_api(
+        ApiSettings(server.grpc_url, repo, max_in_flight=MAX_IN_FLIGHT), host="127.0.0.1",
+        port=port, log_file=tmp_path / "api.log", workers=2,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _until_each_served(url, port, _worker_pids(process))
+        events: list[bytes] = []
+        ended = threading.Event()
+
+        def stream() -> None:
+            body = {"model": "tensorrt_llm", "prompt": "Hello", "max_tokens": LONG_TOKENS,
+                    "min_tokens": LONG_TOKENS, "stream": True}  # fmt: skip
+            try:
+                with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+                    events.extend(r.iter_lines())
+            finally:
+                ended.set()
+
+        threading.Thread(target=stream, daemon=True).start()
+        deadline = time.monotonic() + 30
+        while len(events) < 3:
+            assert time.monotonic() < deadline, events
+            time.sleep(0.05)
+        (stub,) = [
+            pid for pid, model in python_stubs(server.pid).items() if model == "tensorrt_llm"
+        ]
+        os.kill(stub, signal.SIGKILL)
+        assert ended.wait(30), "the open stream hung after the engine died"
+        codes = []
+        for _ in range(8):  # a connection each: the kernel spreads them over both workers
+            with httpx.Client(timeout=30) as client:
+                codes.append(client.get(f"{url}/health").status_code)
+        assert codes == [503] * 8, codes
+    finally:
+        stop_process(process, 20)
+        server.stop(timeout_s=5)  # after a fault: no drain (the dead stub's requests never end)
+
+
 def test_sigterm_drains_every_worker_and_exits_0(workers):
     process, url, _, _ = workers
     pids = _worker_pids(process)

@@ -53,10 +53,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_app(settings: ApiSettings, in_flight=None) -> FastAPI:
+def create_app(settings: ApiSettings, in_flight=None, engine_fault=None) -> FastAPI:
     """The ASGI app, wrapped in the gate (API keys, in-flight bound); its lifespan opens the gRPC channel.
-    `in_flight`: the count the bound is kept in when several worker processes share it."""
-    state = ApiState(settings, open_repository(Path(settings.repo)))
+    `in_flight`: the count the bound is kept in when several worker processes share it; `engine_fault`:
+    the engine's fault they share (toolkit.api.workers.SharedFault)."""
+    state = ApiState(settings, open_repository(Path(settings.repo)), engine_fault)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

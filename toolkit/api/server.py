@@ -33,11 +33,12 @@ def _uvicorn_server(
     http: str = "auto",
     drain_timeout_s: int = EXIT_TIMEOUT_S,
     in_flight=None,
+    engine_fault=None,
 ):
     import uvicorn
 
     config = uvicorn.Config(
-        create_app(settings, in_flight),
+        create_app(settings, in_flight, engine_fault),
         host=host,
         port=port,
         loop=loop,  # auto: uvloop when installed (a dependency), else asyncio
@@ -87,7 +88,7 @@ def run_api(
 
 
 def _run_workers(settings, workers, host, port, log_level, loop, http, drain_timeout_s) -> None:
-    from toolkit.api.workers import SharedInFlight, Supervisor
+    from toolkit.api.workers import SharedFault, SharedInFlight, Supervisor
 
     limits = settings.limits
     # The body read budget is each worker's: its share of the whole, but room for the largest body.
@@ -99,7 +100,7 @@ def _run_workers(settings, workers, host, port, log_level, loop, http, drain_tim
     def serve_one(sock, worker) -> int:
         server = _uvicorn_server(
             worker_settings, host, port, log_level, loop, http, drain_timeout_s,
-            in_flight=SharedInFlight(worker),
+            in_flight=SharedInFlight(worker), engine_fault=SharedFault(worker),
         )  # fmt: skip
         threading.Thread(target=_tell_when_serving, args=(server, worker), daemon=True).start()
         restore_default = replace_signals(server)

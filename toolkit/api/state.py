@@ -69,7 +69,7 @@ class ApiSettings:
 
 
 class ApiState:
-    def __init__(self, settings: ApiSettings, repository: Repository):
+    def __init__(self, settings: ApiSettings, repository: Repository, engine_fault=None):
         self.settings = settings
         self.repository = repository
         self.limits = repository.limits
@@ -94,6 +94,7 @@ class ApiState:
             stream_interval=settings.stream_interval,
             engine_stream_interval=self.capabilities.engine_stream_interval,
             engine_http_url=settings.engine_http_url,
+            shared_fault=engine_fault,
         )
         self.metrics = ApiMetrics()
         self.tracer = None

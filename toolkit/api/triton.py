@@ -212,8 +212,12 @@ class TritonBackend:
         stream_interval: int = 1,
         engine_stream_interval: bool = False,
         engine_http_url: str | None = None,
+        shared_fault=None,
     ):
         self.url = url
+        # The engine's fault as any API worker found it (toolkit.api.workers.SharedFault; None: one process).
+        self.shared_fault = shared_fault
+        self._probe_answered = False  # whether the last one-token check got its answer
         self.vocab_size = vocab_size  # logits per step (embedding_bias is one bias per logit)
         self.model_name = model_name
         self.engine = model_name == ENGINE_MODEL
@@ -303,20 +307,33 @@ class TritonBackend:
             )
         if self.fault is not None or self.stalled is not None:
             await self.check_engine()  # has it come back?
+        elif self.shared_fault is not None and self.shared_fault.raised:
+            # another worker found a fault: check the engine from here too (one-token check)
+            if await self.check_engine():
+                self.shared_fault.clear()  # it answered: it serves
+            elif self.fault is None and self.stalled is None:
+                return (
+                    f"The engine of `{self.model_name}` cannot serve: {self.shared_fault.get()} (as "
+                    "another API worker found; this one's check had no answer in time)"
+                )
         if self.fault is not None:
             return f"The engine of `{self.model_name}` cannot serve: {self.fault}"
         if self.stalled is not None:
             return f"The engine of `{self.model_name}` does not respond: {self.stalled}"
         return None
 
-    async def check_engine(self) -> None:
+    async def check_engine(self) -> bool:
         """Send a one-token request (one at a time, at most every PROBE_INTERVAL_S): a fatal error records the
         fault and ends every open stream, an answer clears the fault and the stall, no answer in time (busy)
-        changes nothing. Waits for the check at most PROBE_TIMEOUT_S (it goes on in the background)."""
+        changes nothing. Waits for the check at most PROBE_TIMEOUT_S (it goes on in the background).
+        Whether the check (this one, or the last one when it ran too recently) got its answer."""
         probe = self._start_probe()
         if probe is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(probe), PROBE_TIMEOUT_S)
+            if not probe.done():
+                return False
+        return self._probe_answered
 
     def _start_probe(self) -> asyncio.Task | None:
         """The check running now, or a new one; None when the last one ended too recently."""
@@ -340,6 +357,7 @@ class TritonBackend:
     async def _run_probe(self) -> None:
         tokens = self._tokens if self.engine else None
         ids = [tokens.end_id if tokens.bos_id is None else tokens.bos_id] if tokens else []
+        self._probe_answered = False
         try:
             await asyncio.wait_for(
                 self._consume(self.generate("a", ids, 1, _GREEDY, watched=False)),
@@ -349,6 +367,7 @@ class TritonBackend:
                 # timeout; a caller that must not wait that long (/health) waits PROBE_TIMEOUT_S.
                 self.stall_timeout_s,
             )
+            self._probe_answered = True
         except (asyncio.TimeoutError, InferenceFailed, TritonUnavailable):
             pass  # a fatal error has been recorded by generate; anything else says nothing of the engine
         except Exception:  # noqa: BLE001 - no check may end the watchdog's work; the error goes to the log
@@ -391,6 +410,8 @@ class TritonBackend:
             f"it answered nothing for {timeout:g} s (the stall timeout) while requests waited, not even a "
             "one-token check: a hung engine step or a deadlocked backend"
         )
+        if self.shared_fault is not None:
+            self.shared_fault.set(f"it does not respond: {self.stalled}")
         for stream in silent:
             stream.failure = EngineStalled(
                 f"The engine of `{self.model_name}` stalled: it answered nothing for {timeout:g} s while this "
@@ -404,9 +425,17 @@ class TritonBackend:
             log.info("the engine of %s answers again", self.model_name)
             self.stalled = None
 
+    def _serves_again(self) -> None:
+        """The engine answered a whole request: no fault, here or in the other workers' shared record."""
+        self.fault = None
+        if self.shared_fault is not None and self.shared_fault.raised:
+            self.shared_fault.clear()
+
     def _engine_failed(self, message: str) -> None:
-        """Record the fault and end every open stream with it."""
+        """Record the fault (for the other workers too) and end every open stream with it."""
         self.fault = message
+        if self.shared_fault is not None:
+            self.shared_fault.set(message)
         for stream in list(self._streams):
             if stream.failure is None:
                 stream.failure = EngineFault(message)
@@ -500,7 +529,7 @@ class TritonBackend:
                     piece = self._json_piece(event, total, timing)
                     total = piece.output_tokens or total
                     yield piece
-            self.fault = None  # the engine answered a whole request: it serves again
+            self._serves_again()
             yield Piece(b"", total, True)
         except asyncio.CancelledError:
             if stream.failure is None or _cancel_requested():
@@ -581,7 +610,7 @@ class TritonBackend:
                 total = piece.output_tokens if piece.output_tokens is not None else total
                 finished = piece.final
                 if finished:
-                    self.fault = None  # the engine answered a whole request: it serves again
+                    self._serves_again()
                 yield piece
                 if finished:
                     break

@@ -15,6 +15,8 @@ GIL and gRPC channel to Triton.
   gauges are `livesum`, and a dead worker's live gauges are dropped (mark_process_dead).
 - One in-flight bound: --max-in-flight counts requests over all workers, in a slot per worker in
   shared memory; a worker that dies has its slot zeroed, so its requests do not hold the bound.
+- One health: a fault or stall of the engine that one worker finds is in shared memory too, and every
+  worker's /health checks the engine itself when another found one (SharedFault).
 - Stop: SIGTERM/SIGINT/SIGHUP go once to every worker, which drains as one API does; a worker still
   running past the drain timeout is killed. A worker that dies on its own is started again (after a
   pause that grows, and starts over once a worker has lived RESPAWN_RESET_S); one of the first
@@ -49,6 +51,7 @@ RESPAWN_RESET_S = (
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 POLL_S = 0.2
 BACKLOG = 2048
+FAULT_BYTES = 512  # the shared fault's text, cut to this
 
 
 def metrics_dir(port: int) -> Path:
@@ -72,6 +75,7 @@ class WorkerSlot:
     in_flight: Any  # multiprocessing.Array of c_long, one per worker
     ready: Any  # multiprocessing.Array of c_bool, one per worker
     index: int
+    fault: Any = None  # multiprocessing.Array of c_char: why the engine cannot serve ("": it can)
 
     def serving(self) -> None:
         self.ready[self.index] = True
@@ -89,6 +93,7 @@ class Supervisor:
     drain_timeout_s: int = EXIT_TIMEOUT_S
     slots: Any = None  # multiprocessing.Array of in-flight counts, one per worker
     ready: Any = None  # multiprocessing.Array of c_bool: the worker in that slot has served
+    fault: Any = None  # multiprocessing.Array of c_char: the engine's fault, as a worker found it
     running: dict[int, Worker] = field(default_factory=dict)
     stop_signal: int | None = None
     served: set[int] = field(default_factory=set)  # slots whose worker has served at least once
@@ -97,6 +102,7 @@ class Supervisor:
         _empty_metrics_dir()
         self.slots = multiprocessing.Array(ctypes.c_long, self.workers)
         self.ready = multiprocessing.Array(ctypes.c_bool, self.workers)
+        self.fault = multiprocessing.Array(ctypes.c_char, FAULT_BYTES)
         previous = {sig: signal.signal(sig, self._on_stop) for sig in _STOPS}
         try:
             for slot in range(self.workers):
@@ -117,7 +123,7 @@ class Supervisor:
             _die_with(supervisor)
             code = 1
             try:
-                code = self.serve_one(sock, WorkerSlot(self.slots, self.ready, slot))
+                code = self.serve_one(sock, WorkerSlot(self.slots, self.ready, slot, self.fault))
             except BaseException as exc:  # noqa: BLE001 - a forked child must end here, never return
                 print(
                     f"API worker {slot}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True
@@ -285,3 +291,29 @@ class SharedInFlight:
     @property
     def count(self) -> int:
         return sum(self.slots)
+
+
+class SharedFault:
+    """Why the engine cannot serve, as any worker last found it ("" when it can): each worker sees only
+    its own requests fail, so without it /health answered 503 from the worker that saw a dead engine and
+    200 from the others, by connection."""
+
+    def __init__(self, worker: WorkerSlot):
+        self.text = worker.fault
+
+    @property
+    def raised(self) -> bool:
+        """Lock-free: read on every request's end."""
+        return self.text[0] != b"\x00"
+
+    def get(self) -> str:
+        with self.text.get_lock():
+            return self.text.value.decode("utf-8", "replace")
+
+    def set(self, message: str) -> None:
+        with self.text.get_lock():
+            self.text.value = message.encode("utf-8")[: FAULT_BYTES - 1]
+
+    def clear(self) -> None:
+        with self.text.get_lock():
+            self.text.value = b""
