@@ -118,6 +118,42 @@ def test_unchanged_rebuild_is_skipped_and_a_change_rebuilds(tiny, tmp_path):
     assert not changed["skipped"] and changed["build_key"] != first["build_key"]
 
 
+def test_a_served_repository_is_not_replaced_under_its_server(tiny, tmp_path):
+    """A rebuild in place while it was served succeeded: the engine went on with the old limits while
+    an API worker started again read the new ones (max_tokens refused by one worker, taken by the
+    other). tritonserver and the API hold a shared lock on the folder; a build refuses it, and takes
+    it once they stopped."""
+    from toolkit.api import ApiSettings
+    from toolkit.serve.api_process import launch_api
+    from toolkit.serve.net import free_port
+    from toolkit.subprocs import stop_process
+
+    from repos import launch_on_free_ports
+
+    repo = tmp_path / "repo"
+    assert build(tiny, repo).exit_code == 0
+    server = launch_on_free_ports(repo, tmp_path / "server.log", 120)
+    api = None
+    try:
+        api, _ = launch_api(
+            ApiSettings(server.grpc_url, repo), host="127.0.0.1", port=free_port(),
+            log_file=tmp_path / "api.log",
+        )  # fmt: skip
+        result = build(tiny, repo, "--max-batch-size", "8")
+        assert result.exit_code == 1 and "is being served" in result.output, result.output
+        assert "build to another --output" in result.output
+        server.stop(timeout_s=10)
+        # the API alone holds it too
+        result = build(tiny, repo, "--max-batch-size", "8")
+        assert result.exit_code == 1 and "is being served" in result.output, result.output
+    finally:
+        server.stop(timeout_s=10)
+        if api is not None:
+            stop_process(api, 10)
+    changed = build(tiny, repo, "--max-batch-size", "8")
+    assert changed.exit_code == 0 and not json.loads(changed.stdout)["skipped"], changed.output
+
+
 def test_failed_build_leaves_the_previous_repository_whole(tiny, tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     build(tiny, repo)

@@ -56,6 +56,33 @@ def file_lock(path: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+@contextlib.contextmanager
+def shared_folder_lock(path: Path) -> Iterator[int]:
+    """A shared advisory lock on the folder `path` while the block runs; yields its descriptor, which a
+    child given it (subprocess's pass_fds) keeps holding for as long as the child lives."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def folder_in_use(path: Path) -> bool:
+    """Whether some process holds a lock on the folder `path` (shared_folder_lock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it the lock, when it was taken
+    return False
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write to a temporary sibling, then os.replace: readers see the old or the new file, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)

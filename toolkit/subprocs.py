@@ -30,6 +30,7 @@ def start_process(
     *,
     stdin=subprocess.DEVNULL,
     die_with_parent: bool = True,
+    pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen:
     """Start `argv` in a new session, output appended to `log_file`; killed if we die, unless it is to outlive
     us on purpose (`toolkit serve --background`). The parent-death signal follows the starting thread:
@@ -43,6 +44,7 @@ def start_process(
             env=env,
             start_new_session=True,
             preexec_fn=_die_with_parent if die_with_parent else None,
+            pass_fds=pass_fds,
         )
 
 

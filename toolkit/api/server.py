@@ -9,11 +9,13 @@ import threading
 import time
 from dataclasses import dataclass
 from dataclasses import replace as replace_fields
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from toolkit.api.app import ApiSettings, create_app
 from toolkit.api.connection import bounded_protocol
 from toolkit.errors import ServerError
+from toolkit.fsutil import shared_folder_lock
 from toolkit.settings import EXIT_TIMEOUT_S
 from toolkit.signals import STOP_SIGNALS, replace, restore
 
@@ -70,6 +72,13 @@ def run_api(
     `drain_timeout_s` seconds to finish while new connections are refused). `workers` > 1: that many
     processes on the port (toolkit.api.workers), in a process that has not imported prometheus_client
     without PROMETHEUS_MULTIPROC_DIR set (`python -m toolkit.api`, as the launchers start it)."""
+    # The API reads the repository as it starts (each worker that starts again too): it holds the same
+    # shared lock as tritonserver, so that `toolkit build` does not replace it under a running API.
+    with shared_folder_lock(Path(settings.repo)):
+        _run_api(settings, host, port, log_level, loop, http, drain_timeout_s, workers)
+
+
+def _run_api(settings, host, port, log_level, loop, http, drain_timeout_s, workers) -> None:
     if workers > 1:
         _run_workers(settings, workers, host, port, log_level, loop, http, drain_timeout_s)
         return

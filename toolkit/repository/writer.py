@@ -30,6 +30,7 @@ from toolkit.fsutil import (
     copy_tree,
     disk_full_error,
     file_lock,
+    folder_in_use,
     make_world_readable,
     write_text_atomic,
 )
@@ -210,6 +211,13 @@ def check_output_folder(output: Path, *, discard_changes: bool = False) -> None:
             hint="choose another --output",
         )
     if is_toolkit_repository(output):
+        if folder_in_use(output):
+            raise RepositoryError(
+                f"{output} is being served (a tritonserver or an OpenAI API of toolkit serve or toolkit "
+                "api has it open); refusing to replace it under them: the stubs and API workers that "
+                "start again would read the new build while the rest run the old one",
+                hint="stop that server first, or build to another --output and serve that",
+            )
         if not discard_changes:
             _refuse_changed_repository(output)
         return

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from toolkit import __version__
 from toolkit.errors import RepositoryError, ServerError
+from toolkit.fsutil import shared_folder_lock
 from toolkit.repository import contract as c
 from toolkit.repository.reader import Repository, open_repository
 from toolkit.repository.sources import sources_digest
@@ -283,7 +284,13 @@ def launch_server(
         env.update(
             engine_environment(config.trace)
         )  # the engines' spans (model_repo/common/tracing.py)
-    process = start_process(argv, log_file, env=env, die_with_parent=not detached)
+    # tritonserver holds a shared lock on the repository for its whole life: `toolkit build` will not
+    # replace a repository under a running server (its stubs and the API's workers that start again
+    # would read the new build while the rest run the old one).
+    with shared_folder_lock(config.repo) as held:
+        process = start_process(
+            argv, log_file, env=env, die_with_parent=not detached, pass_fds=(held,)
+        )
     server = RunningServer(process, config, log_file, repository, c.MODEL_NAMES)
     try:
         wait_until_ready(server, on_wait)
