@@ -43,16 +43,19 @@ def start_process(
             stdin=stdin,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent if die_with_parent else None,
+            preexec_fn=die_with_parent_process if die_with_parent else None,
             pass_fds=pass_fds,
         )
 
 
-def _die_with_parent() -> None:
+def die_with_parent_process(sig: int = signal.SIGKILL) -> bool:
+    """In a child: the kernel sends it `sig` when the thread that started it ends (its parent dies).
+    False where that cannot be asked (not Linux: the parent's own stops still reach it)."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
     except (OSError, AttributeError):
-        pass  # not Linux: the session is still stopped on every exit we see
+        return False
+    return True
 
 
 def stop_process(

@@ -42,13 +42,12 @@ from typing import Any
 
 from toolkit.errors import ServerError
 from toolkit.settings import EXIT_TIMEOUT_S, cache_dir
+from toolkit.subprocs import die_with_parent_process
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 RESPAWN_PAUSE_S = (1.0, 30.0)  # first pause before starting a dead worker again, and the longest
-RESPAWN_RESET_S = (
-    60.0  # a worker that lived this long before it died is started again after the first pause
-)
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# A worker that lived this long before it died is started again after the first pause.
+RESPAWN_RESET_S = 60.0
 POLL_S = 0.2
 BACKLOG = 2048
 FAULT_BYTES = 512  # the shared fault's text, cut to this
@@ -223,12 +222,7 @@ _STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def _die_with(supervisor: int) -> None:
     """In a worker: SIGTERM (a drain) from the kernel when the supervisor dies, so that a kill -9 of it
     leaves no worker serving the port; and at once if it already died between the fork and this."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the supervisor's own stop still reaches it
-        return
-    if os.getppid() != supervisor:
+    if die_with_parent_process(signal.SIGTERM) and os.getppid() != supervisor:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
