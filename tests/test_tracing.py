@@ -215,7 +215,7 @@ def test_trace_collect_refuses_an_out_it_cannot_write_and_a_forward_that_is_no_u
     assert result.exit_code == 1 and "cannot write spans to" in result.output, result.output
     result = collect("-o", "")
     assert result.exit_code == 1 and "is a folder" in result.output, result.output
-    for forward in ("notaurl", "http://", "ftp://collector/v1/traces"):
+    for forward in ("http://", "ftp://collector/v1/traces", "http://collector:99999/v1/traces"):
         result = collect("-o", tmp_path / "s.jsonl", "--forward", forward)
         assert result.exit_code == 1 and "is not an http(s) URL" in result.output, result.output
 

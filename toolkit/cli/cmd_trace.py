@@ -10,6 +10,7 @@ from toolkit.cli.options import host_option, port_option
 from toolkit.cli.render import note
 from toolkit.errors import TraceError
 from toolkit.subprocs import stop_process
+from toolkit.trace.config import http_url
 from toolkit.trace.receiver import SpanReceiver
 from toolkit.trace.records import read_jsonl, traces
 from toolkit.trace.tree import format_trace
@@ -47,7 +48,7 @@ def collect(host, port, out, forward, phoenix, phoenix_port):
     OTEL_EXPORTER_OTLP_ENDPOINT=http://HOST:PORT."""
     _check_out(out)
     if forward:
-        forward = _traces_url(forward)
+        forward = http_url(forward, "--forward")
     viewer = None
     if phoenix:
         from toolkit.serve.phoenix import plan_phoenix, start_phoenix
@@ -147,21 +148,3 @@ def _check_out(out: Path) -> None:
             hint="pass a file in a folder that exists and that you can write to",
             value=str(out),
         ) from exc
-
-
-def _traces_url(url: str) -> str:
-    """--forward: an http(s) URL of a host (a collector's traces URL, used as it is)."""
-    from urllib.parse import urlsplit
-
-    parsed = urlsplit(url.strip())
-    try:
-        parsed.port  # noqa: B018 - raises on a port that is none
-    except ValueError:
-        parsed = parsed._replace(netloc="")
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise TraceError(
-            f"--forward {url!r} is not an http(s) URL of a host",
-            hint="pass a collector's OTLP/HTTP traces URL, e.g. --forward http://127.0.0.1:4319/v1/traces",
-            value=url,
-        )
-    return url.strip()

@@ -131,7 +131,7 @@ def traces_url(endpoint: str | None, env: OtelEnvironment) -> str | None:
     if endpoint:
         return base_endpoint(endpoint, "--otlp-endpoint").rstrip("/") + TRACES_PATH
     if env.traces_endpoint:
-        return _with_scheme(env.traces_endpoint, OTEL_TRACES_ENDPOINT)
+        return http_url(env.traces_endpoint, OTEL_TRACES_ENDPOINT)
     if env.endpoint:
         return base_endpoint(env.endpoint, OTEL_ENDPOINT).rstrip("/") + TRACES_PATH
     return None
@@ -141,7 +141,7 @@ def base_endpoint(url: str, given_as: str) -> str:
     """An OTLP/HTTP base URL (`given_as`: the flag or variable it came from), to which /v1/traces is
     appended: one that already ends in it would send every span to …/v1/traces/v1/traces, a 404 that
     the exporters only log."""
-    url = _with_scheme(url, given_as)
+    url = http_url(url, given_as)
     if url.rstrip("/").endswith(TRACES_PATH):
         raise TraceError(
             f"{_shown(given_as, url)} is a traces URL, but it takes the collector's base URL: "
@@ -158,7 +158,9 @@ def _shown(given_as: str, value: str) -> str:
     return f"{given_as}={value}" if given_as.isupper() else f"{given_as} {value}"
 
 
-def _with_scheme(url: str, given_as: str) -> str:
+def http_url(url: str, given_as: str) -> str:
+    """`url` as an http(s) URL of a host (http:// when it names none); TraceError naming `given_as`, the
+    flag or variable it came from, when it is none."""
     url = url.strip()
     if "://" not in url:
         url = f"http://{url}"
