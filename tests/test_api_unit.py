@@ -210,6 +210,25 @@ def test_completions_refuse_what_they_cannot_honour_with_400(client, fields, par
     _assert_openai_error(client.post("/v1/completions", json=body), 400, param)
 
 
+@pytest.mark.parametrize(
+    "response_format, param",
+    [
+        (
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}},
+            "response_format.json_schema.schema",
+        ),
+        ({"type": "json_schema", "json_schema": {"name": ""}}, "response_format.json_schema.name"),
+        ({"type": "regex", "regex": ""}, "response_format.regex"),
+        ({"type": "ebnf"}, "response_format.ebnf"),
+    ],
+)
+def test_a_response_format_error_names_the_field_once(client, response_format, param):
+    """pydantic puts the member's tag in the location: `param` read
+    response_format.json_schema.json_schema.schema."""
+    body = _chat(response_format=response_format)
+    _assert_openai_error(client.post("/v1/chat/completions", json=body), 400, param)
+
+
 def test_malformed_json_and_missing_fields_are_400(client):
     _assert_openai_error(
         client.post(

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
+from toolkit.api.openai_types import RESPONSE_FORMAT_TAGS
 from toolkit.api.schemas import UNION_MEMBERS
 from toolkit.errors import ToolkitError
 
@@ -143,9 +144,14 @@ UNICODE_ERRORS = ("lone_surrogate", "string_unicode")
 
 def _param_parts(error: dict) -> list[str]:
     """The error's location as field names and indexes; a client's own key (of logit_bias, or an
-    unknown field) by a short prefix."""
+    unknown field) by a short prefix. Not the member's tag pydantic puts after `response_format`
+    (`response_format.json_schema.json_schema.schema` is `response_format.json_schema.schema`)."""
+    loc = [part for part in error.get("loc", ()) if part != "body"]
     return [
-        short_text(str(part)) for part in error.get("loc", ()) if part != "body" and _is_field(part)
+        short_text(str(part))
+        for i, part in enumerate(loc)
+        if _is_field(part)
+        and not (i and loc[i - 1] == "response_format" and part in RESPONSE_FORMAT_TAGS)
     ]
 
 

@@ -7,7 +7,7 @@ conversation: an assistant's `tool_calls`, a `tool` message answering one.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,6 +57,11 @@ ResponseFormat = Annotated[
     TextFormat | JsonObjectFormat | JsonSchemaResponseFormat | RegexFormat | EbnfFormat,
     Field(discriminator="type"),
 ]
+# The tags pydantic puts in an error's location after `response_format` (its member's `type`).
+RESPONSE_FORMAT_TAGS = frozenset(
+    get_args(member.model_fields["type"].annotation)[0]
+    for member in get_args(get_args(ResponseFormat)[0])
+)
 
 
 # --- tools ----------------------------------------------------------------------------------------
