@@ -220,6 +220,13 @@ exec:
 empty under helm template): crd (the HTTPRoute CRD), gateway (the parent Gateway), namespace (this
 release's Namespace object), routes (every HTTPRoute, as a list's "items"). Gateway API facts:
 tests/data/k8s/gateway-api_v1.2.0.json. */}}
+{{- /* What toolkit.routeProblem checks the route against, read from the cluster (JSON): cluster-wide
+reads (routing.httpRoute.clusterChecks turns them off where the installer may not make them). */ -}}
+{{- define "toolkit.routeCluster" -}}
+{{- $gateway := .Values.routing.gateway -}}
+{{- toJson (dict "crd" (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "httproutes.gateway.networking.k8s.io") "gateway" (lookup "gateway.networking.k8s.io/v1" "Gateway" ($gateway.namespace | default .Release.Namespace) $gateway.name) "namespace" (lookup "v1" "Namespace" "" .Release.Namespace) "routes" (lookup "gateway.networking.k8s.io/v1" "HTTPRoute" "" "")) -}}
+{{- end -}}
+
 {{- define "toolkit.routeProblem" -}}
 {{- $v := .root.Values -}}
 {{- $ns := .root.Release.Namespace -}}

@@ -239,6 +239,27 @@ def test_the_route_needs_gateway_api_v1_2_and_a_gateway_that_admits_it(helm, cpu
     assert gke in docs
 
 
+def test_the_route_checks_read_the_cluster_only_where_the_installer_may(helm, cpu_repo, tmp_path):
+    """They read cluster-scoped objects (the HTTPRoute CRD, the Namespace) and every namespace's
+    HTTPRoutes, and Helm fails the whole install on a `forbidden` from a lookup: an installer with a
+    namespace's rights only could not install at all. routing.httpRoute.clusterChecks=false skips the
+    reads; here the reads are a template that fails, to show whether they run."""
+    out = tmp_path / "d"
+    deploy(cpu_repo, out)
+    helpers = out / "chart" / "templates" / "_helpers.tpl"
+    text = helpers.read_text()
+    start = text.index('{{- define "toolkit.routeCluster" -}}')
+    end = text.index("{{- end -}}", start) + len("{{- end -}}")
+    forbidden = '{{- define "toolkit.routeCluster" -}}{{- fail "forbidden: the cluster was read" -}}{{- end -}}'
+    helpers.write_text(text[:start] + forbidden + text[end:])
+    result = helm_template(helm, out)
+    assert result.returncode != 0 and "forbidden: the cluster was read" in result.stderr
+    docs = render(helm, out, extra=("--set", "routing.httpRoute.clusterChecks=false"))
+    assert find(docs, "HTTPRoute")["spec"]["parentRefs"]
+    deploy_md = (DATA.parent.parent / "docs" / "deploy.md").read_text()
+    assert "clusterChecks" in deploy_md
+
+
 def _route(
     name: str,
     namespace: str = "other",
