@@ -239,6 +239,26 @@ def test_the_route_needs_gateway_api_v1_2_and_a_gateway_that_admits_it(helm, cpu
     assert gke in docs
 
 
+def test_timeouts_a_cluster_file_shortens_below_the_longest_request_are_said(cpu_repo, tmp_path):
+    """A cluster file's 30 s route timeout (or GKE backend timeout, the very default the policy is there to
+    lift) beside a 512 s drain was written without a word: the gateway would cut every longer stream."""
+    from chart import IMAGE, invoke, write_values
+
+    short = write_values(
+        tmp_path / "short.yaml",
+        {"routing": {"httpRoute": {"requestTimeout": "30s"}, "gke": {"backendTimeoutSec": 30}}},
+    )
+    result = invoke(
+        "deploy", "--repo", cpu_repo, "-o", tmp_path / "d", "--image", IMAGE, "--gke", "-f", short
+    )
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"routing.httpRoute.requestTimeout=30s in {short} is shorter than" in said
+    assert f"routing.gke.backendTimeoutSec=30 in {short} is shorter than" in said
+    plain = invoke("deploy", "--repo", cpu_repo, "-o", tmp_path / "p", "--image", IMAGE, "--gke")
+    assert plain.exit_code == 0 and "is shorter than" not in plain.output
+
+
 def test_the_route_checks_read_the_cluster_only_where_the_installer_may(helm, cpu_repo, tmp_path):
     """They read cluster-scoped objects (the HTTPRoute CRD, the Namespace) and every namespace's
     HTTPRoutes, and Helm fails the whole install on a `forbidden` from a lookup: an installer with a

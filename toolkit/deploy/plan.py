@@ -372,9 +372,7 @@ def _timing_values(values: dict, repository: Repository) -> dict:
     startup_s = values["startup"]["timeoutSeconds"]
     drain_s = values["drain"]["timeoutSeconds"]
     grace_s = sizing.grace_seconds(drain_s, lookup(values, "drain.preStopSeconds"))
-    # A request may wait for a batch slot before its first token, then stream: the gateway must
-    # let it (and a drain no shorter than that).
-    route_s = max(HTTP_ROUTE_MIN_S, drain_s, sizing.request_seconds(repository))
+    route_s = _route_seconds(drain_s, repository)
     return {
         "drain": {"terminationGracePeriodSeconds": grace_s},
         "strategy": {"progressDeadlineSeconds": sizing.progress_deadline_seconds(startup_s)},
@@ -385,6 +383,38 @@ def _timing_values(values: dict, repository: Repository) -> dict:
         },
         "autoscaling": sizing.scaling_behavior(startup_s, grace_s),
     }
+
+
+def _route_seconds(drain_s: int, repository: Repository) -> int:
+    """The route's timeout: a request may wait for a batch slot before its first token, then stream,
+    and the gateway must let it (and a drain no shorter than that)."""
+    return max(HTTP_ROUTE_MIN_S, drain_s, sizing.request_seconds(repository))
+
+
+def _timeout_notes(
+    values: dict, repository: Repository, files: list[tuple[str, dict]]
+) -> list[str]:
+    """Timeouts a cluster file set shorter than the longest request: the gateway (or GKE's load
+    balancer) would cut such streams. Said, not refused: a shorter cap may be meant."""
+    longest = _route_seconds(values["drain"]["timeoutSeconds"], repository)
+    route = lookup(values, "routing.httpRoute.requestTimeout")
+    backend = lookup(values, "routing.gke.backendTimeoutSec")
+    notes = []
+    if isinstance(route, str) and sizing.gateway_seconds(route) < longest:
+        notes.append(
+            f"{_given('routing.httpRoute.requestTimeout', None, None, files, route)} is shorter than "
+            f"this repository's longest request (~{longest} s: a wait for a batch slot, then "
+            f"max_output_len tokens): the gateway cuts such streams (toolkit deploy's: "
+            f"{sizing.gateway_duration(longest)})"
+        )
+    gke = lookup(values, "routing.gke.enabled")
+    if gke and isinstance(backend, (int, float)) and backend < longest:
+        notes.append(
+            f"{_given('routing.gke.backendTimeoutSec', None, None, files, backend)} is shorter than "
+            f"the longest request (~{longest} s): GKE's load balancer cuts a response at it "
+            f"(toolkit deploy's: {longest})"
+        )
+    return notes
 
 
 def _flag_values(request: DeployRequest) -> dict:
@@ -705,6 +735,7 @@ def _notes(
     if not values["api"]["auth"].get("enabled", True):
         notes.append("no API keys (--no-auth): anyone who reaches the API can generate")
     notes += target_for(repository).deploy_notes(repository, values["drain"]["timeoutSeconds"])
+    notes += _timeout_notes(values, repository, files)
     if not any(lookup(data, "api.workers") is not None for _, data in files):
         stages = int(lookup(values, "model.pipelineStages", 1))
         notes.append(fleet.api_values(repository, stages, transport)[1])

@@ -88,6 +88,12 @@ def gateway_duration(seconds: int) -> str:
     return "".join(parts) or "0s"
 
 
+def gateway_seconds(duration: str) -> float:
+    """Seconds of a Gateway API duration (gateway_duration's form, ms too): 1h2m3s -> 3723."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sum(int(n) * units[unit] for n, unit in re.findall(r"([0-9]+)(ms|h|m|s)", duration))
+
+
 def quantity_bytes(value) -> int | None:
     """Bytes of a Kubernetes memory quantity (2Gi, 500M, 1073741824); None when it is not one."""
     if isinstance(value, int) and not isinstance(value, bool):
