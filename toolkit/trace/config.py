@@ -103,7 +103,7 @@ SAMPLERS = (
 
 
 def _check_sampler(env: OtelEnvironment) -> None:
-    name = (env.sampler or "").strip().lower()
+    name = (env.sampler or "").lower()  # as the SDK reads it (no strip)
     if name not in SAMPLERS:
         raise TraceError(
             f"{OTEL_SAMPLER}={env.sampler} is not a sampler the OpenTelemetry SDK knows (it would trace "
