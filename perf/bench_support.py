@@ -80,9 +80,12 @@ def write_results_json(out: Path | str, meta: dict, results) -> Path:
     return out
 
 
-def serve_cpu_repository(workdir: Path, log_file: Path | None = None, **settings):
+def serve_cpu_repository(
+    workdir: Path, log_file: Path | None = None, server: dict | None = None, **settings
+):
     """(the resolved model, the running tritonserver) for BENCH_MODEL's CPU repository at workdir/repo;
-    `settings`: build settings besides the KV cache (e.g. lora)."""
+    `server`: ServerConfig settings besides the ports (e.g. trace); `settings`: build settings besides
+    the KV cache (e.g. lora)."""
     from toolkit.build import plan_local_repository
     from toolkit.build_settings import BuildSettings
     from toolkit.model.sources import resolve_model
@@ -93,16 +96,17 @@ def serve_cpu_repository(workdir: Path, log_file: Path | None = None, **settings
     model = resolve_model(BENCH_MODEL, progress=False)
     build = BuildSettings(kv_cache_tokens=KV_CACHE_TOKENS, **settings)
     write_repository(plan_local_repository(model, workdir / "repo", "cpu", build))
-    server = launch_server(
+    running = launch_server(
         ServerConfig(
             repo=workdir / "repo",
             http_port=free_port(),
             grpc_port=free_port(),
             metrics_port=free_port(),
             log_file=log_file,
+            **(server or {}),
         )
     )
-    return model, server
+    return model, running
 
 
 def serve_with_api(workdir: Path, **settings):

@@ -588,12 +588,18 @@ def _stream(url: str, headers: dict | None = None) -> dict:
 
 # The engine's and Triton's exporters send on their own schedules (every few seconds); a loaded 2-core
 # machine once took over 15 s for the last of them to arrive.
-def _whole_trace(receiver: SpanReceiver, trace_id: str, timeout_s: float = 30.0):
-    """The trace's spans once the API's root, Triton's top span and the engine's have all arrived."""
+def _whole_trace(
+    receiver: SpanReceiver, trace_id: str, timeout_s: float = 30.0, *, triton: bool = True
+):
+    """The trace's spans once the API's root, the engine's and (`triton`) Triton's top span have all
+    arrived. A request the API sends over gRPC may lack Triton's spans: tritonserver misreads a few
+    gRPC trace contexts in a thousand even with the API's guard (toolkit.api.triton.TRACEPARENT_GUARD),
+    and then traces nothing of the request (the engine's spans then hang under api.generate)."""
+    needed = {"engine.request", "engine.decode"} | ({"InferRequest"} if triton else set())
 
     def whole(records) -> bool:
         names = {r.name for r in records if r.trace_id == trace_id}
-        return {"engine.request", "engine.decode", "InferRequest"} <= names and any(
+        return needed <= names and any(
             r.trace_id == trace_id and r.name.startswith("POST ") for r in records
         )
 
@@ -675,7 +681,8 @@ def test_a_stream_that_ends_on_the_end_token_keeps_every_span_inside_its_parent(
     assert finishes == ["stop"]
     usage = next(e["usage"] for e in events if e.get("usage"))
     assert usage["completion_tokens"] == 3  # the end token, at the first step it may come
-    spans = _whole_trace(receiver, _wait_root(receiver, before).trace_id)
+    # over gRPC (a logit bias): Triton's own spans are not certain (_whole_trace)
+    spans = _whole_trace(receiver, _wait_root(receiver, before).trace_id, triton=False)
     by_name = {s.name: s for s in spans}
     engine, decode = by_name["engine.request"], by_name["engine.decode"]
     assert engine.attributes["engine.decode_steps"] == 3 + 1  # the end token's step counts
@@ -703,7 +710,7 @@ def test_a_clients_sampled_context_is_followed_and_an_unsampled_request_is_not_t
     _stream(follower.url)  # no context: this API's ratio leaves it out
     client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     _stream(follower.url, {"traceparent": f"00-{client_trace}-{client_span}-01"})
-    spans = _whole_trace(receiver, client_trace)
+    spans = _whole_trace(receiver, client_trace, triton=False)  # this API calls Triton over gRPC
     root = next(s for s in spans if s.name.startswith("POST "))
     assert root.parent_id == client_span  # a child of the client's span, in the client's trace
     assert {r.trace_id for r in receiver.records} - before == {client_trace}

@@ -42,6 +42,12 @@ log = logging.getLogger("toolkit.api")
 
 FINAL_FLAG = "triton_final_response"
 TRACEPARENT = "traceparent"  # W3C trace context: gRPC metadata key and request parameter name
+# Sent right after `traceparent` on a gRPC call. tritonserver reads a metadata value as a C string
+# (GrpcServerCarrier::Get returns the value's data(), which is not NUL-terminated): whatever follows
+# the value joins it, the W3C length check fails and Triton traces nothing of the request (3.0 % of
+# traced gRPC requests, perf/results/grpc_trace_context.md). With another entry next, what follows is
+# mostly that entry's first byte, 0x00 (0.33 %). Triton's propagators never read this key.
+TRACEPARENT_GUARD = ("toolkit-traceparent-end", "1")
 # Tokens per streamed response after the first: a request parameter the Python engines honour
 # (model_repo/common/engine_requests.py; capabilities.engine_stream_interval).
 STREAM_INTERVAL = "stream_interval"
@@ -587,7 +593,7 @@ class TritonBackend:
         metadata = None
         if traceparent is not None:
             request.parameters[TRACEPARENT].string_param = traceparent
-            metadata = ((TRACEPARENT, traceparent),)
+            metadata = ((TRACEPARENT, traceparent), TRACEPARENT_GUARD)
         call = self._stream_call(metadata)
         loop = asyncio.get_running_loop()
         stream = _Stream(call, loop.time())
