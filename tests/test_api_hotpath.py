@@ -199,9 +199,8 @@ def test_the_grpc_trace_context_is_followed_by_a_guard_entry():
     GrpcServerCarrier::Get returns string_ref.data(), which is not NUL-terminated, so the bytes after
     `traceparent` joined it, the W3C length check (55 characters) failed, and Triton traced nothing of
     that request: 18 of 600 traced gRPC requests had no Triton span, 2 of 600 with the guard
-    (perf/results/grpc_trace_context.md).
-    Another entry right after it, which Triton never reads, puts its encoding's 0x00 first byte (an
-    HPACK literal, not indexed) behind the value where the value is not copied."""
+    (perf/results/grpc_trace_context.md). Another entry right after it, which Triton never reads,
+    puts its encoding's first byte, 0, behind the value wherever gRPC does not copy the value."""
     traceparent = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
     call = _Call([_response([4], True)])
     _, metadata = _stream(call, read_all=True, traceparent=traceparent)
