@@ -125,6 +125,15 @@ def test_breakdown_needs_the_api_and_the_spans_and_concurrency_points(tmp_path):
                    traces=tmp_path / "s.jsonl")  # fmt: skip
 
 
+def test_a_model_given_with_breakdown_is_refused_not_ignored(tmp_path):
+    """--breakdown sends the load through the OpenAI API, to the model it serves: `-m tensorrt_llm` was
+    taken and silently not used."""
+    args = ["bench", "-u", "h:1", "-c", "1", "--breakdown", "--api-url", "http://h:2", "--traces"]
+    result = CliRunner().invoke(cli, [*args, str(tmp_path / "s.jsonl"), "-m", "tensorrt_llm"])
+    assert result.exit_code == 1, result.output
+    assert "--model tensorrt_llm" in result.output and "drop --model" in result.output
+
+
 def test_a_timeout_that_is_no_time_is_refused_when_parsed():
     """--timeout -1 ran the point and then blamed the API: 'did not finish within -1 s'."""
     for value in ("-1", "0"):

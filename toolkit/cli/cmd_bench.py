@@ -130,6 +130,13 @@ def command(
     record = read_server_record(url) or {}
     repo = repo or (Path(record["repo"]) if record.get("repo") else None)
     if breakdown:
+        model_source = click.get_current_context().get_parameter_source("model")
+        if model_source is not click.core.ParameterSource.DEFAULT:
+            raise BenchError(
+                f"--model {workload['model']} is not used with --breakdown: the load goes through the "
+                "OpenAI API, to the model it serves",
+                hint="drop --model, or drop --breakdown to load that Triton model directly",
+            )
         api_url = api_url or _recorded_api(record)
     elif api_url or traces:
         raise BenchError(
