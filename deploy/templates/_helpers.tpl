@@ -207,6 +207,11 @@ exec:
 {{- if not $v.monitoring.podMonitor.enabled -}}
 {{- fail "autoscaling reads Triton's metrics from Prometheus, which scrapes them through the PodMonitor: set monitoring.podMonitor.enabled=true" -}}
 {{- end -}}
+{{- if $v.autoscaling.clusterChecks -}}
+{{- with include "toolkit.kedaProblem" (dict "crd" (include "toolkit.kedaCrd" . | fromJson)) -}}
+{{- fail . -}}
+{{- end -}}
+{{- end -}}
 {{- if or (lt (int $v.autoscaling.minReplicas) 1) (lt (int $v.autoscaling.maxReplicas) (int $v.autoscaling.minReplicas)) -}}
 {{- fail (printf "autoscaling needs 1 <= minReplicas <= maxReplicas, got %v and %v (no scale to zero: a replica takes minutes to load)" $v.autoscaling.minReplicas $v.autoscaling.maxReplicas) -}}
 {{- end -}}
@@ -308,6 +313,33 @@ under it); a shorter prefix (/, a catch-all) does not. */ -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* KEDA's ScaledObject CRD as the cluster holds it (JSON; empty under helm template, or where it is
+missing): a cluster-scoped read, which autoscaling.clusterChecks turns off. */}}
+{{- define "toolkit.kedaCrd" -}}
+{{- toJson (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "scaledobjects.keda.sh") -}}
+{{- end -}}
+
+{{/* Why this KEDA cannot keep the ScaledObject's fallback, or nothing. Takes crd (the ScaledObject
+CRD, or empty). fallback.behavior came in KEDA 2.17 (keda-docs content/docs/2.17/reference/
+scaledobject-spec.md; 2.16's has none): an older CRD has no such property, so the API server prunes it
+and a Prometheus outage scales the release down to fallback.replicas, the floor. */}}
+{{- define "toolkit.kedaProblem" -}}
+{{- $versions := dig "spec" "versions" list (.crd | default dict) -}}
+{{- if $versions -}}
+{{- $kept := false -}}
+{{- range $versions -}}
+{{- $fallback := dig "schema" "openAPIV3Schema" "properties" "spec" "properties" "fallback" "properties" dict . -}}
+{{- if hasKey $fallback "behavior" -}}
+{{- $kept = true -}}
+{{- end -}}
+{{- end -}}
+{{- if not $kept -}}
+{{- $version := dig "metadata" "labels" "app.kubernetes.io/version" "" .crd -}}
+this cluster's KEDA{{ if $version }} ({{ $version }}){{ end }} is older than 2.17: its ScaledObject has no fallback.behavior, which the API server would drop, so while Prometheus failed the release would scale down to autoscaling.minReplicas instead of keeping its replicas: upgrade KEDA to 2.17 or newer, or set autoscaling.clusterChecks=false to install with that fallback
 {{- end -}}
 {{- end -}}
 {{- end -}}

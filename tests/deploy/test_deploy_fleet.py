@@ -280,6 +280,74 @@ def test_the_route_checks_read_the_cluster_only_where_the_installer_may(helm, cp
     assert "clusterChecks" in deploy_md
 
 
+# --- KEDA's fallback against the KEDA the cluster runs ----------------------------------------------
+def _keda_crd(version: str, behavior: bool) -> str:
+    """A ScaledObject CRD as a template expression: its version label, and whether its schema has
+    spec.fallback.behavior."""
+    fallback = '"replicas" (dict "type" "integer")' + (
+        ' "behavior" (dict "type" "string")' if behavior else ""
+    )
+    schema = (
+        '(dict "openAPIV3Schema" (dict "properties" (dict "spec" (dict "properties" '
+        f'(dict "fallback" (dict "properties" (dict {fallback})))))))'
+    )
+    return (
+        f'(dict "metadata" (dict "labels" (dict "app.kubernetes.io/version" "{version}")) '
+        f'"spec" (dict "versions" (list (dict "name" "v1alpha1" "schema" {schema}))))'
+    )
+
+
+def test_a_keda_that_would_drop_the_fallback_behavior_is_refused(helm, cpu_repo, tmp_path):
+    """The ScaledObject's fallback keeps the current replicas while Prometheus fails
+    (behavior: currentReplicasIfHigher), a field KEDA 2.17 brought: 2.16's CRD has none, the API
+    server prunes it, and a Prometheus outage scaled the release down to its floor, silently."""
+    schema = json.loads((K8S / "scaledobject.keda.sh_v1alpha1.schema.json").read_text())
+    assert "behavior" in schema["properties"]["spec"]["properties"]["fallback"]["properties"]
+    out = tmp_path / "d"
+    deploy(cpu_repo, out, "--min-replicas", "1", "--max-replicas", "3")
+    assert find(render(helm, out), "ScaledObject")["spec"]["fallback"]["behavior"] == (
+        "currentReplicasIfHigher"
+    )
+    cases = {
+        "old": _keda_crd("2.16.1", behavior=False),
+        "new": _keda_crd("2.17.0", behavior=True),
+        "none": "(dict)",  # helm template, or no KEDA (the API check refuses that before)
+    }
+    lines = "\n".join(
+        f'  {name}: {{{{ include "toolkit.kedaProblem" (dict "crd" {crd}) | quote }}}}'
+        for name, crd in cases.items()
+    )
+    check = out / "chart" / "templates" / "keda-check.yaml"
+    check.write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: keda-check}\ndata:\n" + lines + "\n"
+    )
+    data = find(render(helm, out), "ConfigMap", "keda-check")["data"]
+    check.unlink()
+    assert "(2.16.1) is older than 2.17" in data["old"] and "autoscaling.minReplicas" in data["old"]
+    assert "upgrade KEDA to 2.17" in data["old"] and "clusterChecks=false" in data["old"]
+    assert data["new"] == "" and data["none"] == ""
+    # The read is cluster-scoped: only with autoscaling.clusterChecks, and only with autoscaling on
+    # (here it is a template that fails, to show whether it runs).
+    helpers = out / "chart" / "templates" / "_helpers.tpl"
+    text = helpers.read_text()
+    start = text.index('{{- define "toolkit.kedaCrd" -}}')
+    end = text.index("{{- end -}}", start) + len("{{- end -}}")
+    forbidden = (
+        '{{- define "toolkit.kedaCrd" -}}{{- fail "forbidden: KEDA\'s CRD was read" -}}{{- end -}}'
+    )
+    helpers.write_text(text[:start] + forbidden + text[end:])
+    result = helm_template(helm, out)
+    assert result.returncode != 0 and "forbidden: KEDA's CRD was read" in result.stderr
+    assert find(
+        render(helm, out, extra=("--set", "autoscaling.clusterChecks=false")), "ScaledObject"
+    )
+    assert not [
+        d
+        for d in render(helm, out, extra=("--set", "autoscaling.enabled=false"))
+        if d["kind"] == "ScaledObject"
+    ]
+
+
 def _route(
     name: str,
     namespace: str = "other",
