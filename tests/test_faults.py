@@ -936,6 +936,29 @@ def test_a_stop_signal_just_after_the_api_answers_health_drains_instead_of_killi
     assert server.process.returncode == -signal.SIGTERM and api.returncode == -signal.SIGTERM
 
 
+def test_a_part_that_dies_is_announced_in_one_line_and_its_log_shown_once(
+    monkeypatch, tmp_path, fake_parts
+):
+    """serve printed `<failure, with the API's log tail>; stopping`: "; stopping" dangled after the
+    log's last line, and the error printed next showed the same tail again."""
+    from toolkit.errors import ServerError
+    from toolkit.serve import lifecycle
+    from toolkit.signals import stop_signals_raise
+
+    _, api, options = _serve_with_fake_parts(monkeypatch, tmp_path, lambda _watch: None, fake_parts)
+    (tmp_path / "api.log").write_text("Traceback (most recent call last):\nValueError: boom\n")
+    events: list[str] = []
+    with stop_signals_raise():
+        session = lifecycle.start_serving(options)
+        api.kill()
+        api.wait()
+        with pytest.raises(ServerError) as raised:
+            session.run_until_stopped(events.append)
+    assert len(events) == 1 and "\n" not in events[0], events
+    assert "the OpenAI API exited with code -9" in events[0] and "stopping" in events[0]
+    assert "ValueError: boom" not in events[0] and "ValueError: boom" in raised.value.message
+
+
 def _wait_for_an_api_that_never_answers(watch) -> None:
     from toolkit.serve.net import wait_http_ok
 

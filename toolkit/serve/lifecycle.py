@@ -115,7 +115,8 @@ class ServeSession:
             while self.stop_requested is None:
                 failure = self.check()
                 if failure:
-                    on_event(f"[red]{failure}[/]; stopping")
+                    # its first line: the error raised next shows the whole of it (a log's tail)
+                    on_event(f"[red]{failure.splitlines()[0]}[/]: stopping everything")
                     self.stop_after_fault()
                     raise ServerError(failure, hint=f"read the server log: {self.server.log_file}")
                 time.sleep(WATCH_INTERVAL_S)
