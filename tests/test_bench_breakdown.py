@@ -134,6 +134,36 @@ def test_a_model_given_with_breakdown_is_refused_not_ignored(tmp_path):
     assert "--model tensorrt_llm" in result.output and "drop --model" in result.output
 
 
+def test_a_layer_has_one_colour_in_both_panels_of_the_plot(tmp_path, monkeypatch):
+    """Each panel took matplotlib's colours in turn, so Triton was the 4th colour in the TTFT panel
+    and the 3rd in the ITL one, and a layer with no time shifted every colour after it."""
+    from types import SimpleNamespace
+
+    from toolkit.bench import report
+
+    def row(percentile, **layers):
+        return SimpleNamespace(percentile=percentile, layers=layers)
+
+    breakdown = SimpleNamespace(
+        ttft=[row(50, network=1.0, api=2.0, triton=3.0, prefill=4.0)],
+        itl=[row(50, api=0.5, triton=0.2, decode=9.0)],
+    )
+    result = SimpleNamespace(
+        points=[SimpleNamespace(point=SimpleNamespace(value=4), breakdown=breakdown)],
+        plan=SimpleNamespace(target="cpu", input_tokens=8, output_tokens=8),
+    )
+    figures = []
+    monkeypatch.setattr(report, "_save", lambda fig, path, plt: figures.append(fig))
+    report.plot_breakdown(result, tmp_path / "breakdown.png")
+    colours: dict[str, set] = {}
+    for ax in figures[0].axes:
+        for bars in ax.containers:
+            colours.setdefault(bars.get_label(), set()).add(bars.patches[0].get_facecolor())
+    assert {"api", "triton"} <= set(colours)
+    assert all(len(c) == 1 for c in colours.values()), colours  # one colour per layer, both panels
+    assert len({next(iter(c)) for c in colours.values()}) == len(colours)  # each its own
+
+
 def test_a_timeout_that_is_no_time_is_refused_when_parsed():
     """--timeout -1 ran the point and then blamed the API: 'did not finish within -1 s'."""
     for value in ("-1", "0"):

@@ -142,6 +142,8 @@ def plot_breakdown(result: SweepResult, path: Path) -> None:
 
     plt = _figure()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    # one colour per layer in both panels, whichever layers a panel has
+    colours = {layer: f"C{i}" for i, layer in enumerate(dict.fromkeys(TTFT_LAYERS + ITL_LAYERS))}
     points = [p for p in result.points if p.breakdown is not None]
     for ax, kind, order in ((axes[0], "ttft", TTFT_LAYERS), (axes[1], "itl", ITL_LAYERS)):
         labels, rows = [], []
@@ -153,7 +155,7 @@ def plot_breakdown(result: SweepResult, path: Path) -> None:
         for layer in order:
             heights = [max(0.0, layers.get(layer, 0.0)) for layers in rows]
             if any(heights):
-                ax.bar(labels, heights, bottom=bottom, label=layer)
+                ax.bar(labels, heights, bottom=bottom, label=layer, color=colours[layer])
                 bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         ax.set_ylabel("time to first token (ms)" if kind == "ttft" else "inter-token latency (ms)")
         ax.grid(alpha=0.3, axis="y")
