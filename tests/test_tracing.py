@@ -220,6 +220,22 @@ def test_trace_collect_refuses_an_out_it_cannot_write_and_a_forward_that_is_no_u
         assert result.exit_code == 1 and "is not an http(s) URL" in result.output, result.output
 
 
+def test_a_receiver_that_cannot_listen_says_why_for_its_host_and_its_port():
+    """Every failure to listen said "is another receiver running there? pick another --port", also
+    for a host that does not resolve or is not this machine's."""
+    from toolkit.errors import ServerError
+
+    with pytest.raises(ServerError) as raised:
+        SpanReceiver(host="no-such-host.invalid", port=free_port())
+    assert "--host" in raised.value.hint and "--port" not in raised.value.hint
+    with pytest.raises(ServerError) as raised:
+        SpanReceiver(host="192.0.2.1", port=free_port())  # TEST-NET-1: never this machine's
+    assert "--host" in raised.value.hint and "127.0.0.1" in raised.value.hint
+    with SpanReceiver(port=0) as taken, pytest.raises(ServerError) as raised:
+        SpanReceiver(port=taken.server.server_address[1])
+    assert "pick another --port" in raised.value.hint
+
+
 @pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan")])
 def test_a_rate_that_is_no_fraction_is_refused(rate):
     with pytest.raises(TraceError, match="--trace-rate"):

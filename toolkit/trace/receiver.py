@@ -9,9 +9,11 @@ network unless asked.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import logging
 import queue
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -56,7 +58,7 @@ class SpanReceiver:
         except OSError as exc:
             raise ServerError(
                 f"the trace receiver cannot listen on {host}:{port}: {exc.strerror}",
-                hint="is another receiver running there? pick another --port",
+                hint=_listen_hint(exc),
             ) from exc
         self.server.daemon_threads = True
         self._threads: list[threading.Thread] = []
@@ -132,6 +134,21 @@ class SpanReceiver:
                     pass
             except (urllib.error.URLError, OSError) as exc:
                 log.warning("forwarding spans to %s failed: %s", self.forward, exc)
+
+
+def _listen_hint(exc: OSError) -> str:
+    """The fix for a failure to listen: the host's (it does not resolve, or is not this machine's), the
+    port's (taken, or privileged), or else both."""
+    host_fix = (
+        "--host must be an address of this machine: 127.0.0.1 (the default), or 0.0.0.0 for all"
+    )
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return host_fix
+    if exc.errno == errno.EADDRINUSE:
+        return "another process listens there (another receiver?): pick another --port"
+    if exc.errno == errno.EACCES:
+        return "ports below 1024 need root: pick a --port above 1023 (4318 is OTLP/HTTP's)"
+    return f"check --host ({host_fix}) and --port"
 
 
 def _handler(receiver: SpanReceiver) -> type[BaseHTTPRequestHandler]:
